@@ -1,0 +1,33 @@
+-- name: OrderInsert :one
+-- Inserts the order unless its idempotency key was used before; then it
+-- returns no row (pgx.ErrNoRows) and the caller looks the earlier order up.
+-- ON CONFLICT waits for a concurrent insert of the same key to settle, so two
+-- racing requests never both create an order.
+INSERT INTO orders (id, customer_id, status, total_cents, idempotency_key, request_hash)
+VALUES (@id, @customer_id, 'placed', @total_cents, @idempotency_key, @request_hash)
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING *;
+
+-- name: OrderLinesInsert :exec
+-- All lines in one round trip; line_no keeps the order of the request.
+INSERT INTO order_lines (order_id, line_no, sku, quantity, unit_price_cents)
+SELECT @order_id, l.line_no::integer, l.sku,
+       (@quantities::integer[])[l.line_no],
+       (@unit_prices_cents::bigint[])[l.line_no]
+FROM unnest(@skus::text[]) WITH ORDINALITY AS l (sku, line_no);
+
+-- name: OrderGet :one
+SELECT * FROM orders WHERE id = @id;
+
+-- name: OrderGetByIdempotencyKey :one
+SELECT * FROM orders WHERE idempotency_key = @idempotency_key;
+
+-- name: OrderLinesGet :many
+SELECT * FROM order_lines WHERE order_id = @order_id ORDER BY line_no;
+
+-- name: OrderCancel :one
+-- Cancels a placed order. No row means it does not exist or was already
+-- cancelled: only the transition emits an event.
+UPDATE orders SET status = 'cancelled', cancelled_at = now()
+WHERE id = @id AND status = 'placed'
+RETURNING *;

@@ -1,0 +1,127 @@
+-- name: MessageEnqueue :many
+-- Fans one event out to a row per subscribed, enabled endpoint, in the
+-- caller's transaction. Reading the endpoints and writing the rows is one
+-- statement: one round trip on the order's write path.
+INSERT INTO outbox_messages (type, destination, payload)
+SELECT @type::text, e.id, @payload::jsonb
+FROM webhook_endpoints e
+WHERE e.enabled AND @type::text = ANY (e.event_types)
+RETURNING id;
+
+-- name: MessageClaim :many
+-- Moves up to @batch_size due pending rows to claimed in ONE statement, oldest
+-- due first. SKIP LOCKED makes concurrent claimers partition the rows rather
+-- than wait for or duplicate each other. The claim counts as an attempt, so a
+-- message whose delivery kills the relay still reaches the attempt cap.
+WITH due AS (
+    SELECT id FROM outbox_messages
+    WHERE status = 'pending' AND next_attempt_at <= now()
+    ORDER BY next_attempt_at, id
+    LIMIT @batch_size
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox_messages m
+SET status = 'claimed', claim_token = @claim_token::uuid, claimed_at = now(), attempts = m.attempts + 1
+FROM due
+WHERE m.id = due.id
+RETURNING m.id, m.destination;
+
+-- name: MessageClaimedCount :one
+-- Rows claimed and not yet settled: the relay's work in flight, bounded so a
+-- claim never runs further ahead of delivery than the claim timeout allows.
+SELECT count(*) FROM outbox_messages WHERE status = 'claimed';
+
+-- name: MessageReleaseStale :execrows
+-- Returns claims older than the claim timeout (their relay died) to pending,
+-- or to failed once the attempt cap is reached. Delivery may have happened
+-- before the crash: this is the at-least-once window, by design.
+UPDATE outbox_messages
+SET status = CASE WHEN attempts >= @max_attempts::integer THEN 'failed' ELSE 'pending' END,
+    claim_token = NULL,
+    claimed_at = NULL,
+    next_attempt_at = now(),
+    last_error = 'claim timed out: the relay did not record an outcome'
+WHERE status = 'claimed'
+  AND claimed_at < now() - make_interval(secs => @claim_timeout_seconds::float8);
+
+-- name: MessagesForDelivery :many
+-- The rows a deliver job was given, only while its claim still holds. The
+-- endpoint is joined at delivery so a rotated secret or URL takes effect.
+SELECT m.id, m.type, m.destination, m.payload, m.attempts, m.created_at,
+       e.url AS endpoint_url, e.secret AS endpoint_secret, e.enabled AS endpoint_enabled
+FROM outbox_messages m
+LEFT JOIN webhook_endpoints e ON e.id = m.destination
+WHERE m.id = ANY (@ids::uuid[]) AND m.claim_token = @claim_token::uuid AND m.status = 'claimed'
+ORDER BY m.id;
+
+-- name: MessagesRecordOutcomes :execrows
+-- Records a deliver job's outcomes in one statement, only on rows the job's
+-- claim token still holds: a stale job finds nothing to change. An empty
+-- error keeps the previous one, so a delivered row still shows what failed
+-- before it succeeded.
+UPDATE outbox_messages m
+SET status = o.status,
+    claim_token = NULL,
+    claimed_at = NULL,
+    delivered_at = CASE WHEN o.status = 'delivered' THEN now() END,
+    next_attempt_at = CASE WHEN o.status = 'pending'
+                           THEN now() + make_interval(secs => o.delay_seconds)
+                           ELSE m.next_attempt_at END,
+    last_error = COALESCE(NULLIF(o.last_error, ''), m.last_error)
+FROM (
+    SELECT unnest(@ids::uuid[])              AS id,
+           unnest(@statuses::text[])         AS status,
+           unnest(@delays_seconds::float8[]) AS delay_seconds,
+           unnest(@last_errors::text[])      AS last_error
+) AS o
+WHERE m.id = o.id AND m.claim_token = @claim_token::uuid AND m.status = 'claimed';
+
+-- name: MessagesPrune :execrows
+-- Deletes one bounded batch of delivered rows older than the retention; the
+-- caller loops. Pending, claimed and failed rows are never touched.
+DELETE FROM outbox_messages
+WHERE id IN (
+    SELECT p.id FROM outbox_messages p
+    WHERE p.status = 'delivered' AND p.delivered_at < @delivered_before::timestamptz
+    ORDER BY p.delivered_at
+    LIMIT @batch_size
+);
+
+-- name: MessageStats :one
+-- Each count runs on its status's partial index.
+SELECT
+    (SELECT count(*) FROM outbox_messages WHERE status = 'pending')   AS pending,
+    (SELECT count(*) FROM outbox_messages WHERE status = 'claimed')   AS claimed,
+    (SELECT count(*) FROM outbox_messages WHERE status = 'delivered') AS delivered,
+    (SELECT count(*) FROM outbox_messages WHERE status = 'failed')    AS failed,
+    COALESCE(EXTRACT(epoch FROM now() - (
+        SELECT min(created_at) FROM outbox_messages WHERE status = 'pending')), 0)::float8
+        AS oldest_pending_age_seconds;
+
+-- name: MessageBacklog :one
+-- The monitoring numbers, without counting the delivered history.
+SELECT
+    (SELECT count(*) FROM outbox_messages WHERE status = 'pending') AS pending,
+    (SELECT count(*) FROM outbox_messages WHERE status = 'claimed') AS claimed,
+    (SELECT count(*) FROM outbox_messages WHERE status = 'failed')  AS failed,
+    COALESCE(EXTRACT(epoch FROM now() - (
+        SELECT min(created_at) FROM outbox_messages WHERE status = 'pending')), 0)::float8
+        AS oldest_pending_age_seconds;
+
+-- name: MessageList :many
+-- Newest first: ids are UUIDv7, so the primary key orders by creation time.
+SELECT * FROM outbox_messages
+WHERE (sqlc.narg(status)::text IS NULL OR status = sqlc.narg(status))
+ORDER BY id DESC
+LIMIT @max_rows;
+
+-- name: MessageGet :one
+SELECT * FROM outbox_messages WHERE id = @id;
+
+-- name: MessageRetry :one
+-- A person's requeue of a failed message: back to pending, due now, with a
+-- fresh attempt budget.
+UPDATE outbox_messages
+SET status = 'pending', attempts = 0, next_attempt_at = now()
+WHERE id = @id AND status = 'failed'
+RETURNING *;

@@ -1,0 +1,193 @@
+// Package dbtest gives each test its own PostgreSQL database, cloned from a
+// fully migrated template, so tests run in parallel against the real server
+// and leave nothing behind.
+//
+// The server is TEST_DATABASE_URL, else DATABASE_URL, else the local default
+// postgres://postgres@127.0.0.1:5432/postgres. The template is named after a
+// hash of the migrations, built once and reused until they change.
+package dbtest
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/url"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/orders/db"
+)
+
+// DefaultURL is the server tests use when no URL is configured.
+const DefaultURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+var (
+	templateOnce sync.Once
+	templateName string
+	templateErr  error
+)
+
+// ServerURL returns the URL of the server tests run against.
+func ServerURL() string {
+	for _, name := range []string{"TEST_DATABASE_URL", "DATABASE_URL"} {
+		if v := os.Getenv(name); v != "" {
+			return v
+		}
+	}
+	return DefaultURL
+}
+
+// URL creates a fresh, migrated database for t, drops it when t ends, and
+// returns its URL.
+func URL(t testing.TB) string {
+	t.Helper()
+	templateOnce.Do(func() { templateName, templateErr = ensureTemplate() })
+	if templateErr != nil {
+		t.Fatalf("preparing template database (is PostgreSQL running? see README): %v", templateErr)
+	}
+
+	ctx := context.Background()
+	conn := connect(t, ServerURL())
+	defer conn.Close(ctx)
+	name := "test_" + randomHex(8)
+	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s", name, templateName)); err != nil {
+		t.Fatalf("creating test database: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, ServerURL())
+		if err != nil {
+			t.Errorf("connecting to drop %s: %v", name, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, fmt.Sprintf("DROP DATABASE IF EXISTS %s WITH (FORCE)", name)); err != nil {
+			t.Errorf("dropping test database %s: %v", name, err)
+		}
+	})
+	return withDatabaseURL(ServerURL(), name)
+}
+
+// Pool returns a pool on a fresh, migrated database for t, closed and
+// dropped when t ends.
+func Pool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), URL(t))
+	if err != nil {
+		t.Fatalf("opening test pool: %v", err)
+	}
+	// Registered after the drop, so it runs before it.
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// ensureTemplate builds the template database unless a current one exists.
+// An advisory lock serialises test binaries of different packages, which
+// `go test ./...` runs at the same time.
+func ensureTemplate() (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sum := sha256.New()
+	err := fs.WalkDir(db.Migrations, ".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := fs.ReadFile(db.Migrations, path)
+		sum.Write([]byte(path))
+		sum.Write(b)
+		return err
+	})
+	if err != nil {
+		return "", fmt.Errorf("hashing migrations: %w", err)
+	}
+	name := "outboxkit_template_" + hex.EncodeToString(sum.Sum(nil))[:12]
+
+	conn, err := pgx.Connect(ctx, ServerURL())
+	if err != nil {
+		return "", fmt.Errorf("connecting to %s: %w", redact(ServerURL()), err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(4242001)"); err != nil {
+		return "", fmt.Errorf("locking: %w", err)
+	}
+	defer conn.Exec(context.Background(), "SELECT pg_advisory_unlock(4242001)") //nolint:errcheck
+
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", name).Scan(&exists); err != nil {
+		return "", fmt.Errorf("looking for template: %w", err)
+	}
+	if exists {
+		return name, nil
+	}
+	// Build under a temporary name and rename when complete, so a crash
+	// halfway never leaves a template that looks finished.
+	building := name + "_building"
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+building+" WITH (FORCE)"); err != nil {
+		return "", err
+	}
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+building); err != nil {
+		return "", fmt.Errorf("creating template: %w", err)
+	}
+	pool, err := pgxpool.New(ctx, withDatabaseURL(ServerURL(), building))
+	if err != nil {
+		return "", err
+	}
+	err = db.Migrate(ctx, pool, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	pool.Close()
+	if err != nil {
+		return "", fmt.Errorf("migrating template: %w", err)
+	}
+	if _, err := conn.Exec(ctx, fmt.Sprintf("ALTER DATABASE %s RENAME TO %s", building, name)); err != nil {
+		return "", fmt.Errorf("renaming template: %w", err)
+	}
+	if _, err := conn.Exec(ctx, fmt.Sprintf("ALTER DATABASE %s IS_TEMPLATE true", name)); err != nil {
+		return "", fmt.Errorf("marking template: %w", err)
+	}
+	return name, nil
+}
+
+func connect(t testing.TB, u string) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatalf("connecting to %s: %v", redact(u), err)
+	}
+	return conn
+}
+
+func withDatabaseURL(base, name string) string {
+	u, err := url.Parse(base)
+	if err != nil || u.Scheme == "" {
+		// A key=value DSN: append the database, the last value wins.
+		return fmt.Sprintf("%s dbname=%s", base, name)
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+func redact(u string) string {
+	parsed, err := url.Parse(u)
+	if err != nil {
+		return "(unparsable url)"
+	}
+	return parsed.Redacted()
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

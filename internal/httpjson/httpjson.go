@@ -1,0 +1,114 @@
+// Package httpjson is the JSON edge shared by the modules' HTTP handlers:
+// strict request decoding and RFC 9457 problem details for errors, so every
+// route answers bad input the same clear way.
+package httpjson
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+)
+
+// MaxBody is the largest request body accepted (1 MiB).
+const MaxBody = 1 << 20
+
+// Problem is an RFC 9457 problem details body.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// Error is a Problem that can travel as an error.
+func (p *Problem) Error() string { return fmt.Sprintf("%d %s: %s", p.Status, p.Title, p.Detail) }
+
+// NewProblem returns a problem with the status's standard title.
+func NewProblem(status int, detail string, args ...any) *Problem {
+	return &Problem{Type: "about:blank", Title: http.StatusText(status), Status: status, Detail: fmt.Sprintf(detail, args...)}
+}
+
+// WriteProblem writes p as application/problem+json.
+func WriteProblem(w http.ResponseWriter, p *Problem) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(p.Status)
+	_ = json.NewEncoder(w).Encode(p)
+}
+
+// WriteError writes err as a problem: a *Problem as itself, anything else as
+// a 500 whose detail does not leak internals.
+func WriteError(w http.ResponseWriter, err error) {
+	var p *Problem
+	if errors.As(err, &p) {
+		WriteProblem(w, p)
+		return
+	}
+	WriteProblem(w, NewProblem(http.StatusInternalServerError, "the server failed to handle the request"))
+}
+
+// Write writes v as JSON with status.
+func Write(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// Decode reads exactly one JSON value into dst from a body of at most
+// MaxBody bytes, refusing unknown fields, trailing data and non-JSON content
+// types. Its errors are *Problem values with a detail a client can act on.
+func Decode(w http.ResponseWriter, r *http.Request, dst any) error {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+			return NewProblem(http.StatusUnsupportedMediaType, "content-type must be application/json, got %q", ct)
+		}
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		return decodeProblem(err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return decodeProblem(err)
+		}
+		return NewProblem(http.StatusBadRequest, "request body must hold a single JSON value")
+	}
+	return nil
+}
+
+func decodeProblem(err error) *Problem {
+	var (
+		syntax    *json.SyntaxError
+		typeErr   *json.UnmarshalTypeError
+		tooLarge  *http.MaxBytesError
+		fieldName = func(e *json.UnmarshalTypeError) string {
+			if e.Field != "" {
+				return e.Field
+			}
+			return "value"
+		}
+	)
+	switch {
+	case errors.As(err, &tooLarge):
+		return NewProblem(http.StatusRequestEntityTooLarge, "request body exceeds %d bytes", tooLarge.Limit)
+	case errors.As(err, &syntax):
+		return NewProblem(http.StatusBadRequest, "malformed JSON at byte %d: %v", syntax.Offset, err)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return NewProblem(http.StatusBadRequest, "malformed JSON: unexpected end of body")
+	case errors.Is(err, io.EOF):
+		return NewProblem(http.StatusBadRequest, "request body is empty")
+	case errors.As(err, &typeErr):
+		return NewProblem(http.StatusUnprocessableEntity, "field %q must be %s, got JSON %s", fieldName(typeErr), typeErr.Type, typeErr.Value)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return NewProblem(http.StatusUnprocessableEntity, "unknown field %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
+	default:
+		return NewProblem(http.StatusBadRequest, "malformed JSON: %v", err)
+	}
+}

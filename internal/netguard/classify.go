@@ -1,0 +1,118 @@
+package netguard
+
+import "net/netip"
+
+// addrClass is the policy tier of an address.
+type addrClass int
+
+const (
+	// classGlobal addresses are globally routable and always allowed.
+	classGlobal addrClass = iota
+	// classNonGlobal addresses are reachable only locally or within an
+	// organisation; allowed only with Guard.AllowPrivate.
+	classNonGlobal
+	// classNever addresses are never valid webhook receivers, or expose
+	// cloud credentials; refused even with Guard.AllowPrivate.
+	classNever
+)
+
+type addrRange struct {
+	prefix netip.Prefix
+	reason string
+}
+
+// neverRanges are checked first so that an address inside a broader
+// non-global range (metadata inside CGNAT or ULA) gets the stricter verdict.
+var neverRanges = []addrRange{
+	{netip.MustParsePrefix("0.0.0.0/8"), "in the unspecified \"this network\" range"},
+	{netip.MustParsePrefix("169.254.169.254/32"), "the cloud metadata service"},
+	{netip.MustParsePrefix("169.254.0.0/16"), "link-local"},
+	{netip.MustParsePrefix("100.100.100.200/32"), "the cloud metadata service"},
+	{netip.MustParsePrefix("224.0.0.0/4"), "multicast"},
+	{netip.MustParsePrefix("255.255.255.255/32"), "the broadcast address"},
+	{netip.MustParsePrefix("240.0.0.0/4"), "reserved"},
+	{netip.MustParsePrefix("::/128"), "unspecified"},
+	{netip.MustParsePrefix("fd00:ec2::254/128"), "the cloud metadata service"},
+	{netip.MustParsePrefix("fe80::/10"), "link-local"},
+	{netip.MustParsePrefix("ff00::/8"), "multicast"},
+}
+
+// nonGlobalRanges follow the IANA special-purpose address registries. Where
+// the registry marks only part of a block as global, the whole block is
+// treated as non-global: refusing an obscure address is cheaper than
+// reaching an internal one.
+var nonGlobalRanges = []addrRange{
+	{netip.MustParsePrefix("10.0.0.0/8"), "private"},
+	{netip.MustParsePrefix("100.64.0.0/10"), "in the shared (CGNAT) range"},
+	{netip.MustParsePrefix("127.0.0.0/8"), "loopback"},
+	{netip.MustParsePrefix("172.16.0.0/12"), "private"},
+	{netip.MustParsePrefix("192.0.0.0/24"), "reserved for IETF protocol assignments"},
+	{netip.MustParsePrefix("192.0.2.0/24"), "reserved for documentation"},
+	{netip.MustParsePrefix("192.88.99.0/24"), "the deprecated 6to4 relay anycast range"},
+	{netip.MustParsePrefix("192.168.0.0/16"), "private"},
+	{netip.MustParsePrefix("198.18.0.0/15"), "reserved for benchmarking"},
+	{netip.MustParsePrefix("198.51.100.0/24"), "reserved for documentation"},
+	{netip.MustParsePrefix("203.0.113.0/24"), "reserved for documentation"},
+	{netip.MustParsePrefix("::1/128"), "loopback"},
+	{netip.MustParsePrefix("64:ff9b:1::/48"), "in the local-use NAT64 range"},
+	{netip.MustParsePrefix("100::/64"), "in the discard-only range"},
+	{netip.MustParsePrefix("2001::/23"), "reserved for IETF protocol assignments"},
+	{netip.MustParsePrefix("2001:db8::/32"), "reserved for documentation"},
+	{netip.MustParsePrefix("3fff::/20"), "reserved for documentation"},
+	{netip.MustParsePrefix("fc00::/7"), "unique local (private)"},
+	{netip.MustParsePrefix("fec0::/10"), "site-local"},
+}
+
+var (
+	// nat64 and sixToFour embed an IPv4 address that a gateway will reach
+	// on our behalf, so the embedded address is what must be judged.
+	nat64     = netip.MustParsePrefix("64:ff9b::/96")
+	sixToFour = netip.MustParsePrefix("2002::/16")
+	// globalUnicast6 is the only IPv6 block currently allocated for global
+	// unicast; anything outside it that is not listed above is not global.
+	globalUnicast6 = netip.MustParsePrefix("2000::/3")
+)
+
+// classify returns the policy tier of addr and, unless it is global, a
+// human-readable reason suitable for an error message.
+func classify(addr netip.Addr) (addrClass, string) {
+	if !addr.IsValid() {
+		return classNever, "not a valid IP address"
+	}
+	// Zoned addresses never match a prefix, and ::ffff:a.b.c.d must be
+	// judged as a.b.c.d, otherwise both would slip past every range below.
+	addr = addr.WithZone("").Unmap()
+
+	for _, r := range neverRanges {
+		if r.prefix.Contains(addr) {
+			return classNever, r.reason
+		}
+	}
+	for _, r := range nonGlobalRanges {
+		if r.prefix.Contains(addr) {
+			return classNonGlobal, r.reason
+		}
+	}
+	if addr.Is4() {
+		return classGlobal, ""
+	}
+
+	b := addr.As16()
+	switch {
+	case nat64.Contains(addr):
+		return classifyEmbedded(netip.AddrFrom4([4]byte(b[12:16])), "NAT64")
+	case sixToFour.Contains(addr):
+		return classifyEmbedded(netip.AddrFrom4([4]byte(b[2:6])), "6to4")
+	case !globalUnicast6.Contains(addr):
+		return classNonGlobal, "outside IPv6 global unicast space"
+	}
+	return classGlobal, ""
+}
+
+func classifyEmbedded(v4 netip.Addr, mechanism string) (addrClass, string) {
+	class, reason := classify(v4)
+	if class == classGlobal {
+		return classGlobal, ""
+	}
+	return class, mechanism + " for " + v4.String() + ", which is " + reason
+}

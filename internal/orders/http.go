@@ -1,0 +1,93 @@
+package orders
+
+import (
+	"errors"
+	"log/slog"
+	"net/http"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxkit/orders/internal/httpjson"
+)
+
+// Handler returns the orders routes: POST /orders, GET /orders/{id} and
+// POST /orders/{id}/cancel.
+func (s *Service) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /orders", s.handlePlace)
+	mux.HandleFunc("GET /orders/{id}", s.handleGet)
+	mux.HandleFunc("POST /orders/{id}/cancel", s.handleCancel)
+	return mux
+}
+
+func (s *Service) handlePlace(w http.ResponseWriter, r *http.Request) {
+	var req PlaceRequest
+	if err := httpjson.Decode(w, r, &req); err != nil {
+		httpjson.WriteError(w, err)
+		return
+	}
+	req.IdempotencyKey = r.Header.Get("Idempotency-Key")
+	order, replayed, err := s.Place(r.Context(), req)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	w.Header().Set("Location", "/orders/"+order.ID.String())
+	if replayed {
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	httpjson.Write(w, http.StatusCreated, order)
+}
+
+func (s *Service) handleGet(w http.ResponseWriter, r *http.Request) {
+	id, ok := orderID(w, r)
+	if !ok {
+		return
+	}
+	order, err := s.Get(r.Context(), id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, order)
+}
+
+func (s *Service) handleCancel(w http.ResponseWriter, r *http.Request) {
+	id, ok := orderID(w, r)
+	if !ok {
+		return
+	}
+	order, err := s.Cancel(r.Context(), id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, order)
+}
+
+// writeError maps the module's errors to problems; anything unexpected is
+// logged here, once, and answered as a 500 without internals.
+func (s *Service) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	var invalid *ValidationError
+	switch {
+	case errors.As(err, &invalid):
+		httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusUnprocessableEntity, "%s", invalid.Error()))
+	case errors.Is(err, ErrNotFound):
+		httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusNotFound, "no order with id %s", r.PathValue("id")))
+	case errors.Is(err, ErrIdempotencyConflict):
+		httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusUnprocessableEntity,
+			"Idempotency-Key %q was already used with a different request body", r.Header.Get("Idempotency-Key")))
+	default:
+		s.logger.ErrorContext(r.Context(), "orders request failed", slog.String("path", r.URL.Path), slog.Any("error", err))
+		httpjson.WriteError(w, err)
+	}
+}
+
+func orderID(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusNotFound, "no order with id %q", r.PathValue("id")))
+		return uuid.UUID{}, false
+	}
+	return id, true
+}

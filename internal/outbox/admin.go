@@ -1,0 +1,247 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
+	"github.com/outboxkit/orders/internal/webhook"
+)
+
+// ErrInvalidEndpoint is returned for an endpoint registration that cannot be
+// accepted: a bad or forbidden URL, or no event types.
+var ErrInvalidEndpoint = errors.New("outbox: invalid webhook endpoint")
+
+// URLChecker vets a webhook URL before it is stored (the SSRF guard).
+type URLChecker interface {
+	CheckURL(ctx context.Context, rawURL string) error
+}
+
+// Endpoint is a registered webhook receiver. Its secret is shown once, when
+// it is created, and never listed afterwards.
+type Endpoint struct {
+	ID             uuid.UUID `json:"id"`
+	URL            string    `json:"url"`
+	EventTypes     []string  `json:"event_types"`
+	Enabled        bool      `json:"enabled"`
+	DisabledReason string    `json:"disabled_reason,omitempty"`
+	CreatedAt      time.Time `json:"created_at"`
+	Secret         string    `json:"secret,omitempty"`
+}
+
+// Message is an outbox row as the admin surface shows it.
+type Message struct {
+	ID            uuid.UUID       `json:"id"`
+	Type          string          `json:"type"`
+	Destination   uuid.UUID       `json:"destination"`
+	Status        string          `json:"status"`
+	Attempts      int             `json:"attempts"`
+	NextAttemptAt time.Time       `json:"next_attempt_at"`
+	ClaimedAt     *time.Time      `json:"claimed_at,omitempty"`
+	DeliveredAt   *time.Time      `json:"delivered_at,omitempty"`
+	LastError     string          `json:"last_error,omitempty"`
+	CreatedAt     time.Time       `json:"created_at"`
+	Payload       json.RawMessage `json:"payload"`
+}
+
+// Stats are the outbox's counts by status and its oldest pending age.
+type Stats struct {
+	Pending                 int64   `json:"pending"`
+	Claimed                 int64   `json:"claimed"`
+	Delivered               int64   `json:"delivered"`
+	Failed                  int64   `json:"failed"`
+	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
+}
+
+// Admin is what operators do to the outbox: manage endpoints, look at the
+// backlog, requeue failed messages.
+type Admin struct {
+	pool    *pgxpool.Pool
+	checker URLChecker
+	logger  *slog.Logger
+}
+
+// NewAdmin returns the admin service; checker vets endpoint URLs.
+func NewAdmin(pool *pgxpool.Pool, checker URLChecker, logger *slog.Logger) *Admin {
+	return &Admin{pool: pool, checker: checker, logger: logger}
+}
+
+// CreateEndpoint registers a receiver for eventTypes and returns it with its
+// newly generated signing secret.
+func (a *Admin) CreateEndpoint(ctx context.Context, rawURL string, eventTypes []string) (Endpoint, error) {
+	types := slices.Compact(slices.Sorted(slices.Values(eventTypes)))
+	if len(types) == 0 {
+		return Endpoint{}, fmt.Errorf("%w: event_types must name at least one event type", ErrInvalidEndpoint)
+	}
+	for _, t := range types {
+		if strings.TrimSpace(t) == "" {
+			return Endpoint{}, fmt.Errorf("%w: event_types must not contain an empty type", ErrInvalidEndpoint)
+		}
+	}
+	if err := a.checker.CheckURL(ctx, rawURL); err != nil {
+		return Endpoint{}, fmt.Errorf("%w: %w", ErrInvalidEndpoint, err)
+	}
+	secret, err := webhook.NewSecret()
+	if err != nil {
+		return Endpoint{}, fmt.Errorf("generating secret: %w", err)
+	}
+	row, err := outboxdb.New(a.pool).EndpointInsert(ctx, rawURL, secret, types)
+	if err != nil {
+		return Endpoint{}, fmt.Errorf("inserting endpoint: %w", err)
+	}
+	a.logger.InfoContext(ctx, "webhook endpoint created", slog.String("endpoint_id", row.ID.String()),
+		slog.String("url", row.Url), slog.Any("event_types", row.EventTypes))
+	ep := toEndpoint(row)
+	ep.Secret = row.Secret
+	return ep, nil
+}
+
+// Endpoints lists every endpoint, without secrets.
+func (a *Admin) Endpoints(ctx context.Context) ([]Endpoint, error) {
+	rows, err := outboxdb.New(a.pool).EndpointList(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing endpoints: %w", err)
+	}
+	eps := make([]Endpoint, len(rows))
+	for i, r := range rows {
+		eps[i] = toEndpoint(r)
+	}
+	return eps, nil
+}
+
+// Endpoint returns one endpoint, without its secret.
+func (a *Admin) Endpoint(ctx context.Context, id uuid.UUID) (Endpoint, error) {
+	row, err := outboxdb.New(a.pool).EndpointGet(ctx, id)
+	if err != nil {
+		return Endpoint{}, notFound("getting endpoint", err)
+	}
+	return toEndpoint(row), nil
+}
+
+// DeleteEndpoint removes an endpoint. Its undelivered messages end failed
+// ("endpoint deleted") when the relay reaches them; history is kept.
+func (a *Admin) DeleteEndpoint(ctx context.Context, id uuid.UUID) error {
+	n, err := outboxdb.New(a.pool).EndpointDelete(ctx, id)
+	if err != nil {
+		return fmt.Errorf("deleting endpoint: %w", err)
+	}
+	if n == 0 {
+		return fmt.Errorf("deleting endpoint: %w", ErrNotFound)
+	}
+	a.logger.InfoContext(ctx, "webhook endpoint deleted", slog.String("endpoint_id", id.String()))
+	return nil
+}
+
+// SetEndpointEnabled enables or disables an endpoint by hand.
+func (a *Admin) SetEndpointEnabled(ctx context.Context, id uuid.UUID, enabled bool) (Endpoint, error) {
+	reason := "disabled by an operator"
+	row, err := outboxdb.New(a.pool).EndpointSetEnabled(ctx, enabled, &reason, id)
+	if err != nil {
+		return Endpoint{}, notFound("updating endpoint", err)
+	}
+	a.logger.InfoContext(ctx, "webhook endpoint updated", slog.String("endpoint_id", id.String()), slog.Bool("enabled", enabled))
+	return toEndpoint(row), nil
+}
+
+// Stats counts messages by status.
+func (a *Admin) Stats(ctx context.Context) (Stats, error) {
+	s, err := outboxdb.New(a.pool).MessageStats(ctx)
+	if err != nil {
+		return Stats{}, fmt.Errorf("reading outbox stats: %w", err)
+	}
+	return Stats{Pending: s.Pending, Claimed: s.Claimed, Delivered: s.Delivered, Failed: s.Failed,
+		OldestPendingAgeSeconds: s.OldestPendingAgeSeconds}, nil
+}
+
+// ErrInvalidStatus is returned for a status filter that is not one of the four.
+var ErrInvalidStatus = errors.New("outbox: status must be pending, claimed, delivered or failed")
+
+// Messages lists up to limit messages, newest first, optionally of one status.
+func (a *Admin) Messages(ctx context.Context, status string, limit int) ([]Message, error) {
+	var filter *string
+	if status != "" {
+		if !slices.Contains([]string{StatusPending, StatusClaimed, StatusDelivered, StatusFailed}, status) {
+			return nil, ErrInvalidStatus
+		}
+		filter = &status
+	}
+	rows, err := outboxdb.New(a.pool).MessageList(ctx, filter, int32(limit))
+	if err != nil {
+		return nil, fmt.Errorf("listing messages: %w", err)
+	}
+	msgs := make([]Message, len(rows))
+	for i, r := range rows {
+		msgs[i] = toMessage(r)
+	}
+	return msgs, nil
+}
+
+// Message returns one message.
+func (a *Admin) Message(ctx context.Context, id uuid.UUID) (Message, error) {
+	row, err := outboxdb.New(a.pool).MessageGet(ctx, id)
+	if err != nil {
+		return Message{}, notFound("getting message", err)
+	}
+	return toMessage(row), nil
+}
+
+// Retry requeues a failed message (failed → pending) with a fresh attempt
+// budget. Retrying a message that has not failed is ErrConflict.
+func (a *Admin) Retry(ctx context.Context, id uuid.UUID) (Message, error) {
+	var msg Message
+	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+		q := outboxdb.New(tx)
+		row, err := q.MessageRetry(ctx, id)
+		if errors.Is(err, pgx.ErrNoRows) {
+			if _, err := q.MessageGet(ctx, id); err != nil {
+				return notFound("getting message", err)
+			}
+			return fmt.Errorf("retrying message: %w: only failed messages can be retried", ErrConflict)
+		}
+		if err != nil {
+			return fmt.Errorf("retrying message: %w", err)
+		}
+		msg = toMessage(row)
+		return nil
+	})
+	if err != nil {
+		return Message{}, err
+	}
+	a.logger.InfoContext(ctx, "failed message requeued", slog.String("message_id", id.String()))
+	return msg, nil
+}
+
+func notFound(action string, err error) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%s: %w", action, ErrNotFound)
+	}
+	return fmt.Errorf("%s: %w", action, err)
+}
+
+func toEndpoint(r outboxdb.WebhookEndpoint) Endpoint {
+	ep := Endpoint{ID: r.ID, URL: r.Url, EventTypes: r.EventTypes, Enabled: r.Enabled, CreatedAt: r.CreatedAt}
+	if r.DisabledReason != nil {
+		ep.DisabledReason = *r.DisabledReason
+	}
+	return ep
+}
+
+func toMessage(r outboxdb.OutboxMessage) Message {
+	m := Message{ID: r.ID, Type: r.Type, Destination: r.Destination, Status: r.Status, Attempts: int(r.Attempts),
+		NextAttemptAt: r.NextAttemptAt, ClaimedAt: r.ClaimedAt, DeliveredAt: r.DeliveredAt, CreatedAt: r.CreatedAt,
+		Payload: r.Payload}
+	if r.LastError != nil {
+		m.LastError = *r.LastError
+	}
+	return m
+}

@@ -1,0 +1,178 @@
+package outbox
+
+import (
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxkit/orders/internal/httpjson"
+)
+
+// Handler returns the admin HTTP routes: webhook endpoints and the outbox's
+// stats, messages and retry. The caller puts authentication in front.
+func (a *Admin) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /webhook-endpoints", a.handleCreateEndpoint)
+	mux.HandleFunc("GET /webhook-endpoints", a.handleListEndpoints)
+	mux.HandleFunc("GET /webhook-endpoints/{id}", a.handleGetEndpoint)
+	mux.HandleFunc("DELETE /webhook-endpoints/{id}", a.handleDeleteEndpoint)
+	mux.HandleFunc("POST /webhook-endpoints/{id}/enable", a.handleSetEnabled(true))
+	mux.HandleFunc("POST /webhook-endpoints/{id}/disable", a.handleSetEnabled(false))
+	mux.HandleFunc("GET /outbox/stats", a.handleStats)
+	mux.HandleFunc("GET /outbox/messages", a.handleListMessages)
+	mux.HandleFunc("GET /outbox/messages/{id}", a.handleGetMessage)
+	mux.HandleFunc("POST /outbox/messages/{id}/retry", a.handleRetry)
+	return mux
+}
+
+type createEndpointRequest struct {
+	URL        string   `json:"url"`
+	EventTypes []string `json:"event_types"`
+}
+
+func (a *Admin) handleCreateEndpoint(w http.ResponseWriter, r *http.Request) {
+	var req createEndpointRequest
+	if err := httpjson.Decode(w, r, &req); err != nil {
+		httpjson.WriteError(w, err)
+		return
+	}
+	ep, err := a.CreateEndpoint(r.Context(), req.URL, req.EventTypes)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusCreated, ep)
+}
+
+func (a *Admin) handleListEndpoints(w http.ResponseWriter, r *http.Request) {
+	eps, err := a.Endpoints(r.Context())
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, eps)
+}
+
+func (a *Admin) handleGetEndpoint(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathID(w, r)
+	if !ok {
+		return
+	}
+	ep, err := a.Endpoint(r.Context(), id)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, ep)
+}
+
+func (a *Admin) handleDeleteEndpoint(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathID(w, r)
+	if !ok {
+		return
+	}
+	if err := a.DeleteEndpoint(r.Context(), id); err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (a *Admin) handleSetEnabled(enabled bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id, ok := pathID(w, r)
+		if !ok {
+			return
+		}
+		ep, err := a.SetEndpointEnabled(r.Context(), id, enabled)
+		if err != nil {
+			a.writeError(w, r, err)
+			return
+		}
+		httpjson.Write(w, http.StatusOK, ep)
+	}
+}
+
+func (a *Admin) handleStats(w http.ResponseWriter, r *http.Request) {
+	s, err := a.Stats(r.Context())
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, s)
+}
+
+func (a *Admin) handleListMessages(w http.ResponseWriter, r *http.Request) {
+	limit := 50
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusBadRequest, "limit must be an integer from 1 to 1000, got %q", v))
+			return
+		}
+		limit = n
+	}
+	msgs, err := a.Messages(r.Context(), r.URL.Query().Get("status"), limit)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, msgs)
+}
+
+func (a *Admin) handleGetMessage(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathID(w, r)
+	if !ok {
+		return
+	}
+	m, err := a.Message(r.Context(), id)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, m)
+}
+
+func (a *Admin) handleRetry(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathID(w, r)
+	if !ok {
+		return
+	}
+	m, err := a.Retry(r.Context(), id)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, m)
+}
+
+// writeError maps the module's errors to problems; anything unexpected is
+// logged here, once, and answered as a 500 without internals.
+func (a *Admin) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	var status int
+	switch {
+	case errors.Is(err, ErrNotFound):
+		status = http.StatusNotFound
+	case errors.Is(err, ErrConflict):
+		status = http.StatusConflict
+	case errors.Is(err, ErrInvalidEndpoint), errors.Is(err, ErrInvalidStatus):
+		status = http.StatusUnprocessableEntity
+	default:
+		a.logger.ErrorContext(r.Context(), "admin request failed", slog.String("path", r.URL.Path), slog.Any("error", err))
+		httpjson.WriteError(w, err)
+		return
+	}
+	httpjson.WriteProblem(w, httpjson.NewProblem(status, "%s", err.Error()))
+}
+
+func pathID(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusNotFound, "no such id %q", r.PathValue("id")))
+		return uuid.UUID{}, false
+	}
+	return id, true
+}

@@ -1,0 +1,392 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
+
+	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
+)
+
+// River queues the relay uses. Claims and maintenance have their own queues
+// so a flood of deliveries never delays the next claim or prune.
+const (
+	QueueClaim   = "outbox_claim"
+	QueueDeliver = "outbox_deliver"
+	QueuePrune   = "outbox_prune"
+)
+
+// RelayConfig tunes the relay. The zero value of a field means its default.
+type RelayConfig struct {
+	// PollInterval is how often a claim job looks for due messages when the
+	// relay is idle; a backlog is drained without waiting for it.
+	PollInterval time.Duration
+	// BatchSize bounds how many messages one claim statement takes.
+	BatchSize int
+	// MaxAttempts is the cap after which a message is marked failed.
+	MaxAttempts int
+	// BackoffBase and BackoffMax shape the exponential backoff between attempts.
+	BackoffBase time.Duration
+	BackoffMax  time.Duration
+	// ClaimTimeout is how long a claim may stay unsettled before it is taken
+	// to mean its relay died, and the message is returned to pending.
+	ClaimTimeout time.Duration
+	// DeliveryTimeout bounds one webhook request.
+	DeliveryTimeout time.Duration
+	// Retention is how long delivered rows are kept as the audit record.
+	Retention time.Duration
+	// PruneInterval is how often the prune job runs.
+	PruneInterval time.Duration
+	// MaxInFlight bounds claimed-but-unsettled messages across all relays, so
+	// claims never run so far ahead of delivery that they time out.
+	MaxInFlight int
+	// DeliverBatch is how many messages for one endpoint go in one deliver job.
+	DeliverBatch int
+	// DeliverConcurrency is how many requests one deliver job has in flight.
+	DeliverConcurrency int
+	// DeliverWorkers is how many deliver jobs one worker process runs at once.
+	DeliverWorkers int
+}
+
+// DefaultRelayConfig returns the defaults, chosen for webhook delivery on a
+// small machine: sub-second latency when idle, seconds-to-minutes of backoff,
+// and a week of audit history.
+func DefaultRelayConfig() RelayConfig {
+	return RelayConfig{
+		PollInterval:       200 * time.Millisecond,
+		BatchSize:          500,
+		MaxAttempts:        10,
+		BackoffBase:        time.Second,
+		BackoffMax:         time.Hour,
+		ClaimTimeout:       5 * time.Minute,
+		DeliveryTimeout:    10 * time.Second,
+		Retention:          7 * 24 * time.Hour,
+		PruneInterval:      time.Hour,
+		MaxInFlight:        5000,
+		DeliverBatch:       50,
+		DeliverConcurrency: 16,
+		DeliverWorkers:     50,
+	}
+}
+
+// withDefaults fills zero fields from DefaultRelayConfig.
+func (c RelayConfig) withDefaults() RelayConfig {
+	d := DefaultRelayConfig()
+	or := func(v *time.Duration, def time.Duration) {
+		if *v == 0 {
+			*v = def
+		}
+	}
+	ori := func(v *int, def int) {
+		if *v == 0 {
+			*v = def
+		}
+	}
+	or(&c.PollInterval, d.PollInterval)
+	or(&c.BackoffBase, d.BackoffBase)
+	or(&c.BackoffMax, d.BackoffMax)
+	or(&c.ClaimTimeout, d.ClaimTimeout)
+	or(&c.DeliveryTimeout, d.DeliveryTimeout)
+	or(&c.Retention, d.Retention)
+	or(&c.PruneInterval, d.PruneInterval)
+	ori(&c.BatchSize, d.BatchSize)
+	ori(&c.MaxAttempts, d.MaxAttempts)
+	ori(&c.MaxInFlight, d.MaxInFlight)
+	ori(&c.DeliverBatch, d.DeliverBatch)
+	ori(&c.DeliverConcurrency, d.DeliverConcurrency)
+	ori(&c.DeliverWorkers, d.DeliverWorkers)
+	return c
+}
+
+// Validate reports settings that cannot work together.
+func (c RelayConfig) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	if c.BackoffMax < c.BackoffBase {
+		errs = append(errs, fmt.Errorf("backoff max %s is below backoff base %s", c.BackoffMax, c.BackoffBase))
+	}
+	// A claim must outlive the longest deliver job, or a healthy but slow job
+	// would see its rows re-claimed under it and every message sent twice.
+	if longest := c.deliverJobTimeout(c.DeliverBatch); c.ClaimTimeout <= longest {
+		errs = append(errs, fmt.Errorf("claim timeout %s must exceed the longest deliver job (%s: delivery timeout x batch / concurrency, plus margin)", c.ClaimTimeout, longest))
+	}
+	for name, v := range map[string]int{"batch size": c.BatchSize, "max attempts": c.MaxAttempts, "max in flight": c.MaxInFlight, "deliver batch": c.DeliverBatch, "deliver concurrency": c.DeliverConcurrency, "deliver workers": c.DeliverWorkers} {
+		if v < 0 {
+			errs = append(errs, fmt.Errorf("%s must be positive, got %d", name, v))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// deliverJobTimeout is how long a deliver job of n messages may run: its
+// requests in rounds of DeliverConcurrency, plus time to record the outcome.
+func (c RelayConfig) deliverJobTimeout(n int) time.Duration {
+	rounds := (n + c.DeliverConcurrency - 1) / c.DeliverConcurrency
+	return time.Duration(rounds)*c.DeliveryTimeout + 30*time.Second
+}
+
+// backoff is the delay before attempt+1: exponential from BackoffBase, capped
+// at BackoffMax, with "equal jitter" (half fixed, half random) so a burst of
+// failures against one endpoint does not come back as one burst.
+func (c RelayConfig) backoff(attempt int) time.Duration {
+	d := c.BackoffBase
+	for i := 1; i < attempt && d < c.BackoffMax; i++ {
+		d *= 2
+	}
+	d = min(d, c.BackoffMax)
+	half := d / 2
+	return half + rand.N(half+1)
+}
+
+// Relay claims, delivers and prunes outbox messages as River jobs. Register
+// its workers and periodic jobs on a River client (see cmd/worker); any number
+// of processes may run one against the same database.
+type Relay struct {
+	pool      *pgxpool.Pool
+	cfg       RelayConfig
+	transport Transport
+	logger    *slog.Logger
+	metrics   *Metrics
+}
+
+// NewRelay returns a relay delivering through transport. metrics may be nil.
+func NewRelay(pool *pgxpool.Pool, cfg RelayConfig, transport Transport, logger *slog.Logger, metrics *Metrics) (*Relay, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("configuring relay: %w", err)
+	}
+	if metrics == nil {
+		metrics = NewMetrics()
+	}
+	return &Relay{pool: pool, cfg: cfg.withDefaults(), transport: transport, logger: logger, metrics: metrics}, nil
+}
+
+// Config returns the relay's effective settings.
+func (r *Relay) Config() RelayConfig { return r.cfg }
+
+// AddWorkers registers the claim, deliver and prune workers.
+func (r *Relay) AddWorkers(workers *river.Workers) {
+	river.AddWorker(workers, &claimWorker{relay: r})
+	river.AddWorker(workers, &deliverWorker{relay: r})
+	river.AddWorker(workers, &pruneWorker{relay: r})
+}
+
+// Queues returns the River queues the relay needs, sized from its config.
+func (r *Relay) Queues() map[string]river.QueueConfig {
+	return map[string]river.QueueConfig{
+		QueueClaim:   {MaxWorkers: 1},
+		QueueDeliver: {MaxWorkers: r.cfg.DeliverWorkers},
+		QueuePrune:   {MaxWorkers: 1},
+	}
+}
+
+// PeriodicJobs returns the timers that start claims and prunes. River's
+// leader inserts them, so there is one timer however many workers run.
+func (r *Relay) PeriodicJobs() []*river.PeriodicJob {
+	// Unique while waiting or running: a claim job that is draining a backlog
+	// covers the ticks that pass meanwhile, instead of queueing behind it.
+	once := river.UniqueOpts{ByState: []rivertype.JobState{
+		rivertype.JobStateAvailable, rivertype.JobStatePending,
+		rivertype.JobStateRunning, rivertype.JobStateScheduled,
+	}}
+	return []*river.PeriodicJob{
+		river.NewPeriodicJob(river.PeriodicInterval(r.cfg.PollInterval),
+			func() (river.JobArgs, *river.InsertOpts) {
+				return ClaimArgs{}, &river.InsertOpts{UniqueOpts: once}
+			}, &river.PeriodicJobOpts{RunOnStart: true}),
+		river.NewPeriodicJob(river.PeriodicInterval(r.cfg.PruneInterval),
+			func() (river.JobArgs, *river.InsertOpts) {
+				return PruneArgs{}, &river.InsertOpts{UniqueOpts: once}
+			}, &river.PeriodicJobOpts{RunOnStart: true}),
+	}
+}
+
+// NewRiverClient returns a River client that runs this relay's jobs. River's
+// timers are set against the outbox's: a deliver job stuck in a dead process
+// is rescued only after the claim timeout has released its rows, so the
+// rescued job finds a stale token and does nothing.
+func (r *Relay) NewRiverClient() (*river.Client[pgx.Tx], error) {
+	workers := river.NewWorkers()
+	r.AddWorkers(workers)
+	client, err := river.NewClient(riverpgxv5.New(r.pool), &river.Config{
+		Logger:       r.logger.With(slog.String("component", "river")),
+		Queues:       r.Queues(),
+		Workers:      workers,
+		PeriodicJobs: r.PeriodicJobs(),
+		// Deliver jobs inserted by a claim should start at once.
+		FetchCooldown:               10 * time.Millisecond,
+		FetchPollInterval:           r.cfg.PollInterval,
+		RescueStuckJobsAfter:        r.cfg.ClaimTimeout + time.Minute,
+		CompletedJobRetentionPeriod: time.Hour,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating river client: %w", err)
+	}
+	return client, nil
+}
+
+// ClaimArgs starts one claim: release stale claims, then claim due messages
+// batch after batch until none are left or in-flight work is at its bound.
+type ClaimArgs struct{}
+
+// Kind implements river.JobArgs.
+func (ClaimArgs) Kind() string { return "outbox_claim" }
+
+// InsertOpts implements river.JobArgsWithInsertOpts.
+func (ClaimArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{Queue: QueueClaim, MaxAttempts: 1}
+}
+
+type claimWorker struct {
+	river.WorkerDefaults[ClaimArgs]
+	relay *Relay
+}
+
+// claimBudget bounds one claim job's drain loop, so a worker shutting down
+// or a leader change never waits on an endless job; the next tick goes on.
+const claimBudget = 10 * time.Second
+
+func (w *claimWorker) Timeout(*river.Job[ClaimArgs]) time.Duration {
+	return claimBudget + 30*time.Second
+}
+
+func (w *claimWorker) Work(ctx context.Context, job *river.Job[ClaimArgs]) error {
+	r := w.relay
+	q := outboxdb.New(r.pool)
+	released, err := q.MessageReleaseStale(ctx, int32(r.cfg.MaxAttempts), r.cfg.ClaimTimeout.Seconds())
+	if err != nil {
+		return fmt.Errorf("releasing stale claims: %w", err)
+	}
+	if released > 0 {
+		r.metrics.released.Add(float64(released))
+		r.logger.WarnContext(ctx, "released stale claims", slog.Int64("count", released),
+			slog.Duration("claim_timeout", r.cfg.ClaimTimeout))
+	}
+
+	deadline := time.Now().Add(claimBudget)
+	for time.Now().Before(deadline) {
+		inFlight, err := q.MessageClaimedCount(ctx)
+		if err != nil {
+			return fmt.Errorf("counting claimed messages: %w", err)
+		}
+		room := min(r.cfg.BatchSize, r.cfg.MaxInFlight-int(inFlight))
+		if room <= 0 {
+			return nil
+		}
+		n, err := r.claimBatch(ctx, room)
+		if err != nil {
+			return err
+		}
+		r.metrics.claimRuns.Inc()
+		if n < room {
+			return nil // caught up; the next tick looks again
+		}
+	}
+	return nil
+}
+
+// claimBatch claims up to limit messages and, in the same transaction,
+// inserts the deliver jobs for them: either both happen or neither, so no
+// claimed row is ever left without a job to deliver it.
+func (r *Relay) claimBatch(ctx context.Context, limit int) (int, error) {
+	token := uuid.New()
+	var claimed int
+	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		rows, err := outboxdb.New(tx).MessageClaim(ctx, token, int32(limit))
+		if err != nil {
+			return fmt.Errorf("claiming messages: %w", err)
+		}
+		claimed = len(rows)
+		if claimed == 0 {
+			return nil
+		}
+		// One job per endpoint and chunk: a slow or dead endpoint's job
+		// never holds up another endpoint's messages.
+		byDest := map[uuid.UUID][]uuid.UUID{}
+		var order []uuid.UUID
+		for _, row := range rows {
+			if _, ok := byDest[row.Destination]; !ok {
+				order = append(order, row.Destination)
+			}
+			byDest[row.Destination] = append(byDest[row.Destination], row.ID)
+		}
+		var params []river.InsertManyParams
+		for _, dest := range order {
+			ids := byDest[dest]
+			for len(ids) > 0 {
+				n := min(len(ids), r.cfg.DeliverBatch)
+				params = append(params, river.InsertManyParams{Args: DeliverArgs{
+					ClaimToken: token, Destination: dest, MessageIDs: ids[:n:n],
+				}})
+				ids = ids[n:]
+			}
+		}
+		if _, err := river.ClientFromContext[pgx.Tx](ctx).InsertManyTx(ctx, tx, params); err != nil {
+			return fmt.Errorf("inserting deliver jobs: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	r.metrics.claimed.Add(float64(claimed))
+	return claimed, nil
+}
+
+// PruneArgs starts one prune of delivered rows past the retention.
+type PruneArgs struct{}
+
+// Kind implements river.JobArgs.
+func (PruneArgs) Kind() string { return "outbox_prune" }
+
+// InsertOpts implements river.JobArgsWithInsertOpts.
+func (PruneArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{Queue: QueuePrune, MaxAttempts: 1}
+}
+
+type pruneWorker struct {
+	river.WorkerDefaults[PruneArgs]
+	relay *Relay
+}
+
+// pruneBatch keeps each delete short, so its locks and WAL never stall the
+// claim or the order transactions running beside it.
+const pruneBatch = 5000
+
+func (w *pruneWorker) Timeout(*river.Job[PruneArgs]) time.Duration { return 30 * time.Minute }
+
+func (w *pruneWorker) Work(ctx context.Context, job *river.Job[PruneArgs]) error {
+	n, err := w.relay.Prune(ctx, time.Now().Add(-w.relay.cfg.Retention))
+	if n > 0 {
+		w.relay.logger.InfoContext(ctx, "pruned delivered messages", slog.Int64("count", n),
+			slog.Duration("retention", w.relay.cfg.Retention))
+	}
+	return err
+}
+
+// Prune deletes delivered messages delivered before cutoff, in batches, and
+// returns how many it deleted. Pending, claimed and failed rows are kept.
+func (r *Relay) Prune(ctx context.Context, cutoff time.Time) (int64, error) {
+	q := outboxdb.New(r.pool)
+	var total int64
+	for {
+		n, err := q.MessagesPrune(ctx, cutoff, pruneBatch)
+		total += n
+		r.metrics.pruned.Add(float64(n))
+		if err != nil {
+			return total, fmt.Errorf("pruning delivered messages: %w", err)
+		}
+		if n < pruneBatch {
+			return total, nil
+		}
+	}
+}

@@ -1,0 +1,202 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/orders/internal/dbtest"
+	"github.com/outboxkit/orders/internal/netguard"
+	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/webhook"
+)
+
+// receiver is a real webhook receiver: it verifies signatures and records
+// every delivery, and answers with whatever respond says.
+type receiver struct {
+	t        testing.TB
+	srv      *httptest.Server
+	verifier *webhook.Verifier
+
+	mu        sync.Mutex
+	respond   func(r *http.Request, n int) int
+	received  map[string]int // webhook-id → deliveries
+	bodies    map[string]envelope
+	headers   map[string]http.Header
+	badSigned int
+}
+
+type envelope struct {
+	ID        string          `json:"id"`
+	Type      string          `json:"type"`
+	CreatedAt time.Time       `json:"created_at"`
+	Data      json.RawMessage `json:"data"`
+}
+
+func newReceiver(t testing.TB) *receiver {
+	rc := &receiver{t: t, received: map[string]int{}, bodies: map[string]envelope{}, headers: map[string]http.Header{},
+		respond: func(*http.Request, int) int { return http.StatusNoContent }}
+	rc.srv = httptest.NewServer(http.HandlerFunc(rc.serve))
+	t.Cleanup(rc.srv.Close)
+	return rc
+}
+
+func (rc *receiver) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	rc.mu.Lock()
+	if rc.verifier == nil || rc.verifier.Verify(r.Header, body) != nil {
+		rc.badSigned++
+		rc.mu.Unlock()
+		w.WriteHeader(http.StatusUnauthorized)
+		return
+	}
+	id := r.Header.Get(webhook.HeaderID)
+	n := rc.received[id] + 1
+	respond := rc.respond
+	rc.mu.Unlock()
+
+	status := respond(r, n)
+	rc.mu.Lock()
+	if status >= 200 && status < 300 {
+		rc.received[id] = n
+		var env envelope
+		if err := json.Unmarshal(body, &env); err != nil {
+			rc.t.Errorf("webhook body is not the envelope: %v", err)
+		}
+		rc.bodies[id] = env
+		rc.headers[id] = r.Header.Clone()
+	}
+	rc.mu.Unlock()
+	w.WriteHeader(status)
+}
+
+func (rc *receiver) setSecret(secret string) {
+	v, err := webhook.NewVerifier(secret)
+	require.NoError(rc.t, err)
+	rc.mu.Lock()
+	rc.verifier = v
+	rc.mu.Unlock()
+}
+
+func (rc *receiver) count(id uuid.UUID) int {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return rc.received[id.String()]
+}
+
+func (rc *receiver) total() int {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return len(rc.received)
+}
+
+type fixture struct {
+	pool  *pgxpool.Pool
+	admin *outbox.Admin
+}
+
+func setup(t *testing.T) fixture {
+	t.Helper()
+	pool := dbtest.Pool(t)
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	return fixture{pool: pool, admin: outbox.NewAdmin(pool, netguard.Guard{AllowPrivate: true}, logger)}
+}
+
+// endpoint registers rc for the given event types.
+func (f fixture) endpoint(t *testing.T, rc *receiver, types ...string) outbox.Endpoint {
+	t.Helper()
+	ep, err := f.admin.CreateEndpoint(context.Background(), rc.srv.URL+"/hook", types)
+	require.NoError(t, err)
+	rc.setSecret(ep.Secret)
+	return ep
+}
+
+// enqueue commits one event and returns the ids of its messages.
+func (f fixture) enqueue(t *testing.T, typ string, data any) []uuid.UUID {
+	t.Helper()
+	ctx := context.Background()
+	var ids []uuid.UUID
+	err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) (err error) {
+		ids, err = outbox.Enqueue(ctx, tx, outbox.Event{Type: typ, Data: data})
+		return err
+	})
+	require.NoError(t, err)
+	return ids
+}
+
+// fastConfig makes retries and claims quick enough for tests.
+func fastConfig() outbox.RelayConfig {
+	return outbox.RelayConfig{
+		PollInterval:    50 * time.Millisecond,
+		BackoffBase:     20 * time.Millisecond,
+		BackoffMax:      100 * time.Millisecond,
+		DeliveryTimeout: 2 * time.Second,
+		ClaimTimeout:    time.Minute,
+		MaxAttempts:     5,
+	}
+}
+
+// startRelay runs a real River client with the relay until the test ends.
+func (f fixture) startRelay(t *testing.T, cfg outbox.RelayConfig, transport outbox.Transport) *outbox.Relay {
+	t.Helper()
+	if transport == nil {
+		transport = &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()}
+	}
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	relay, err := outbox.NewRelay(f.pool, cfg, transport, logger, nil)
+	require.NoError(t, err)
+	client, err := relay.NewRiverClient()
+	require.NoError(t, err)
+	require.NoError(t, client.Start(context.Background()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = client.StopAndCancel(ctx)
+	})
+	return relay
+}
+
+func (f fixture) message(t *testing.T, id uuid.UUID) outbox.Message {
+	t.Helper()
+	m, err := f.admin.Message(context.Background(), id)
+	require.NoError(t, err)
+	return m
+}
+
+func TestRelayDeliversSignedWebhook(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	rc := newReceiver(t)
+	f.endpoint(t, rc, "order.placed")
+	ids := f.enqueue(t, "order.placed", map[string]any{"order_id": "o-1", "total_cents": 1000})
+	require.Len(t, ids, 1)
+
+	f.startRelay(t, fastConfig(), nil)
+	require.Eventually(t, func() bool { return f.message(t, ids[0]).Status == outbox.StatusDelivered },
+		10*time.Second, 10*time.Millisecond)
+
+	require.Equal(t, 1, rc.count(ids[0]))
+	rc.mu.Lock()
+	env, h := rc.bodies[ids[0].String()], rc.headers[ids[0].String()]
+	rc.mu.Unlock()
+	require.Equal(t, ids[0].String(), env.ID)
+	require.Equal(t, "order.placed", env.Type)
+	require.JSONEq(t, `{"order_id":"o-1","total_cents":1000}`, string(env.Data))
+	require.Equal(t, "application/json", h.Get("Content-Type"))
+	require.Zero(t, rc.badSigned)
+
+	m := f.message(t, ids[0])
+	require.Equal(t, 1, m.Attempts)
+	require.NotNil(t, m.DeliveredAt)
+}

@@ -1,0 +1,240 @@
+// Package process holds what every process of this service does at its
+// edges: parse the environment, set up logging, open the database pool, serve
+// health and metrics, and shut down gracefully. The cmd/ mains only wire.
+package process
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/lmittmann/tint"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/term"
+)
+
+// Env reads configuration from a getenv function and collects every problem,
+// each naming its variable, so a misconfigured process stops at once with
+// the whole list.
+type Env struct {
+	getenv func(string) string
+	errs   []error
+}
+
+// NewEnv reads from getenv (os.Getenv in main, a map in tests).
+func NewEnv(getenv func(string) string) *Env { return &Env{getenv: getenv} }
+
+// String returns the variable or def when unset.
+func (e *Env) String(name, def string) string {
+	if v := e.getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// Duration parses a Go duration (such as 500ms or 2m); it must be positive.
+func (e *Env) Duration(name string, def time.Duration) time.Duration {
+	v := e.getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		e.errs = append(e.errs, fmt.Errorf("%s: want a positive Go duration such as 500ms or 2m, got %q", name, v))
+		return def
+	}
+	return d
+}
+
+// Int parses a positive integer.
+func (e *Env) Int(name string, def int) int {
+	v := e.getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		e.errs = append(e.errs, fmt.Errorf("%s: want a positive integer, got %q", name, v))
+		return def
+	}
+	return n
+}
+
+// Bool parses true/false (and the forms strconv.ParseBool accepts).
+func (e *Env) Bool(name string, def bool) bool {
+	v := e.getenv(name)
+	if v == "" {
+		return def
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		e.errs = append(e.errs, fmt.Errorf("%s: want true or false, got %q", name, v))
+		return def
+	}
+	return b
+}
+
+// OneOf returns the variable, which must be one of allowed, or def.
+func (e *Env) OneOf(name, def string, allowed ...string) string {
+	v := e.String(name, def)
+	for _, a := range allowed {
+		if v == a {
+			return v
+		}
+	}
+	e.errs = append(e.errs, fmt.Errorf("%s: want one of %q, got %q", name, allowed, v))
+	return def
+}
+
+// DatabaseURL returns DATABASE_URL, checked to parse, or "" when unset.
+func (e *Env) DatabaseURL() string {
+	v := e.getenv("DATABASE_URL")
+	if v == "" {
+		return ""
+	}
+	if _, err := pgxpool.ParseConfig(v); err != nil {
+		e.errs = append(e.errs, fmt.Errorf("DATABASE_URL: not a valid PostgreSQL URL: %w", err))
+	}
+	return v
+}
+
+// Fail records a problem found while checking values together.
+func (e *Env) Fail(name string, err error) { e.errs = append(e.errs, fmt.Errorf("%s: %w", name, err)) }
+
+// Err returns every problem found, or nil.
+func (e *Env) Err() error {
+	if len(e.errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("invalid configuration: %w", errors.Join(e.errs...))
+}
+
+// NewLogger returns a logger writing to w: tint's coloured text when format
+// is "text", JSON when "json", and for "" text on a terminal, JSON otherwise.
+func NewLogger(w io.Writer, format string) *slog.Logger {
+	if format == "" {
+		format = "json"
+		if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+			format = "text"
+		}
+	}
+	if format == "text" {
+		colour := false
+		if f, ok := w.(*os.File); ok {
+			colour = term.IsTerminal(int(f.Fd()))
+		}
+		return slog.New(tint.NewHandler(w, &tint.Options{TimeFormat: time.TimeOnly, NoColor: !colour}))
+	}
+	return slog.New(slog.NewJSONHandler(w, nil))
+}
+
+// OpenPool connects to PostgreSQL and checks the connection.
+func OpenPool(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parsing DATABASE_URL: %w", err)
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("creating pool: %w", err)
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connecting to database %s@%s/%s: %w", cfg.ConnConfig.User, cfg.ConnConfig.Host, cfg.ConnConfig.Database, err)
+	}
+	return pool, nil
+}
+
+// NewRegistry returns a Prometheus registry with the Go and process
+// collectors and the given ones.
+func NewRegistry(cs ...prometheus.Collector) (*prometheus.Registry, error) {
+	reg := prometheus.NewRegistry()
+	cs = append(cs, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("registering metrics: %w", err)
+		}
+	}
+	return reg, nil
+}
+
+// Ops adds /healthz (the process is up), /readyz (ready reports nil) and
+// /metrics to mux.
+func Ops(mux *http.ServeMux, reg *prometheus.Registry, ready func(context.Context) error) {
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if err := ready(ctx); err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, "not ready: "+err.Error()+"\n")
+			return
+		}
+		_, _ = io.WriteString(w, "ready\n")
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+}
+
+// PingReady is a readiness check: the database answers.
+func PingReady(pool *pgxpool.Pool) func(context.Context) error {
+	return func(ctx context.Context) error {
+		if err := pool.Ping(ctx); err != nil {
+			return fmt.Errorf("database unreachable: %w", err)
+		}
+		return nil
+	}
+}
+
+// Serve listens on addr and serves h until ctx is done, then shuts down,
+// giving in-flight requests up to grace to finish. ready, if not nil,
+// receives the bound address (useful with port 0 in tests).
+func Serve(ctx context.Context, logger *slog.Logger, name, addr string, h http.Handler, grace time.Duration, ready chan<- string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", addr, err)
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	logger.InfoContext(ctx, "listening", slog.String("server", name), slog.String("addr", ln.Addr().String()))
+	if ready != nil {
+		ready <- ln.Addr().String()
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serving %s: %w", name, err)
+	case <-ctx.Done():
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		return fmt.Errorf("shutting down %s: %w", name, err)
+	}
+	return nil
+}
