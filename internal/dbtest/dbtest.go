@@ -51,32 +51,49 @@ func ServerURL() string {
 // returns its URL.
 func URL(t testing.TB) string {
 	t.Helper()
+	u, drop, err := Create(context.Background())
+	if err != nil {
+		t.Fatalf("creating test database (is PostgreSQL running? see README): %v", err)
+	}
+	t.Cleanup(func() {
+		if err := drop(); err != nil {
+			t.Errorf("dropping test database: %v", err)
+		}
+	})
+	return u
+}
+
+// Create makes a fresh, migrated database and returns its URL and a func
+// that drops it. Tests use URL; Create serves examples and benchmarks,
+// which have no testing.T.
+func Create(ctx context.Context) (string, func() error, error) {
 	templateOnce.Do(func() { templateName, templateErr = ensureTemplate() })
 	if templateErr != nil {
-		t.Fatalf("preparing template database (is PostgreSQL running? see README): %v", templateErr)
+		return "", nil, fmt.Errorf("preparing template database: %w", templateErr)
 	}
-
-	ctx := context.Background()
-	conn := connect(t, ServerURL())
+	conn, err := pgx.Connect(ctx, ServerURL())
+	if err != nil {
+		return "", nil, fmt.Errorf("connecting to %s: %w", redact(ServerURL()), err)
+	}
 	defer conn.Close(ctx)
 	name := "test_" + randomHex(8)
 	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s", name, templateName)); err != nil {
-		t.Fatalf("creating test database: %v", err)
+		return "", nil, fmt.Errorf("creating test database: %w", err)
 	}
-	t.Cleanup(func() {
+	drop := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		conn, err := pgx.Connect(ctx, ServerURL())
 		if err != nil {
-			t.Errorf("connecting to drop %s: %v", name, err)
-			return
+			return fmt.Errorf("connecting to drop %s: %w", name, err)
 		}
 		defer conn.Close(ctx)
 		if _, err := conn.Exec(ctx, fmt.Sprintf("DROP DATABASE IF EXISTS %s WITH (FORCE)", name)); err != nil {
-			t.Errorf("dropping test database %s: %v", name, err)
+			return fmt.Errorf("dropping %s: %w", name, err)
 		}
-	})
-	return withDatabaseURL(ServerURL(), name)
+		return nil
+	}
+	return withDatabaseURL(ServerURL(), name), drop, nil
 }
 
 // Pool returns a pool on a fresh, migrated database for t, closed and
@@ -155,17 +172,6 @@ func ensureTemplate() (string, error) {
 		return "", fmt.Errorf("marking template: %w", err)
 	}
 	return name, nil
-}
-
-func connect(t testing.TB, u string) *pgx.Conn {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, u)
-	if err != nil {
-		t.Fatalf("connecting to %s: %v", redact(u), err)
-	}
-	return conn
 }
 
 func withDatabaseURL(base, name string) string {

@@ -4,6 +4,7 @@
 package httpjson
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"mime"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 )
 
 // MaxBody is the largest request body accepted (1 MiB).
@@ -68,16 +70,23 @@ func Decode(w http.ResponseWriter, r *http.Request, dst any) error {
 			return NewProblem(http.StatusUnsupportedMediaType, "content-type must be application/json, got %q", ct)
 		}
 	}
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBody))
+	// Read the whole (bounded) body first: JSON text must be UTF-8 (RFC 8259
+	// section 8.1), and encoding/json would otherwise silently replace
+	// invalid bytes in strings with U+FFFD, storing something the client
+	// never sent.
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBody))
+	if err != nil {
+		return decodeProblem(err)
+	}
+	if !utf8.Valid(body) {
+		return NewProblem(http.StatusBadRequest, "request body must be UTF-8 encoded JSON")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
 		return decodeProblem(err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			return decodeProblem(err)
-		}
 		return NewProblem(http.StatusBadRequest, "request body must hold a single JSON value")
 	}
 	return nil

@@ -129,10 +129,11 @@ func (c RelayConfig) Validate() error {
 }
 
 // deliverJobTimeout is how long a deliver job of n messages may run: its
-// requests in rounds of DeliverConcurrency, plus time to record the outcome.
+// requests in rounds of DeliverConcurrency, plus a margin for loading the
+// rows and recording the outcome.
 func (c RelayConfig) deliverJobTimeout(n int) time.Duration {
 	rounds := (n + c.DeliverConcurrency - 1) / c.DeliverConcurrency
-	return time.Duration(rounds)*c.DeliveryTimeout + 30*time.Second
+	return time.Duration(rounds+1)*c.DeliveryTimeout + time.Second
 }
 
 // backoff is the delay before attempt+1: exponential from BackoffBase, capped
@@ -192,17 +193,19 @@ func (r *Relay) Queues() map[string]river.QueueConfig {
 // PeriodicJobs returns the timers that start claims and prunes. River's
 // leader inserts them, so there is one timer however many workers run.
 func (r *Relay) PeriodicJobs() []*river.PeriodicJob {
-	// Unique while waiting or running: a claim job that is draining a backlog
-	// covers the ticks that pass meanwhile, instead of queueing behind it.
+	// Prunes are unique while waiting or running: a long prune covers the
+	// ticks that pass meanwhile. Claims are not: River records a finished
+	// job's completion asynchronously, and a uniqueness check would see the
+	// last claim "running" for that long and skip ticks, adding latency.
+	// Claims that pile up behind a long drain each find little to do.
 	once := river.UniqueOpts{ByState: []rivertype.JobState{
 		rivertype.JobStateAvailable, rivertype.JobStatePending,
 		rivertype.JobStateRunning, rivertype.JobStateScheduled,
 	}}
 	return []*river.PeriodicJob{
 		river.NewPeriodicJob(river.PeriodicInterval(r.cfg.PollInterval),
-			func() (river.JobArgs, *river.InsertOpts) {
-				return ClaimArgs{}, &river.InsertOpts{UniqueOpts: once}
-			}, &river.PeriodicJobOpts{RunOnStart: true}),
+			func() (river.JobArgs, *river.InsertOpts) { return ClaimArgs{}, nil },
+			&river.PeriodicJobOpts{RunOnStart: true}),
 		river.NewPeriodicJob(river.PeriodicInterval(r.cfg.PruneInterval),
 			func() (river.JobArgs, *river.InsertOpts) {
 				return PruneArgs{}, &river.InsertOpts{UniqueOpts: once}

@@ -29,9 +29,11 @@ type receiver struct {
 	srv      *httptest.Server
 	verifier *webhook.Verifier
 
-	mu        sync.Mutex
+	mu sync.Mutex
+	// respond answers the n-th request for a webhook-id.
 	respond   func(r *http.Request, n int) int
-	received  map[string]int // webhook-id → deliveries
+	received  map[string]int // webhook-id → deliveries accepted
+	attempts  map[string]int // webhook-id → requests, whatever the answer
 	bodies    map[string]envelope
 	headers   map[string]http.Header
 	badSigned int
@@ -45,7 +47,7 @@ type envelope struct {
 }
 
 func newReceiver(t testing.TB) *receiver {
-	rc := &receiver{t: t, received: map[string]int{}, bodies: map[string]envelope{}, headers: map[string]http.Header{},
+	rc := &receiver{t: t, received: map[string]int{}, attempts: map[string]int{}, bodies: map[string]envelope{}, headers: map[string]http.Header{},
 		respond: func(*http.Request, int) int { return http.StatusNoContent }}
 	rc.srv = httptest.NewServer(http.HandlerFunc(rc.serve))
 	t.Cleanup(rc.srv.Close)
@@ -62,14 +64,15 @@ func (rc *receiver) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.Header.Get(webhook.HeaderID)
-	n := rc.received[id] + 1
+	rc.attempts[id]++
+	n := rc.attempts[id]
 	respond := rc.respond
 	rc.mu.Unlock()
 
 	status := respond(r, n)
 	rc.mu.Lock()
 	if status >= 200 && status < 300 {
-		rc.received[id] = n
+		rc.received[id]++
 		var env envelope
 		if err := json.Unmarshal(body, &env); err != nil {
 			rc.t.Errorf("webhook body is not the envelope: %v", err)
@@ -200,3 +203,5 @@ func TestRelayDeliversSignedWebhook(t *testing.T) {
 	require.Equal(t, 1, m.Attempts)
 	require.NotNil(t, m.DeliveredAt)
 }
+
+func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
