@@ -122,7 +122,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	mux := http.NewServeMux()
 	process.Ops(mux, reg, process.PingReady(pool))
 
-	if err := client.Start(ctx); err != nil {
+	// River hard-stops (cancels running jobs) when its start context is
+	// cancelled, which would cut off in-flight deliveries at SIGTERM and skip
+	// the grace period; stopRiver below does the stopping instead.
+	if err := client.Start(context.WithoutCancel(ctx)); err != nil {
 		return fmt.Errorf("starting river: %w", err)
 	}
 	logger.InfoContext(ctx, "relay started",
