@@ -8,24 +8,13 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
-	"time"
 
-	"github.com/outboxkit/orders/db"
-	"github.com/outboxkit/orders/internal/devdb"
-	"github.com/outboxkit/orders/internal/httpjson"
-	"github.com/outboxkit/orders/internal/netguard"
-	"github.com/outboxkit/orders/internal/orders"
-	"github.com/outboxkit/orders/internal/outbox"
-	"github.com/outboxkit/orders/internal/process"
+	"github.com/outboxkit/orders/internal/apiserver"
 )
 
 func main() {
@@ -37,98 +26,6 @@ func main() {
 	}
 }
 
-// config is everything the api reads from its environment, parsed once.
-type config struct {
-	databaseURL  string
-	addr         string
-	adminToken   string
-	logFormat    string
-	allowPrivate bool
-}
-
-func parseConfig(getenv func(string) string) (config, error) {
-	env := process.NewEnv(getenv)
-	c := config{
-		databaseURL:  env.DatabaseURL(),
-		addr:         env.String("API_ADDR", "127.0.0.1:8080"),
-		adminToken:   getenv("ADMIN_TOKEN"),
-		logFormat:    env.OneOf("LOG_FORMAT", "", "", "text", "json"),
-		allowPrivate: env.Bool("OUTBOX_ALLOW_PRIVATE_TARGETS", false),
-	}
-	return c, env.Err()
-}
-
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	cfg, err := parseConfig(getenv)
-	if err != nil {
-		return err
-	}
-	logger := process.NewLogger(stdout, cfg.logFormat)
-
-	database, err := devdb.Ensure(ctx, devdb.Options{URL: cfg.databaseURL, Logger: logger})
-	if err != nil {
-		return err
-	}
-	defer database.Close()
-	pool, err := process.OpenPool(ctx, database.URL, 0)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-
-	if err := db.Migrate(ctx, pool, logger); err != nil {
-		return err
-	}
-	if len(args) > 0 {
-		switch args[0] {
-		case "migrate":
-			logger.InfoContext(ctx, "database is up to date")
-			return nil
-		default:
-			return fmt.Errorf("unknown command %q (want no command, or migrate)", args[0])
-		}
-	}
-
-	guard := netguard.Guard{AllowPrivate: cfg.allowPrivate}
-	ordersSvc := orders.NewService(pool, logger)
-	admin := outbox.NewAdmin(pool, guard, logger)
-	reg, err := process.NewRegistry(outbox.NewBacklogCollector(pool))
-	if err != nil {
-		return err
-	}
-
-	mux := http.NewServeMux()
-	mux.Handle("/orders", ordersSvc.Handler())
-	mux.Handle("/orders/", ordersSvc.Handler())
-	adminH := requireAdmin(cfg.adminToken, admin.Handler())
-	mux.Handle("/webhook-endpoints", adminH)
-	mux.Handle("/webhook-endpoints/", adminH)
-	mux.Handle("/outbox/", adminH)
-	process.Ops(mux, reg, process.PingReady(pool))
-
-	if cfg.adminToken == "" {
-		logger.WarnContext(ctx, "ADMIN_TOKEN is not set: admin routes answer 403")
-	}
-	return process.Serve(ctx, logger, "api", cfg.addr, mux, 10*time.Second, nil)
-}
-
-// requireAdmin guards the admin routes with the bearer token. Without a
-// token configured they are closed, never open. Both sides are hashed before
-// the constant-time comparison so neither content nor length leaks by timing.
-func requireAdmin(token string, next http.Handler) http.Handler {
-	want := sha256.Sum256([]byte(token))
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if token == "" {
-			httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusForbidden, "admin routes are disabled: the server has no ADMIN_TOKEN"))
-			return
-		}
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		gotSum := sha256.Sum256([]byte(got))
-		if !ok || subtle.ConstantTimeCompare(gotSum[:], want[:]) != 1 {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="admin"`)
-			httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusUnauthorized, "a valid admin bearer token is required"))
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
+	return apiserver.Run(ctx, args, getenv, stdout)
 }

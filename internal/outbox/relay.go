@@ -108,21 +108,42 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	return c
 }
 
-// Validate reports settings that cannot work together.
+// FieldError is a RelayConfig problem, naming the field it is about so a
+// caller can name its own setting (an environment variable, a flag).
+type FieldError struct {
+	Field string
+	Msg   string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+
+// Validate reports settings that cannot work together, as *FieldError values
+// joined with errors.Join.
 func (c RelayConfig) Validate() error {
 	c = c.withDefaults()
 	var errs []error
+	fail := func(field, format string, args ...any) {
+		errs = append(errs, &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)})
+	}
 	if c.BackoffMax < c.BackoffBase {
-		errs = append(errs, fmt.Errorf("backoff max %s is below backoff base %s", c.BackoffMax, c.BackoffBase))
+		fail("BackoffMax", "%s is below the backoff base %s", c.BackoffMax, c.BackoffBase)
 	}
 	// A claim must outlive the longest deliver job, or a healthy but slow job
 	// would see its rows re-claimed under it and every message sent twice.
 	if longest := c.deliverJobTimeout(c.DeliverBatch); c.ClaimTimeout <= longest {
-		errs = append(errs, fmt.Errorf("claim timeout %s must exceed the longest deliver job (%s: delivery timeout x batch / concurrency, plus margin)", c.ClaimTimeout, longest))
+		fail("ClaimTimeout", "%s must exceed the longest deliver job, %s (delivery timeout %s x (deliver batch %d / concurrency %d + 1) + 1s)",
+			c.ClaimTimeout, longest, c.DeliveryTimeout, c.DeliverBatch, c.DeliverConcurrency)
 	}
-	for name, v := range map[string]int{"batch size": c.BatchSize, "max attempts": c.MaxAttempts, "max in flight": c.MaxInFlight, "deliver batch": c.DeliverBatch, "deliver concurrency": c.DeliverConcurrency, "deliver workers": c.DeliverWorkers} {
+	for field, v := range map[string]int{"BatchSize": c.BatchSize, "MaxAttempts": c.MaxAttempts, "MaxInFlight": c.MaxInFlight,
+		"DeliverBatch": c.DeliverBatch, "DeliverConcurrency": c.DeliverConcurrency, "DeliverWorkers": c.DeliverWorkers} {
 		if v < 0 {
-			errs = append(errs, fmt.Errorf("%s must be positive, got %d", name, v))
+			fail(field, "must be positive, got %d", v)
+		}
+	}
+	for field, v := range map[string]time.Duration{"PollInterval": c.PollInterval, "BackoffBase": c.BackoffBase,
+		"ClaimTimeout": c.ClaimTimeout, "DeliveryTimeout": c.DeliveryTimeout, "Retention": c.Retention, "PruneInterval": c.PruneInterval} {
+		if v < 0 {
+			fail(field, "must be positive, got %s", v)
 		}
 	}
 	return errors.Join(errs...)
@@ -221,7 +242,10 @@ func (r *Relay) NewRiverClient() (*river.Client[pgx.Tx], error) {
 	workers := river.NewWorkers()
 	r.AddWorkers(workers)
 	client, err := river.NewClient(riverpgxv5.New(r.pool), &river.Config{
-		Logger:       r.logger.With(slog.String("component", "river")),
+		// River reports routine progress at info every few seconds; the
+		// relay's own metrics say that better, so River speaks up only for
+		// warnings and errors.
+		Logger:       slog.New(minLevel{r.logger.Handler(), slog.LevelWarn}).With(slog.String("component", "river")),
 		Queues:       r.Queues(),
 		Workers:      workers,
 		PeriodicJobs: r.PeriodicJobs(),
@@ -392,4 +416,22 @@ func (r *Relay) Prune(ctx context.Context, cutoff time.Time) (int64, error) {
 			return total, nil
 		}
 	}
+}
+
+// minLevel drops records below min before they reach the wrapped handler.
+type minLevel struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (h minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= h.min && h.Handler.Enabled(ctx, l)
+}
+
+func (h minLevel) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return minLevel{h.Handler.WithAttrs(attrs), h.min}
+}
+
+func (h minLevel) WithGroup(name string) slog.Handler {
+	return minLevel{h.Handler.WithGroup(name), h.min}
 }
