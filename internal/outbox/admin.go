@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -166,33 +167,88 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 // ErrInvalidStatus is returned for a status filter that is not one of the four.
 var ErrInvalidStatus = errors.New("outbox: status must be pending, claimed, delivered or failed")
 
-// Messages lists up to limit messages, newest first, optionally of one status.
-func (a *Admin) Messages(ctx context.Context, status string, limit int) ([]Message, error) {
-	var filter *string
-	if status != "" {
-		if !slices.Contains([]string{StatusPending, StatusClaimed, StatusDelivered, StatusFailed}, status) {
-			return nil, ErrInvalidStatus
+// Attempt is one delivery attempt of a message.
+type Attempt struct {
+	Attempt    int       `json:"attempt"`
+	Outcome    string    `json:"outcome"`
+	StartedAt  time.Time `json:"started_at"`
+	FinishedAt time.Time `json:"finished_at"`
+	DurationMS float64   `json:"duration_ms"`
+	StatusCode int       `json:"status_code,omitempty"`
+	Error      string    `json:"error,omitempty"`
+}
+
+// MessageDetail is a message with its whole attempt history.
+type MessageDetail struct {
+	Message
+	History []Attempt `json:"attempt_history"`
+}
+
+// MessageFilter selects messages for Messages. Zero fields match anything.
+type MessageFilter struct {
+	Status      string
+	Type        string
+	Destination *uuid.UUID
+	// CreatedFrom (inclusive) and CreatedTo (exclusive) bound created_at.
+	CreatedFrom, CreatedTo *time.Time
+	// Before is the pagination cursor: only messages older than this id.
+	Before *uuid.UUID
+	// Limit bounds the page; 0 means 50.
+	Limit int
+}
+
+// Messages lists messages newest first and returns the cursor of the next
+// page (nil on the last page).
+func (a *Admin) Messages(ctx context.Context, f MessageFilter) ([]Message, *uuid.UUID, error) {
+	p := outboxdb.MessageListParams{Destination: f.Destination, CreatedFrom: f.CreatedFrom, CreatedTo: f.CreatedTo,
+		BeforeID: f.Before, MaxRows: int32(cmp.Or(f.Limit, 50))}
+	if f.Status != "" {
+		if !slices.Contains([]string{StatusPending, StatusClaimed, StatusDelivered, StatusFailed}, f.Status) {
+			return nil, nil, ErrInvalidStatus
 		}
-		filter = &status
+		p.Status = &f.Status
 	}
-	rows, err := outboxdb.New(a.pool).MessageList(ctx, filter, int32(limit))
+	if f.Type != "" {
+		p.Type = &f.Type
+	}
+	rows, err := outboxdb.New(a.pool).MessageList(ctx, p)
 	if err != nil {
-		return nil, fmt.Errorf("listing messages: %w", err)
+		return nil, nil, fmt.Errorf("listing messages: %w", err)
 	}
 	msgs := make([]Message, len(rows))
 	for i, r := range rows {
 		msgs[i] = toMessage(r)
 	}
-	return msgs, nil
+	var next *uuid.UUID
+	if len(msgs) == int(p.MaxRows) {
+		next = &msgs[len(msgs)-1].ID
+	}
+	return msgs, next, nil
 }
 
-// Message returns one message.
-func (a *Admin) Message(ctx context.Context, id uuid.UUID) (Message, error) {
-	row, err := outboxdb.New(a.pool).MessageGet(ctx, id)
+// Message returns one message with its attempt history.
+func (a *Admin) Message(ctx context.Context, id uuid.UUID) (MessageDetail, error) {
+	q := outboxdb.New(a.pool)
+	row, err := q.MessageGet(ctx, id)
 	if err != nil {
-		return Message{}, notFound("getting message", err)
+		return MessageDetail{}, notFound("getting message", err)
 	}
-	return toMessage(row), nil
+	attempts, err := q.AttemptsList(ctx, id)
+	if err != nil {
+		return MessageDetail{}, fmt.Errorf("listing attempts: %w", err)
+	}
+	d := MessageDetail{Message: toMessage(row), History: make([]Attempt, len(attempts))}
+	for i, at := range attempts {
+		d.History[i] = Attempt{Attempt: int(at.Attempt), Outcome: at.Outcome, StartedAt: at.StartedAt,
+			FinishedAt: at.FinishedAt, DurationMS: float64(at.FinishedAt.Sub(at.StartedAt).Microseconds()) / 1000}
+		if at.StatusCode != nil {
+			d.History[i].StatusCode = int(*at.StatusCode)
+		}
+		if at.Error != nil {
+			d.History[i].Error = *at.Error
+		}
+	}
+	return d, nil
 }
 
 // Retry requeues a failed message (failed → pending) with a fresh attempt

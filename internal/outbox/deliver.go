@@ -83,15 +83,18 @@ func (w *deliverWorker) Timeout(job *river.Job[DeliverArgs]) time.Duration {
 	return w.relay.cfg.deliverJobTimeout(len(job.Args.MessageIDs))
 }
 
-// outcome is what the relay records for one message.
+// outcome is what the relay records for one message and its attempt.
 type outcome struct {
-	id      uuid.UUID
-	status  string
-	delay   time.Duration
-	err     string
-	gone    bool // the endpoint answered 410: disable it
-	label   string
-	elapsed time.Duration
+	id       uuid.UUID
+	attempt  int
+	status   string
+	delay    time.Duration
+	err      string
+	gone     bool // the endpoint answered 410: disable it
+	label    string
+	code     int
+	started  time.Time
+	finished time.Time
 }
 
 func (w *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) error {
@@ -114,20 +117,22 @@ func (w *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) e
 	var wg sync.WaitGroup
 	for i, row := range rows {
 		if reason := r.undeliverable(row); reason != "" {
-			outcomes[i] = outcome{id: row.ID, status: StatusFailed, err: reason, label: "undeliverable"}
+			now := time.Now()
+			outcomes[i] = outcome{id: row.ID, attempt: int(row.Attempts), status: StatusFailed, err: reason,
+				label: "undeliverable", started: now, finished: now}
 			continue
 		}
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
+			start := time.Now()
 			if why := unreachable.Load(); why != nil {
-				outcomes[i] = r.judge(row.ID, int(row.Attempts), Result{Err: errors.New("skipped: " + *why)}, 0)
+				outcomes[i] = r.judge(row, Result{Err: errors.New("skipped: " + *why)}, start, start)
 				return
 			}
-			start := time.Now()
 			res := r.send(ctx, row)
-			outcomes[i] = r.judge(row.ID, int(row.Attempts), res, time.Since(start))
+			outcomes[i] = r.judge(row, res, start, time.Now())
 			if res.Err != nil {
 				msg := res.Err.Error()
 				unreachable.CompareAndSwap(nil, &msg)
@@ -141,8 +146,8 @@ func (w *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) e
 	}
 	for _, o := range outcomes {
 		r.metrics.deliveries.WithLabelValues(o.label).Inc()
-		if o.elapsed > 0 {
-			r.metrics.deliveryDuration.WithLabelValues(o.label).Observe(o.elapsed.Seconds())
+		if elapsed := o.finished.Sub(o.started); elapsed > 0 {
+			r.metrics.deliveryDuration.WithLabelValues(o.label).Observe(elapsed.Seconds())
 		}
 		if o.status == StatusFailed {
 			r.logger.WarnContext(ctx, "message failed", slog.String("message_id", o.id.String()),
@@ -176,9 +181,10 @@ func (r *Relay) send(ctx context.Context, row outboxdb.MessagesForDeliveryRow) R
 }
 
 // judge turns a receiver's answer into the row's next state.
-func (r *Relay) judge(id uuid.UUID, attempts int, res Result, elapsed time.Duration) outcome {
-	o := outcome{id: id, elapsed: elapsed}
+func (r *Relay) judge(row outboxdb.MessagesForDeliveryRow, res Result, started, finished time.Time) outcome {
+	attempts := int(row.Attempts)
 	code := res.StatusCode
+	o := outcome{id: row.ID, attempt: attempts, code: code, started: started, finished: finished}
 	switch {
 	case res.Err == nil && code >= 200 && code < 300:
 		o.status, o.label = StatusDelivered, "delivered"
@@ -214,20 +220,40 @@ func (r *Relay) judge(id uuid.UUID, attempts int, res Result, elapsed time.Durat
 // (at-least-once), never that a message is marked without being sent.
 func (r *Relay) record(ctx context.Context, job *river.Job[DeliverArgs], outcomes []outcome) error {
 	p := outboxdb.MessagesRecordOutcomesParams{ClaimToken: job.Args.ClaimToken}
+	var a outboxdb.AttemptsRecordParams
 	var gone []uuid.UUID
 	for _, o := range outcomes {
+		msg := truncate(o.err, 500)
 		p.Ids = append(p.Ids, o.id)
 		p.Statuses = append(p.Statuses, o.status)
 		p.DelaysSeconds = append(p.DelaysSeconds, o.delay.Seconds())
-		p.LastErrors = append(p.LastErrors, truncate(o.err, 500))
+		p.LastErrors = append(p.LastErrors, msg)
+		a.MessageIds = append(a.MessageIds, o.id)
+		a.Attempts = append(a.Attempts, int32(o.attempt))
+		a.Outcomes = append(a.Outcomes, o.label)
+		a.StartedAts = append(a.StartedAts, o.started)
+		a.FinishedAts = append(a.FinishedAts, o.finished)
+		a.StatusCodes = append(a.StatusCodes, int32(o.code))
+		a.Errors = append(a.Errors, msg)
 		if o.gone {
 			gone = append(gone, job.Args.Destination)
 		}
 	}
 	return pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
 		q := outboxdb.New(tx)
-		if _, err := q.MessagesRecordOutcomes(ctx, p); err != nil {
+		held, err := q.MessagesRecordOutcomes(ctx, p)
+		if err != nil {
 			return fmt.Errorf("recording delivery outcomes: %w", err)
+		}
+		// Attempts enter the history only where the claim still held: rows
+		// re-claimed under a stale job keep the newer claim's story.
+		if len(held) < len(a.MessageIds) {
+			a = onlyHeld(a, held)
+		}
+		if len(a.MessageIds) > 0 {
+			if err := q.AttemptsRecord(ctx, a); err != nil {
+				return fmt.Errorf("recording delivery attempts: %w", err)
+			}
 		}
 		if len(gone) > 0 {
 			reason := "receiver answered 410 Gone"
@@ -240,6 +266,28 @@ func (r *Relay) record(ctx context.Context, job *river.Job[DeliverArgs], outcome
 		}
 		return nil
 	})
+}
+
+// onlyHeld keeps the attempts of the messages in held.
+func onlyHeld(a outboxdb.AttemptsRecordParams, held []uuid.UUID) outboxdb.AttemptsRecordParams {
+	keep := make(map[uuid.UUID]bool, len(held))
+	for _, id := range held {
+		keep[id] = true
+	}
+	var out outboxdb.AttemptsRecordParams
+	for i, id := range a.MessageIds {
+		if !keep[id] {
+			continue
+		}
+		out.MessageIds = append(out.MessageIds, id)
+		out.Attempts = append(out.Attempts, a.Attempts[i])
+		out.Outcomes = append(out.Outcomes, a.Outcomes[i])
+		out.StartedAts = append(out.StartedAts, a.StartedAts[i])
+		out.FinishedAts = append(out.FinishedAts, a.FinishedAts[i])
+		out.StatusCodes = append(out.StatusCodes, a.StatusCodes[i])
+		out.Errors = append(out.Errors, a.Errors[i])
+	}
+	return out
 }
 
 func truncate(s string, n int) string {

@@ -42,6 +42,21 @@ func TestRelayRetriesWithBackoffUntilDelivered(t *testing.T) {
 	require.Equal(t, 3, m.Attempts)
 	require.Contains(t, m.LastError, "500 Internal Server Error", "the earlier failure stays on the row")
 	require.Equal(t, 1, rc.count(ids[0]))
+
+	// The whole story is kept, attempt by attempt.
+	require.Len(t, m.History, 3)
+	for i, want := range []struct {
+		outcome string
+		code    int
+	}{{"retry", 500}, {"retry", 500}, {"delivered", 200}} {
+		at := m.History[i]
+		require.Equal(t, i+1, at.Attempt)
+		require.Equal(t, want.outcome, at.Outcome)
+		require.Equal(t, want.code, at.StatusCode)
+		require.False(t, at.FinishedAt.Before(at.StartedAt))
+	}
+	require.Contains(t, m.History[0].Error, "500")
+	require.Empty(t, m.History[2].Error)
 }
 
 func TestRelayPoisonMessageFailsAtCapWhileOthersFlow(t *testing.T) {
@@ -310,7 +325,11 @@ func TestStaleClaimsAreReleasedAndDelivered(t *testing.T) {
 	cfg.ClaimTimeout = time.Minute
 	f.startRelay(t, cfg, nil)
 	eventually(t, func() bool { return f.status(t, id) == outbox.StatusDelivered }, "stuck claim released and delivered")
-	require.Equal(t, 2, f.message(t, id).Attempts)
+	m := f.message(t, id)
+	require.Equal(t, 2, m.Attempts)
+	require.Len(t, m.History, 2)
+	require.Equal(t, "timeout", m.History[0].Outcome, "the lost attempt is on record")
+	require.Equal(t, "delivered", m.History[1].Outcome)
 }
 
 // Two relays at once, no crashes: every message delivered exactly once.

@@ -2,9 +2,11 @@ package outbox
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -106,19 +108,50 @@ func (a *Admin) handleStats(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *Admin) handleListMessages(w http.ResponseWriter, r *http.Request) {
-	limit := 50
-	if v := r.URL.Query().Get("limit"); v != "" {
+	q := r.URL.Query()
+	f := MessageFilter{Status: q.Get("status"), Type: q.Get("type"), Limit: 50}
+	bad := func(format string, args ...any) {
+		httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusBadRequest, format, args...))
+	}
+	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 1000 {
-			httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusBadRequest, "limit must be an integer from 1 to 1000, got %q", v))
+			bad("limit must be an integer from 1 to 1000, got %q", v)
 			return
 		}
-		limit = n
+		f.Limit = n
 	}
-	msgs, err := a.Messages(r.Context(), r.URL.Query().Get("status"), limit)
+	for name, dst := range map[string]**uuid.UUID{"endpoint": &f.Destination, "cursor": &f.Before} {
+		if v := q.Get(name); v != "" {
+			id, err := uuid.Parse(v)
+			if err != nil {
+				bad("%s must be a uuid, got %q", name, v)
+				return
+			}
+			*dst = &id
+		}
+	}
+	for name, dst := range map[string]**time.Time{"from": &f.CreatedFrom, "to": &f.CreatedTo} {
+		if v := q.Get(name); v != "" {
+			t, err := time.Parse(time.RFC3339, v)
+			if err != nil {
+				bad("%s must be an RFC 3339 time, got %q", name, v)
+				return
+			}
+			*dst = &t
+		}
+	}
+	msgs, next, err := a.Messages(r.Context(), f)
 	if err != nil {
 		a.writeError(w, r, err)
 		return
+	}
+	// The body stays a plain array (the contract); the next page is a Link.
+	if next != nil {
+		nq := r.URL.Query()
+		nq.Set("cursor", next.String())
+		w.Header().Set("Link", fmt.Sprintf(`<%s?%s>; rel="next"`, r.URL.Path, nq.Encode()))
+		w.Header().Set("X-Next-Cursor", next.String())
 	}
 	httpjson.Write(w, http.StatusOK, msgs)
 }

@@ -289,7 +289,7 @@ func (w *claimWorker) Timeout(*river.Job[ClaimArgs]) time.Duration {
 func (w *claimWorker) Work(ctx context.Context, job *river.Job[ClaimArgs]) error {
 	r := w.relay
 	q := outboxdb.New(r.pool)
-	released, err := q.MessageReleaseStale(ctx, int32(r.cfg.MaxAttempts), r.cfg.ClaimTimeout.Seconds())
+	released, err := q.MessageReleaseStale(ctx, r.cfg.ClaimTimeout.Seconds(), int32(r.cfg.MaxAttempts))
 	if err != nil {
 		return fmt.Errorf("releasing stale claims: %w", err)
 	}

@@ -170,7 +170,7 @@ func (f fixture) startRelay(t *testing.T, cfg outbox.RelayConfig, transport outb
 	return relay
 }
 
-func (f fixture) message(t *testing.T, id uuid.UUID) outbox.Message {
+func (f fixture) message(t *testing.T, id uuid.UUID) outbox.MessageDetail {
 	t.Helper()
 	m, err := f.admin.Message(context.Background(), id)
 	require.NoError(t, err)

@@ -33,16 +33,29 @@ SELECT count(*) FROM outbox_messages WHERE status = 'claimed';
 
 -- name: MessageReleaseStale :execrows
 -- Returns claims older than the claim timeout (their relay died) to pending,
--- or to failed once the attempt cap is reached. Delivery may have happened
--- before the crash: this is the at-least-once window, by design.
-UPDATE outbox_messages
-SET status = CASE WHEN attempts >= @max_attempts::integer THEN 'failed' ELSE 'pending' END,
-    claim_token = NULL,
-    claimed_at = NULL,
-    next_attempt_at = now(),
-    last_error = 'claim timed out: the relay did not record an outcome'
-WHERE status = 'claimed'
-  AND claimed_at < now() - make_interval(secs => @claim_timeout_seconds::float8);
+-- or to failed once the attempt cap is reached, and records the lost attempt.
+-- Delivery may have happened before the crash: this is the at-least-once
+-- window, by design.
+WITH stale AS (
+    SELECT id, attempts, claimed_at FROM outbox_messages
+    WHERE status = 'claimed'
+      AND claimed_at < now() - make_interval(secs => @claim_timeout_seconds::float8)
+    FOR UPDATE SKIP LOCKED
+), released AS (
+    UPDATE outbox_messages m
+    SET status = CASE WHEN m.attempts >= @max_attempts::integer THEN 'failed' ELSE 'pending' END,
+        claim_token = NULL,
+        claimed_at = NULL,
+        next_attempt_at = now(),
+        last_error = 'claim timed out: the relay did not record an outcome'
+    FROM stale
+    WHERE m.id = stale.id
+    RETURNING m.id
+)
+INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, error)
+SELECT s.id, s.attempts, 'timeout', s.claimed_at, now(), 'claim timed out: the relay did not record an outcome'
+FROM stale s JOIN released r ON r.id = s.id
+ON CONFLICT DO NOTHING;
 
 -- name: MessagesForDelivery :many
 -- The rows a deliver job was given, only while its claim still holds. The
@@ -54,7 +67,7 @@ LEFT JOIN webhook_endpoints e ON e.id = m.destination
 WHERE m.id = ANY (@ids::uuid[]) AND m.claim_token = @claim_token::uuid AND m.status = 'claimed'
 ORDER BY m.id;
 
--- name: MessagesRecordOutcomes :execrows
+-- name: MessagesRecordOutcomes :many
 -- Records a deliver job's outcomes in one statement, only on rows the job's
 -- claim token still holds: a stale job finds nothing to change. An empty
 -- error keeps the previous one, so a delivered row still shows what failed
@@ -74,7 +87,29 @@ FROM (
            unnest(@delays_seconds::float8[]) AS delay_seconds,
            unnest(@last_errors::text[])      AS last_error
 ) AS o
-WHERE m.id = o.id AND m.claim_token = @claim_token::uuid AND m.status = 'claimed';
+WHERE m.id = o.id AND m.claim_token = @claim_token::uuid AND m.status = 'claimed'
+RETURNING m.id;
+
+-- name: AttemptsRecord :exec
+-- One row per attempt of a deliver job, in the transaction that records the
+-- outcomes. A River retry of a job whose first run never committed records
+-- the attempt once; ON CONFLICT keeps a rare double record harmless.
+INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code, error)
+SELECT a.message_id, a.attempt, a.outcome, a.started_at, a.finished_at, NULLIF(a.status_code, 0), NULLIF(a.error, '')
+FROM (
+    SELECT unnest(@message_ids::uuid[])          AS message_id,
+           unnest(@attempts::integer[])          AS attempt,
+           unnest(@outcomes::text[])             AS outcome,
+           unnest(@started_ats::timestamptz[])   AS started_at,
+           unnest(@finished_ats::timestamptz[])  AS finished_at,
+           unnest(@status_codes::integer[])      AS status_code,
+           unnest(@errors::text[])               AS error
+) AS a
+JOIN outbox_messages m ON m.id = a.message_id
+ON CONFLICT DO NOTHING;
+
+-- name: AttemptsList :many
+SELECT * FROM outbox_attempts WHERE message_id = @message_id ORDER BY attempt;
 
 -- name: MessagesPrune :execrows
 -- Deletes one bounded batch of delivered rows older than the retention; the
@@ -109,11 +144,25 @@ SELECT
         AS oldest_pending_age_seconds;
 
 -- name: MessageList :many
--- Newest first: ids are UUIDv7, so the primary key orders by creation time.
+-- Newest first with optional filters. Ids are UUIDv7, so the primary key
+-- orders by creation time and doubles as the pagination cursor.
 SELECT * FROM outbox_messages
 WHERE (sqlc.narg(status)::text IS NULL OR status = sqlc.narg(status))
+  AND (sqlc.narg(type)::text IS NULL OR type = sqlc.narg(type))
+  AND (sqlc.narg(destination)::uuid IS NULL OR destination = sqlc.narg(destination))
+  AND (sqlc.narg(created_from)::timestamptz IS NULL OR created_at >= sqlc.narg(created_from))
+  AND (sqlc.narg(created_to)::timestamptz IS NULL OR created_at < sqlc.narg(created_to))
+  AND (sqlc.narg(before_id)::uuid IS NULL OR id < sqlc.narg(before_id))
 ORDER BY id DESC
 LIMIT @max_rows;
+
+-- name: MessageOverdue :one
+-- How long the oldest due pending message has waited past its due time: a
+-- healthy relay keeps this near the poll interval, whatever the backlog of
+-- messages that are backing off.
+SELECT COALESCE(EXTRACT(epoch FROM now() - min(next_attempt_at)), 0)::float8
+FROM outbox_messages
+WHERE status = 'pending' AND next_attempt_at <= now();
 
 -- name: MessageGet :one
 SELECT * FROM outbox_messages WHERE id = @id;

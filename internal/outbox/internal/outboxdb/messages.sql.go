@@ -13,6 +13,80 @@ import (
 	"github.com/google/uuid"
 )
 
+const attemptsList = `-- name: AttemptsList :many
+SELECT message_id, attempt, outcome, started_at, finished_at, status_code, error FROM outbox_attempts WHERE message_id = $1 ORDER BY attempt
+`
+
+func (q *Queries) AttemptsList(ctx context.Context, messageID uuid.UUID) ([]OutboxAttempt, error) {
+	rows, err := q.db.Query(ctx, attemptsList, messageID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []OutboxAttempt
+	for rows.Next() {
+		var i OutboxAttempt
+		if err := rows.Scan(
+			&i.MessageID,
+			&i.Attempt,
+			&i.Outcome,
+			&i.StartedAt,
+			&i.FinishedAt,
+			&i.StatusCode,
+			&i.Error,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const attemptsRecord = `-- name: AttemptsRecord :exec
+INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code, error)
+SELECT a.message_id, a.attempt, a.outcome, a.started_at, a.finished_at, NULLIF(a.status_code, 0), NULLIF(a.error, '')
+FROM (
+    SELECT unnest($1::uuid[])          AS message_id,
+           unnest($2::integer[])          AS attempt,
+           unnest($3::text[])             AS outcome,
+           unnest($4::timestamptz[])   AS started_at,
+           unnest($5::timestamptz[])  AS finished_at,
+           unnest($6::integer[])      AS status_code,
+           unnest($7::text[])               AS error
+) AS a
+JOIN outbox_messages m ON m.id = a.message_id
+ON CONFLICT DO NOTHING
+`
+
+type AttemptsRecordParams struct {
+	MessageIds  []uuid.UUID
+	Attempts    []int32
+	Outcomes    []string
+	StartedAts  []time.Time
+	FinishedAts []time.Time
+	StatusCodes []int32
+	Errors      []string
+}
+
+// One row per attempt of a deliver job, in the transaction that records the
+// outcomes. A River retry of a job whose first run never committed records
+// the attempt once; ON CONFLICT keeps a rare double record harmless.
+func (q *Queries) AttemptsRecord(ctx context.Context, arg AttemptsRecordParams) error {
+	_, err := q.db.Exec(ctx, attemptsRecord,
+		arg.MessageIds,
+		arg.Attempts,
+		arg.Outcomes,
+		arg.StartedAts,
+		arg.FinishedAts,
+		arg.StatusCodes,
+		arg.Errors,
+	)
+	return err
+}
+
 const messageBacklog = `-- name: MessageBacklog :one
 SELECT
     (SELECT count(*) FROM outbox_messages WHERE status = 'pending') AS pending,
@@ -158,13 +232,37 @@ func (q *Queries) MessageGet(ctx context.Context, id uuid.UUID) (OutboxMessage, 
 const messageList = `-- name: MessageList :many
 SELECT id, type, destination, payload, status, attempts, next_attempt_at, claim_token, claimed_at, delivered_at, last_error, created_at FROM outbox_messages
 WHERE ($1::text IS NULL OR status = $1)
+  AND ($2::text IS NULL OR type = $2)
+  AND ($3::uuid IS NULL OR destination = $3)
+  AND ($4::timestamptz IS NULL OR created_at >= $4)
+  AND ($5::timestamptz IS NULL OR created_at < $5)
+  AND ($6::uuid IS NULL OR id < $6)
 ORDER BY id DESC
-LIMIT $2
+LIMIT $7
 `
 
-// Newest first: ids are UUIDv7, so the primary key orders by creation time.
-func (q *Queries) MessageList(ctx context.Context, status *string, maxRows int32) ([]OutboxMessage, error) {
-	rows, err := q.db.Query(ctx, messageList, status, maxRows)
+type MessageListParams struct {
+	Status      *string
+	Type        *string
+	Destination *uuid.UUID
+	CreatedFrom *time.Time
+	CreatedTo   *time.Time
+	BeforeID    *uuid.UUID
+	MaxRows     int32
+}
+
+// Newest first with optional filters. Ids are UUIDv7, so the primary key
+// orders by creation time and doubles as the pagination cursor.
+func (q *Queries) MessageList(ctx context.Context, arg MessageListParams) ([]OutboxMessage, error) {
+	rows, err := q.db.Query(ctx, messageList,
+		arg.Status,
+		arg.Type,
+		arg.Destination,
+		arg.CreatedFrom,
+		arg.CreatedTo,
+		arg.BeforeID,
+		arg.MaxRows,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -196,22 +294,51 @@ func (q *Queries) MessageList(ctx context.Context, status *string, maxRows int32
 	return items, nil
 }
 
+const messageOverdue = `-- name: MessageOverdue :one
+SELECT COALESCE(EXTRACT(epoch FROM now() - min(next_attempt_at)), 0)::float8
+FROM outbox_messages
+WHERE status = 'pending' AND next_attempt_at <= now()
+`
+
+// How long the oldest due pending message has waited past its due time: a
+// healthy relay keeps this near the poll interval, whatever the backlog of
+// messages that are backing off.
+func (q *Queries) MessageOverdue(ctx context.Context) (float64, error) {
+	row := q.db.QueryRow(ctx, messageOverdue)
+	var column_1 float64
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
 const messageReleaseStale = `-- name: MessageReleaseStale :execrows
-UPDATE outbox_messages
-SET status = CASE WHEN attempts >= $1::integer THEN 'failed' ELSE 'pending' END,
-    claim_token = NULL,
-    claimed_at = NULL,
-    next_attempt_at = now(),
-    last_error = 'claim timed out: the relay did not record an outcome'
-WHERE status = 'claimed'
-  AND claimed_at < now() - make_interval(secs => $2::float8)
+WITH stale AS (
+    SELECT id, attempts, claimed_at FROM outbox_messages
+    WHERE status = 'claimed'
+      AND claimed_at < now() - make_interval(secs => $1::float8)
+    FOR UPDATE SKIP LOCKED
+), released AS (
+    UPDATE outbox_messages m
+    SET status = CASE WHEN m.attempts >= $2::integer THEN 'failed' ELSE 'pending' END,
+        claim_token = NULL,
+        claimed_at = NULL,
+        next_attempt_at = now(),
+        last_error = 'claim timed out: the relay did not record an outcome'
+    FROM stale
+    WHERE m.id = stale.id
+    RETURNING m.id
+)
+INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, error)
+SELECT s.id, s.attempts, 'timeout', s.claimed_at, now(), 'claim timed out: the relay did not record an outcome'
+FROM stale s JOIN released r ON r.id = s.id
+ON CONFLICT DO NOTHING
 `
 
 // Returns claims older than the claim timeout (their relay died) to pending,
-// or to failed once the attempt cap is reached. Delivery may have happened
-// before the crash: this is the at-least-once window, by design.
-func (q *Queries) MessageReleaseStale(ctx context.Context, maxAttempts int32, claimTimeoutSeconds float64) (int64, error) {
-	result, err := q.db.Exec(ctx, messageReleaseStale, maxAttempts, claimTimeoutSeconds)
+// or to failed once the attempt cap is reached, and records the lost attempt.
+// Delivery may have happened before the crash: this is the at-least-once
+// window, by design.
+func (q *Queries) MessageReleaseStale(ctx context.Context, claimTimeoutSeconds float64, maxAttempts int32) (int64, error) {
+	result, err := q.db.Exec(ctx, messageReleaseStale, claimTimeoutSeconds, maxAttempts)
 	if err != nil {
 		return 0, err
 	}
@@ -353,7 +480,7 @@ func (q *Queries) MessagesPrune(ctx context.Context, deliveredBefore time.Time, 
 	return result.RowsAffected(), nil
 }
 
-const messagesRecordOutcomes = `-- name: MessagesRecordOutcomes :execrows
+const messagesRecordOutcomes = `-- name: MessagesRecordOutcomes :many
 UPDATE outbox_messages m
 SET status = o.status,
     claim_token = NULL,
@@ -370,6 +497,7 @@ FROM (
            unnest($5::text[])      AS last_error
 ) AS o
 WHERE m.id = o.id AND m.claim_token = $1::uuid AND m.status = 'claimed'
+RETURNING m.id
 `
 
 type MessagesRecordOutcomesParams struct {
@@ -384,8 +512,8 @@ type MessagesRecordOutcomesParams struct {
 // claim token still holds: a stale job finds nothing to change. An empty
 // error keeps the previous one, so a delivered row still shows what failed
 // before it succeeded.
-func (q *Queries) MessagesRecordOutcomes(ctx context.Context, arg MessagesRecordOutcomesParams) (int64, error) {
-	result, err := q.db.Exec(ctx, messagesRecordOutcomes,
+func (q *Queries) MessagesRecordOutcomes(ctx context.Context, arg MessagesRecordOutcomesParams) ([]uuid.UUID, error) {
+	rows, err := q.db.Query(ctx, messagesRecordOutcomes,
 		arg.ClaimToken,
 		arg.Ids,
 		arg.Statuses,
@@ -393,7 +521,19 @@ func (q *Queries) MessagesRecordOutcomes(ctx context.Context, arg MessagesRecord
 		arg.LastErrors,
 	)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return result.RowsAffected(), nil
+	defer rows.Close()
+	var items []uuid.UUID
+	for rows.Next() {
+		var id uuid.UUID
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

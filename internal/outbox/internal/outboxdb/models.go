@@ -11,6 +11,16 @@ import (
 	"github.com/google/uuid"
 )
 
+type OutboxAttempt struct {
+	MessageID  uuid.UUID
+	Attempt    int32
+	Outcome    string
+	StartedAt  time.Time
+	FinishedAt time.Time
+	StatusCode *int32
+	Error      *string
+}
+
 type OutboxMessage struct {
 	ID            uuid.UUID
 	Type          string

@@ -1,0 +1,348 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/orders/internal/dbtest"
+	"github.com/outboxkit/orders/internal/outbox"
+)
+
+// discard is the logger every component gets: logging is not what is measured.
+var discard = slog.New(slog.DiscardHandler)
+
+// database is a fresh, migrated database made for one scenario and dropped after.
+type database struct {
+	url  string
+	drop func() error
+}
+
+func newDatabase(ctx context.Context) (*database, error) {
+	u, drop, err := dbtest.Create(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &database{url: u, drop: drop}, nil
+}
+
+func (d *database) pool(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(d.url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = maxConns
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+// addEndpoints registers n endpoints for order.placed, all at url.
+func addEndpoints(ctx context.Context, pool *pgxpool.Pool, n int, url string) error {
+	_, err := pool.Exec(ctx, `INSERT INTO webhook_endpoints (url, secret, event_types)
+		SELECT $1, 'whsec_'||encode(sha256(g::text::bytea), 'base64'), ARRAY['order.placed']
+		FROM generate_series(1, $2) g`, url, n)
+	return err
+}
+
+// preloadPending inserts n pending messages spread over every endpoint, with
+// an order-sized payload, in one INSERT … SELECT generate_series.
+func preloadPending(ctx context.Context, pool *pgxpool.Pool, n int) error {
+	_, err := pool.Exec(ctx, `
+		WITH e AS (SELECT array_agg(id ORDER BY id) AS ids FROM webhook_endpoints)
+		INSERT INTO outbox_messages (type, destination, payload)
+		SELECT 'order.placed', e.ids[1 + g % cardinality(e.ids)],
+		       jsonb_build_object('id', gen_random_uuid(), 'customer_id', 'c-' || g, 'status', 'placed',
+		                          'total_cents', 1000, 'created_at', now(),
+		                          'lines', jsonb_build_array(
+		                              jsonb_build_object('sku', 'A-1', 'quantity', 1, 'unit_price_cents', 500),
+		                              jsonb_build_object('sku', 'B-2', 'quantity', 1, 'unit_price_cents', 500)))
+		FROM e, generate_series(1, $1::int) g`, n)
+	if err != nil {
+		return fmt.Errorf("preloading %d pending messages: %w", n, err)
+	}
+	_, err = pool.Exec(ctx, "VACUUM ANALYZE outbox_messages")
+	return err
+}
+
+// preloadDelivered inserts n delivered rows as the retained history, in
+// chunks, delivered ageDays ago (so a prune with a week's retention takes them).
+func preloadDelivered(ctx context.Context, pool *pgxpool.Pool, n int, ageDays int) error {
+	const chunk = 500_000
+	for done := 0; done < n; done += chunk {
+		m := min(chunk, n-done)
+		_, err := pool.Exec(ctx, `
+			WITH e AS (SELECT array_agg(id ORDER BY id) AS ids FROM webhook_endpoints)
+			INSERT INTO outbox_messages (type, destination, payload, status, attempts, delivered_at, created_at)
+			SELECT 'order.placed', e.ids[1 + g % cardinality(e.ids)],
+			       jsonb_build_object('id', gen_random_uuid(), 'customer_id', 'c-' || g, 'status', 'placed',
+			                          'total_cents', 1000, 'lines', jsonb_build_array(
+			                              jsonb_build_object('sku', 'A-1', 'quantity', 1, 'unit_price_cents', 500))),
+			       'delivered', 1, now() - make_interval(days => $2) + g * interval '1 ms',
+			       now() - make_interval(days => $2) + g * interval '1 ms'
+			FROM e, generate_series(1, $1::int) g`, m, ageDays)
+		if err != nil {
+			return fmt.Errorf("preloading %d delivered messages: %w", n, err)
+		}
+	}
+	_, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_messages")
+	return err
+}
+
+// resetOutbox empties the outbox and River's job table between runs.
+func resetOutbox(ctx context.Context, pool *pgxpool.Pool) error {
+	_, err := pool.Exec(ctx, "TRUNCATE outbox_messages, river_job")
+	return err
+}
+
+// unsettled reports whether any message is still pending or claimed.
+func unsettled(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
+	var any bool
+	err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_messages WHERE status = 'pending')
+		OR EXISTS (SELECT 1 FROM outbox_messages WHERE status = 'claimed')`).Scan(&any)
+	return any, err
+}
+
+// waitDrained polls until nothing is pending or claimed and returns when
+// that was first seen; it gives up at limit.
+func waitDrained(ctx context.Context, pool *pgxpool.Pool, limit time.Duration) (time.Time, error) {
+	deadline := time.Now().Add(limit)
+	for {
+		busy, err := unsettled(ctx, pool)
+		if err != nil {
+			return time.Time{}, err
+		}
+		if !busy {
+			return time.Now(), nil
+		}
+		if time.Now().After(deadline) {
+			return time.Time{}, fmt.Errorf("outbox not drained within %s", limit)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func countStatus(ctx context.Context, pool *pgxpool.Pool, status string) (int64, error) {
+	var n int64
+	err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox_messages WHERE status = $1", status).Scan(&n)
+	return n, err
+}
+
+// noopTransport answers 200 to everything without sending: the relay's own
+// cost, with no network.
+type noopTransport struct{}
+
+func (noopTransport) Deliver(context.Context, outbox.Delivery) outbox.Result {
+	return outbox.Result{StatusCode: http.StatusOK}
+}
+
+// receiver is a local webhook receiver on loopback: it answers 204 after
+// delay, counts requests and distinct webhook-ids (duplicates), and, when
+// asked, records when each order's webhook arrived.
+type receiver struct {
+	srv      *http.Server
+	url      string
+	delay    time.Duration
+	requests atomic.Int64
+
+	mu       sync.Mutex
+	ids      map[string]struct{}
+	trackIDs bool
+	arrivals map[string]time.Time // order id → arrival
+	trackArr bool
+}
+
+func newReceiver(delay time.Duration) (*receiver, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	rc := &receiver{delay: delay, url: "http://" + ln.Addr().String() + "/hook",
+		ids: map[string]struct{}{}, arrivals: map[string]time.Time{}}
+	rc.srv = &http.Server{Handler: rc, ReadHeaderTimeout: 10 * time.Second}
+	go rc.srv.Serve(ln) //nolint:errcheck
+	return rc, nil
+}
+
+func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	at := time.Now()
+	body, _ := io.ReadAll(r.Body)
+	rc.requests.Add(1)
+	rc.mu.Lock()
+	if rc.trackIDs {
+		rc.ids[r.Header.Get("webhook-id")] = struct{}{}
+	}
+	track := rc.trackArr
+	rc.mu.Unlock()
+	if track {
+		var env struct {
+			Data struct {
+				ID string `json:"id"`
+			} `json:"data"`
+		}
+		if json.Unmarshal(body, &env) == nil {
+			rc.mu.Lock()
+			if _, seen := rc.arrivals[env.Data.ID]; !seen {
+				rc.arrivals[env.Data.ID] = at
+			}
+			rc.mu.Unlock()
+		}
+	}
+	if rc.delay > 0 {
+		time.Sleep(rc.delay)
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// reset clears the counters and sets what is tracked.
+func (rc *receiver) reset(trackIDs, trackArrivals bool) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	rc.requests.Store(0)
+	rc.ids = map[string]struct{}{}
+	rc.arrivals = map[string]time.Time{}
+	rc.trackIDs, rc.trackArr = trackIDs, trackArrivals
+}
+
+// duplicates is requests beyond the distinct webhook-ids seen.
+func (rc *receiver) duplicates() (requests, distinct int64) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return rc.requests.Load(), int64(len(rc.ids))
+}
+
+func (rc *receiver) close() { _ = rc.srv.Close() }
+
+// ---- statistics ----
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// percentile of sorted durations (nearest rank).
+func percentile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(q*float64(len(sorted))+0.5) - 1
+	return sorted[max(0, min(i, len(sorted)-1))]
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
+
+func msf(d time.Duration) string {
+	return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 2, 64)
+}
+
+func rate(n float64) string {
+	switch {
+	case n >= 100:
+		return fmt.Sprintf("%s", commas(int64(n+0.5)))
+	default:
+		return fmt.Sprintf("%.1f", n)
+	}
+}
+
+func commas(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 && s[0] != '-' {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+// ---- machine facts ----
+
+type machine struct {
+	NProc    string
+	Memory   string
+	Postgres string
+	Go       string
+	Settings string
+}
+
+func machineFacts(ctx context.Context) machine {
+	m := machine{Go: runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH}
+	if out, err := exec.Command("nproc").Output(); err == nil {
+		m.NProc = strings.TrimSpace(string(out))
+	} else {
+		m.NProc = strconv.Itoa(runtime.NumCPU())
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(line, "MemTotal:") {
+				f := strings.Fields(line)
+				if kb, err := strconv.ParseFloat(f[1], 64); err == nil {
+					m.Memory = fmt.Sprintf("%.1f GiB", kb/1024/1024)
+				}
+			}
+		}
+	}
+	if conn, err := pgx.Connect(ctx, dbtest.ServerURL()); err == nil {
+		defer conn.Close(ctx)
+		_ = conn.QueryRow(ctx, "SELECT version()").Scan(&m.Postgres)
+		var sb, sc, wal, mc string
+		_ = conn.QueryRow(ctx, `SELECT current_setting('shared_buffers'), current_setting('synchronous_commit'),
+			current_setting('wal_level'), current_setting('max_connections')`).Scan(&sb, &sc, &wal, &mc)
+		m.Settings = fmt.Sprintf("shared_buffers=%s, synchronous_commit=%s, wal_level=%s, max_connections=%s", sb, sc, wal, mc)
+	}
+	return m
+}
+
+// pgCPU returns the CPU time (user+system) used so far by every postgres
+// process on the machine, read from /proc; 0 when unreadable.
+func pgCPU() time.Duration {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	var ticks int64
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		open, closing := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || closing < 0 || !strings.HasPrefix(s[open+1:closing], "postgres") {
+			continue
+		}
+		f := strings.Fields(s[closing+2:])
+		if len(f) < 13 {
+			continue
+		}
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		ticks += u + st
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ = 100
+}

@@ -1,0 +1,362 @@
+// Package consumer is the reference webhook receiver: what "consumers must be
+// idempotent" means in code, written to be copied into the service that
+// receives this service's webhooks.
+//
+// Delivery is at-least-once: the relay can die between sending a webhook and
+// recording that it did, and then it sends it again with the same
+// webhook-id. A consumer therefore
+//
+//  1. verifies the Standard Webhooks signature (constant time, several
+//     secrets for rotation, a timestamp tolerance against replays) before it
+//     trusts a byte of the body, and
+//  2. applies each event exactly once: it inserts the webhook-id into an
+//     inbox table with a unique key in the SAME transaction as the event's
+//     effect (here a per-customer order ledger and balance). A redelivery
+//     finds the id, changes nothing, and is acknowledged with a 2xx so the
+//     sender stops retrying.
+//
+// The consumer is a separate service: it owns its schema and applies its own
+// goose migrations, with a version table of its own, so it can share a
+// database with nothing or with anything.
+package consumer
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxkit/orders/internal/consumer/internal/consumerdb"
+	"github.com/outboxkit/orders/internal/webhook"
+)
+
+// Event types the consumer applies; anything else is acknowledged and
+// recorded in the inbox without an effect, so a sender that adds event types
+// never gets stuck retrying them against an older consumer.
+const (
+	EventPlaced    = "order.placed"
+	EventCancelled = "order.cancelled"
+)
+
+// MaxBody bounds a delivery's body; the order service's own limit on an
+// order request is 1 MiB, and its event is smaller than the request.
+const MaxBody = 1 << 20
+
+// VersionTable is the consumer's goose version table. It is not goose's
+// default, so the consumer's history never mixes with another service's
+// in a shared database.
+const VersionTable = "consumer_goose_db_version"
+
+// migrationLockID is the advisory lock that serialises the consumer's
+// migrations; it differs from goose's default, which the orders service uses.
+const migrationLockID int64 = 0x636f6e73756d6572 // "consumer"
+
+//go:embed migrations/*.sql
+var embedded embed.FS
+
+// Migrations is the consumer's schema history.
+var Migrations, _ = fs.Sub(embedded, "migrations")
+
+// Migrate applies the consumer's pending migrations. Several consumers may
+// start at once (an advisory lock serialises them); running it again changes
+// nothing.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error {
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	defer sqlDB.Close()
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(migrationLockID))
+	if err != nil {
+		return fmt.Errorf("creating migration lock: %w", err)
+	}
+	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, Migrations,
+		goose.WithSessionLocker(locker), goose.WithTableName(VersionTable))
+	if err != nil {
+		return fmt.Errorf("creating migration provider: %w", err)
+	}
+	results, err := provider.Up(ctx)
+	if err != nil {
+		return fmt.Errorf("applying consumer migrations: %w", err)
+	}
+	for _, r := range results {
+		logger.InfoContext(ctx, "applied migration",
+			slog.Int64("version", r.Source.Version), slog.String("file", r.Source.Path))
+	}
+	return nil
+}
+
+// Outcome is what the consumer did with one delivery; it labels the metrics
+// and the JSON answer.
+type Outcome string
+
+// Outcomes, one per way a delivery can end.
+const (
+	// Applied: verified, new, and its effect committed with its inbox row.
+	Applied Outcome = "applied"
+	// Duplicate: verified, and its webhook-id was already in the inbox.
+	Duplicate Outcome = "duplicate"
+	// Ignored: verified and new, but of an event type the consumer does not
+	// handle; recorded in the inbox so it is acknowledged once and for all.
+	Ignored Outcome = "ignored"
+	// BadSignature: missing headers or no signature matched any secret.
+	BadSignature Outcome = "bad_signature"
+	// StaleTimestamp: signed, maybe, but outside the tolerance: a replay or
+	// a badly skewed clock.
+	StaleTimestamp Outcome = "stale_timestamp"
+	// BadRequest: authentic but unreadable, or too large.
+	BadRequest Outcome = "bad_request"
+	// Error: the database failed; the sender retries later.
+	Error Outcome = "error"
+)
+
+var outcomes = []Outcome{Applied, Duplicate, Ignored, BadSignature, StaleTimestamp, BadRequest, Error}
+
+// Consumer receives webhooks and applies them exactly once. It is an
+// http.Handler for the webhook endpoint; StatsHandler serves its counters.
+type Consumer struct {
+	pool     *pgxpool.Pool
+	verifier *webhook.Verifier
+	logger   *slog.Logger
+	counts   map[Outcome]*atomic.Int64
+	started  time.Time
+}
+
+// New returns a consumer that verifies deliveries with verifier and applies
+// them in pool's database (migrated with Migrate).
+func New(pool *pgxpool.Pool, verifier *webhook.Verifier, logger *slog.Logger) *Consumer {
+	c := &Consumer{pool: pool, verifier: verifier, logger: logger,
+		counts: map[Outcome]*atomic.Int64{}, started: time.Now()}
+	for _, o := range outcomes {
+		c.counts[o] = &atomic.Int64{}
+	}
+	return c
+}
+
+// envelope is the Standard Webhooks body the orders service sends.
+type envelope struct {
+	ID        string          `json:"id"`
+	Type      string          `json:"type"`
+	CreatedAt time.Time       `json:"created_at"`
+	Data      json.RawMessage `json:"data"`
+}
+
+// order is the part of the event's order the ledger needs.
+type order struct {
+	ID         uuid.UUID `json:"id"`
+	CustomerID string    `json:"customer_id"`
+	TotalCents int64     `json:"total_cents"`
+}
+
+// ServeHTTP handles one delivery. Every answer is a deliberate signal to the
+// sender: 2xx stops retries (applied, duplicate, ignored), 401 and 400 mean
+// the request itself is wrong, 500 means "try again later".
+func (c *Consumer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		c.answer(w, http.StatusMethodNotAllowed, BadRequest, "POST only")
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBody))
+	if err != nil {
+		c.answer(w, http.StatusRequestEntityTooLarge, BadRequest, "body unreadable or over 1 MiB")
+		return
+	}
+	// Authenticate before parsing: an unauthenticated body is not input.
+	if err := c.verifier.Verify(r.Header, body); err != nil {
+		outcome := BadSignature
+		if errors.Is(err, webhook.ErrTimestampOutOfTolerance) || errors.Is(err, webhook.ErrInvalidTimestamp) {
+			outcome = StaleTimestamp
+		}
+		// The error names which check failed, never a secret or a signature.
+		c.logger.WarnContext(r.Context(), "webhook rejected", slog.String("outcome", string(outcome)),
+			slog.String("error", err.Error()), slog.String("remote", r.RemoteAddr))
+		c.answer(w, http.StatusUnauthorized, outcome, "signature verification failed")
+		return
+	}
+	id := r.Header.Get(webhook.HeaderID)
+	var env envelope
+	if err := json.Unmarshal(body, &env); err != nil {
+		c.answer(w, http.StatusBadRequest, BadRequest, "body is not a webhook envelope")
+		return
+	}
+	if env.ID != id {
+		c.answer(w, http.StatusBadRequest, BadRequest, "body id does not match the webhook-id header")
+		return
+	}
+
+	outcome, err := c.apply(r.Context(), id, env)
+	if err != nil {
+		var bad *badEvent
+		if errors.As(err, &bad) {
+			c.answer(w, http.StatusBadRequest, BadRequest, bad.Error())
+			return
+		}
+		c.logger.ErrorContext(r.Context(), "applying webhook", slog.String("webhook_id", id), slog.String("error", err.Error()))
+		c.answer(w, http.StatusInternalServerError, Error, "could not apply the event; retry later")
+		return
+	}
+	c.logger.DebugContext(r.Context(), "webhook handled", slog.String("webhook_id", id),
+		slog.String("type", env.Type), slog.String("outcome", string(outcome)))
+	c.answer(w, http.StatusOK, outcome, "")
+}
+
+// badEvent is an authentic event the consumer cannot read.
+type badEvent struct{ msg string }
+
+func (e *badEvent) Error() string { return e.msg }
+
+// apply records the webhook-id and the event's effect in one transaction:
+// both commit or neither does, which is the whole of exactly-once.
+func (c *Consumer) apply(ctx context.Context, id string, env envelope) (Outcome, error) {
+	outcome := Applied
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		q := consumerdb.New(tx)
+		n, err := q.InboxRecord(ctx, id, env.Type)
+		if err != nil {
+			return fmt.Errorf("recording webhook-id: %w", err)
+		}
+		if n == 0 {
+			outcome = Duplicate
+			return nil
+		}
+		var sign, placed, cancelled int64
+		switch env.Type {
+		case EventPlaced:
+			sign, placed = 1, 1
+		case EventCancelled:
+			sign, cancelled = -1, 1
+		default:
+			outcome = Ignored
+			return nil
+		}
+		var o order
+		if err := json.Unmarshal(env.Data, &o); err != nil || o.ID == uuid.Nil || o.CustomerID == "" {
+			return &badEvent{msg: "event data is not an order"}
+		}
+		if err := q.LedgerAppend(ctx, consumerdb.LedgerAppendParams{
+			WebhookID: id, CustomerID: o.CustomerID, OrderID: o.ID, EventType: env.Type,
+			AmountCents: sign * o.TotalCents, OccurredAt: env.CreatedAt,
+		}); err != nil {
+			return fmt.Errorf("appending to ledger: %w", err)
+		}
+		if err := q.CustomerApply(ctx, consumerdb.CustomerApplyParams{
+			CustomerID: o.CustomerID, Placed: placed, Cancelled: cancelled, AmountCents: sign * o.TotalCents,
+		}); err != nil {
+			return fmt.Errorf("updating customer balance: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return "", err
+	}
+	return outcome, nil
+}
+
+// answer writes a small JSON answer and counts the outcome.
+func (c *Consumer) answer(w http.ResponseWriter, status int, outcome Outcome, detail string) {
+	c.counts[outcome].Add(1)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(struct {
+		Outcome Outcome `json:"outcome"`
+		Detail  string  `json:"detail,omitempty"`
+	}{outcome, detail})
+}
+
+// Stats is what the consumer has done: counters since the process started,
+// and the totals in its database, which survive restarts.
+type Stats struct {
+	Applied        int64 `json:"applied"`
+	Duplicates     int64 `json:"duplicates"`
+	Ignored        int64 `json:"ignored"`
+	BadSignature   int64 `json:"bad_signature"`
+	StaleTimestamp int64 `json:"stale_timestamp"`
+	BadRequest     int64 `json:"bad_request"`
+	Errors         int64 `json:"errors"`
+	// InboxTotal counts every webhook-id ever recorded, LedgerTotal every
+	// ledger entry: with only order events they are equal.
+	InboxTotal    int64   `json:"inbox_total"`
+	LedgerTotal   int64   `json:"ledger_total"`
+	UptimeSeconds float64 `json:"uptime_seconds"`
+}
+
+// Stats returns the counters and the database totals.
+func (c *Consumer) Stats(ctx context.Context) (Stats, error) {
+	t, err := consumerdb.New(c.pool).Totals(ctx)
+	if err != nil {
+		return Stats{}, fmt.Errorf("counting inbox and ledger: %w", err)
+	}
+	return Stats{
+		Applied: c.counts[Applied].Load(), Duplicates: c.counts[Duplicate].Load(), Ignored: c.counts[Ignored].Load(),
+		BadSignature: c.counts[BadSignature].Load(), StaleTimestamp: c.counts[StaleTimestamp].Load(),
+		BadRequest: c.counts[BadRequest].Load(), Errors: c.counts[Error].Load(),
+		InboxTotal: t.Inbox, LedgerTotal: t.Ledger, UptimeSeconds: time.Since(c.started).Seconds(),
+	}, nil
+}
+
+// StatsHandler serves Stats as JSON (GET /stats).
+func (c *Consumer) StatsHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s, err := c.Stats(r.Context())
+		w.Header().Set("Content-Type", "application/json")
+		if err != nil {
+			c.logger.ErrorContext(r.Context(), "reading stats", slog.String("error", err.Error()))
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_ = json.NewEncoder(w).Encode(map[string]string{"error": "database unavailable"})
+			return
+		}
+		_ = json.NewEncoder(w).Encode(s)
+	})
+}
+
+// Collectors returns Prometheus collectors for the outcome counters
+// (consumer_webhooks_total{outcome}), read at scrape time.
+func (c *Consumer) Collectors() []prometheus.Collector {
+	cs := make([]prometheus.Collector, 0, len(outcomes))
+	for _, o := range outcomes {
+		n := c.counts[o]
+		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "consumer_webhooks_total",
+			Help:        "Webhook deliveries received, by outcome.",
+			ConstLabels: prometheus.Labels{"outcome": string(o)},
+		}, func() float64 { return float64(n.Load()) }))
+	}
+	return cs
+}
+
+// Customer is a customer's running balance, as the ledger's effects left it.
+type Customer = consumerdb.ConsumerCustomer
+
+// Entry is one ledger entry.
+type Entry = consumerdb.ConsumerLedger
+
+// Customer returns a customer's balance, or pgx.ErrNoRows.
+func (c *Consumer) Customer(ctx context.Context, customerID string) (Customer, error) {
+	cust, err := consumerdb.New(c.pool).CustomerGet(ctx, customerID)
+	if err != nil {
+		return Customer{}, fmt.Errorf("reading customer %q: %w", customerID, err)
+	}
+	return cust, nil
+}
+
+// Ledger returns a customer's ledger entries, oldest first.
+func (c *Consumer) Ledger(ctx context.Context, customerID string) ([]Entry, error) {
+	entries, err := consumerdb.New(c.pool).LedgerForCustomer(ctx, customerID)
+	if err != nil {
+		return nil, fmt.Errorf("reading ledger of %q: %w", customerID, err)
+	}
+	return entries, nil
+}
