@@ -66,6 +66,7 @@ type BacklogCollector struct {
 	pool      *pgxpool.Pool
 	messages  *prometheus.Desc
 	oldestAge *prometheus.Desc
+	overdue   *prometheus.Desc
 	up        *prometheus.Desc
 }
 
@@ -77,6 +78,8 @@ func NewBacklogCollector(pool *pgxpool.Pool) *BacklogCollector {
 			"Outbox messages by status (delivered history is not counted here).", []string{"status"}, nil),
 		oldestAge: prometheus.NewDesc("outbox_oldest_pending_age_seconds",
 			"Age of the oldest pending message; grows when the relay is stalled or a destination is down.", nil, nil),
+		overdue: prometheus.NewDesc("outbox_oldest_due_overdue_seconds",
+			"How long the oldest due pending message has waited past its due time; stays near the poll interval unless the relay is stalled or saturated.", nil, nil),
 		up: prometheus.NewDesc("outbox_backlog_scrape_success",
 			"1 when the backlog query succeeded at this scrape.", nil, nil),
 	}
@@ -86,6 +89,7 @@ func NewBacklogCollector(pool *pgxpool.Pool) *BacklogCollector {
 func (c *BacklogCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.messages
 	ch <- c.oldestAge
+	ch <- c.overdue
 	ch <- c.up
 }
 
@@ -103,4 +107,5 @@ func (c *BacklogCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.messages, prometheus.GaugeValue, float64(b.Claimed), StatusClaimed)
 	ch <- prometheus.MustNewConstMetric(c.messages, prometheus.GaugeValue, float64(b.Failed), StatusFailed)
 	ch <- prometheus.MustNewConstMetric(c.oldestAge, prometheus.GaugeValue, b.OldestPendingAgeSeconds)
+	ch <- prometheus.MustNewConstMetric(c.overdue, prometheus.GaugeValue, b.OldestDueOverdueSeconds)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -179,6 +180,9 @@ type Relay struct {
 	transport Transport
 	logger    *slog.Logger
 	metrics   *Metrics
+	// progressAt is when this relay last claimed something (Unix nanos),
+	// or when it started.
+	progressAt atomic.Int64
 }
 
 // NewRelay returns a relay delivering through transport. metrics may be nil.
@@ -189,7 +193,30 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig, transport Transport, logger *
 	if metrics == nil {
 		metrics = NewMetrics()
 	}
-	return &Relay{pool: pool, cfg: cfg.withDefaults(), transport: transport, logger: logger, metrics: metrics}, nil
+	r := &Relay{pool: pool, cfg: cfg.withDefaults(), transport: transport, logger: logger, metrics: metrics}
+	r.progressAt.Store(time.Now().UnixNano())
+	return r, nil
+}
+
+// ErrStalled is returned by CheckStalled when due messages wait while the
+// relay makes no progress.
+var ErrStalled = errors.New("outbox: relay stalled")
+
+// CheckStalled reports a relay that is running but not moving: the oldest
+// due message has waited longer than threshold past its due time, and this
+// relay has claimed nothing for as long. A backlog that is draining, or
+// messages backing off for a down endpoint, are not a stall.
+func (r *Relay) CheckStalled(ctx context.Context, threshold time.Duration) error {
+	overdue, err := outboxdb.New(r.pool).MessageOverdue(ctx)
+	if err != nil {
+		return fmt.Errorf("reading oldest due message: %w", err)
+	}
+	idle := time.Since(time.Unix(0, r.progressAt.Load()))
+	if wait := time.Duration(overdue * float64(time.Second)); wait > threshold && idle > threshold {
+		return fmt.Errorf("%w: the oldest due message has waited %s and this relay claimed nothing for %s",
+			ErrStalled, wait.Round(time.Second), idle.Round(time.Second))
+	}
+	return nil
 }
 
 // Config returns the relay's effective settings.
@@ -366,6 +393,9 @@ func (r *Relay) claimBatch(ctx context.Context, limit int) (int, error) {
 		return 0, err
 	}
 	r.metrics.claimed.Add(float64(claimed))
+	if claimed > 0 {
+		r.progressAt.Store(time.Now().UnixNano())
+	}
 	return claimed, nil
 }
 

@@ -30,6 +30,9 @@ type config struct {
 	allowPrivate  bool
 	relay         outbox.RelayConfig
 	shutdownGrace time.Duration
+	// stallThreshold is how long the oldest due message may wait, with no
+	// claim by this worker, before /readyz says the relay is stalled.
+	stallThreshold time.Duration
 }
 
 // relayVars names the variable behind each RelayConfig field.
@@ -64,7 +67,8 @@ func parseConfig(getenv func(string) string) (config, error) {
 			DeliverConcurrency: env.Int("OUTBOX_DELIVER_CONCURRENCY", d.DeliverConcurrency),
 			DeliverWorkers:     env.Int("OUTBOX_DELIVER_WORKERS", d.DeliverWorkers),
 		},
-		shutdownGrace: env.Duration("WORKER_SHUTDOWN_GRACE", 15*time.Second),
+		shutdownGrace:  env.Duration("WORKER_SHUTDOWN_GRACE", 15*time.Second),
+		stallThreshold: env.Duration("OUTBOX_STALL_THRESHOLD", 2*time.Minute),
 	}
 	if err := c.relay.Validate(); err != nil {
 		for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
@@ -124,7 +128,13 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return fmt.Errorf("registering relay metrics: %w", err)
 	}
 	mux := http.NewServeMux()
-	process.Ops(mux, reg, process.PingReady(pool))
+	ping := process.PingReady(pool)
+	process.Ops(mux, reg, func(ctx context.Context) error {
+		if err := ping(ctx); err != nil {
+			return err
+		}
+		return relay.CheckStalled(ctx, cfg.stallThreshold)
+	})
 
 	// River hard-stops (cancels running jobs) when its start context is
 	// cancelled, which would cut off in-flight deliveries at SIGTERM and skip

@@ -134,14 +134,20 @@ SELECT
         AS oldest_pending_age_seconds;
 
 -- name: MessageBacklog :one
--- The monitoring numbers, without counting the delivered history.
+-- The monitoring numbers, without counting the delivered history. Overdue is
+-- how long the oldest due message has waited past its due time: near the
+-- poll interval when the relay keeps up, whatever is backing off.
 SELECT
     (SELECT count(*) FROM outbox_messages WHERE status = 'pending') AS pending,
     (SELECT count(*) FROM outbox_messages WHERE status = 'claimed') AS claimed,
     (SELECT count(*) FROM outbox_messages WHERE status = 'failed')  AS failed,
     COALESCE(EXTRACT(epoch FROM now() - (
         SELECT min(created_at) FROM outbox_messages WHERE status = 'pending')), 0)::float8
-        AS oldest_pending_age_seconds;
+        AS oldest_pending_age_seconds,
+    COALESCE(EXTRACT(epoch FROM now() - (
+        SELECT min(next_attempt_at) FROM outbox_messages
+        WHERE status = 'pending' AND next_attempt_at <= now())), 0)::float8
+        AS oldest_due_overdue_seconds;
 
 -- name: MessageList :many
 -- Newest first with optional filters. Ids are UUIDv7, so the primary key

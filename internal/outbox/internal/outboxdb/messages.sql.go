@@ -94,7 +94,11 @@ SELECT
     (SELECT count(*) FROM outbox_messages WHERE status = 'failed')  AS failed,
     COALESCE(EXTRACT(epoch FROM now() - (
         SELECT min(created_at) FROM outbox_messages WHERE status = 'pending')), 0)::float8
-        AS oldest_pending_age_seconds
+        AS oldest_pending_age_seconds,
+    COALESCE(EXTRACT(epoch FROM now() - (
+        SELECT min(next_attempt_at) FROM outbox_messages
+        WHERE status = 'pending' AND next_attempt_at <= now())), 0)::float8
+        AS oldest_due_overdue_seconds
 `
 
 type MessageBacklogRow struct {
@@ -102,9 +106,12 @@ type MessageBacklogRow struct {
 	Claimed                 int64
 	Failed                  int64
 	OldestPendingAgeSeconds float64
+	OldestDueOverdueSeconds float64
 }
 
-// The monitoring numbers, without counting the delivered history.
+// The monitoring numbers, without counting the delivered history. Overdue is
+// how long the oldest due message has waited past its due time: near the
+// poll interval when the relay keeps up, whatever is backing off.
 func (q *Queries) MessageBacklog(ctx context.Context) (MessageBacklogRow, error) {
 	row := q.db.QueryRow(ctx, messageBacklog)
 	var i MessageBacklogRow
@@ -113,6 +120,7 @@ func (q *Queries) MessageBacklog(ctx context.Context) (MessageBacklogRow, error)
 		&i.Claimed,
 		&i.Failed,
 		&i.OldestPendingAgeSeconds,
+		&i.OldestDueOverdueSeconds,
 	)
 	return i, err
 }
