@@ -37,7 +37,7 @@ func NewMetrics() *Metrics {
 			Name: "outbox_claimed_total", Help: "Messages claimed for delivery.",
 		}),
 		claimRuns: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outbox_claim_runs_total", Help: "Claim statements run: the relay's heartbeat, rising even when idle.",
+			Name: "outbox_claim_runs_total", Help: "Claim jobs run: the relay's heartbeat, rising even when idle.",
 		}),
 		released: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_stale_claims_released_total", Help: "Claims returned to pending after the claim timeout (a relay died).",

@@ -315,6 +315,7 @@ func (w *claimWorker) Timeout(*river.Job[ClaimArgs]) time.Duration {
 
 func (w *claimWorker) Work(ctx context.Context, job *river.Job[ClaimArgs]) error {
 	r := w.relay
+	r.metrics.claimRuns.Inc()
 	q := outboxdb.New(r.pool)
 	released, err := q.MessageReleaseStale(ctx, r.cfg.ClaimTimeout.Seconds(), int32(r.cfg.MaxAttempts))
 	if err != nil {
@@ -340,7 +341,6 @@ func (w *claimWorker) Work(ctx context.Context, job *river.Job[ClaimArgs]) error
 		if err != nil {
 			return err
 		}
-		r.metrics.claimRuns.Inc()
 		if n < room {
 			return nil // caught up; the next tick looks again
 		}
