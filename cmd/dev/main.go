@@ -98,9 +98,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			return process.Serve(gctx, logger, "demo receiver", receiverAddr, handler, 5*time.Second, nil)
 		})
 	}
+	// The development default token is printed so the README's curl lines
+	// work; a token the user chose is never logged.
+	token := "(from ADMIN_TOKEN)"
+	if getenv("ADMIN_TOKEN") == "" {
+		token = defaults["ADMIN_TOKEN"]
+	}
 	logger.InfoContext(ctx, "dev: api, worker and receiver starting",
 		slog.String("api", "http://"+childEnv("API_ADDR")),
-		slog.String("admin_token", childEnv("ADMIN_TOKEN")))
+		slog.String("admin_token", token))
 	g.Go(func() error { return apiserver.Run(gctx, nil, childEnv, stdout) })
 	g.Go(func() error { return relayworker.Run(gctx, nil, childEnv, stdout) })
 	return g.Wait()

@@ -52,6 +52,7 @@ func TestDevRunsTheWholeService(t *testing.T) {
 		"DEV_RECEIVER_ADDR":    receiverAddr,
 		"LOG_FORMAT":           "json",
 		"OUTBOX_POLL_INTERVAL": "50ms",
+		"ADMIN_TOKEN":          "s3cret-admin-token",
 	}
 	var logs syncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
@@ -77,6 +78,9 @@ func TestDevRunsTheWholeService(t *testing.T) {
 		return strings.Contains(logs.String(), `"msg":"webhook received"`) &&
 			strings.Contains(logs.String(), `"signature_valid":true`)
 	}, 20*time.Second, 20*time.Millisecond, "the demo receiver logged the verified webhook")
+
+	require.NotContains(t, logs.String(), "s3cret-admin-token", "a chosen admin token is never logged")
+	require.Contains(t, logs.String(), `"admin_token":"(from ADMIN_TOKEN)"`)
 
 	cancel()
 	select {
