@@ -25,3 +25,14 @@ SET enabled = @enabled,
     updated_at = now()
 WHERE id = @id
 RETURNING *;
+
+-- name: EndpointRotateSecret :one
+-- Replaces the signing secret, keeping the old one valid for @overlap_seconds:
+-- until then every delivery carries a signature with each.
+UPDATE webhook_endpoints
+SET previous_secret = secret,
+    previous_secret_expires_at = now() + make_interval(secs => @overlap_seconds::float8),
+    secret = @secret,
+    updated_at = now()
+WHERE id = @id
+RETURNING *;
