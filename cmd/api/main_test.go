@@ -349,6 +349,11 @@ func TestServe(t *testing.T) {
 		require.NotContains(t, s.logs.String(), created.Secret, "the secret must never be logged")
 	})
 
+	t.Run("admin token never logged", func(t *testing.T) {
+		// Every admin request above carried it, right and wrong.
+		require.NotContains(t, s.logs.String(), adminToken)
+	})
+
 	require.NoError(t, s.stop())
 	requireJSONLogs(t, s.logs.String())
 }

@@ -17,9 +17,11 @@ import (
 	"github.com/outboxkit/orders/internal/devdb"
 	"github.com/outboxkit/orders/internal/httpjson"
 	"github.com/outboxkit/orders/internal/netguard"
+	"github.com/outboxkit/orders/internal/ops"
 	"github.com/outboxkit/orders/internal/orders"
 	"github.com/outboxkit/orders/internal/outbox"
 	"github.com/outboxkit/orders/internal/process"
+	"github.com/outboxkit/orders/internal/telemetry"
 )
 
 // config is everything the api reads from its environment, parsed once.
@@ -29,6 +31,7 @@ type config struct {
 	adminToken   string
 	logFormat    string
 	allowPrivate bool
+	tracing      telemetry.Config
 }
 
 func parseConfig(getenv func(string) string) (config, error) {
@@ -39,6 +42,7 @@ func parseConfig(getenv func(string) string) (config, error) {
 		adminToken:   getenv("ADMIN_TOKEN"),
 		logFormat:    env.OneOf("LOG_FORMAT", "", "", "text", "json"),
 		allowPrivate: env.Bool("OUTBOX_ALLOW_PRIVATE_TARGETS", false),
+		tracing:      telemetry.FromEnv(env, "orders-api"),
 	}
 	return c, env.Err()
 }
@@ -77,6 +81,13 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		logger.InfoContext(ctx, "database is up to date")
 		return nil
 	}
+	// Off (nothing installed) unless an OTEL exporter is configured; with it,
+	// requests are traced and orders carry their trace to the webhooks.
+	tracing, err := telemetry.Setup(ctx, cfg.tracing, stdout, logger)
+	if err != nil {
+		return err
+	}
+	defer tracing.Shutdown(context.WithoutCancel(ctx))
 
 	guard := netguard.Guard{AllowPrivate: cfg.allowPrivate}
 	ordersSvc := orders.NewService(pool, logger)
@@ -93,12 +104,15 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	mux.Handle("/webhook-endpoints", adminH)
 	mux.Handle("/webhook-endpoints/", adminH)
 	mux.Handle("/outbox/", adminH)
+	opsH := ops.New(ops.Options{Admin: admin, Token: cfg.adminToken, Logger: logger})
+	mux.Handle("/ops", opsH)
+	mux.Handle("/ops/", opsH)
 	process.Ops(mux, reg, process.PingReady(pool))
 
 	if cfg.adminToken == "" {
 		logger.WarnContext(ctx, "ADMIN_TOKEN is not set: admin routes answer 403")
 	}
-	return process.Serve(ctx, logger, "api", cfg.addr, mux, 10*time.Second, nil)
+	return process.Serve(ctx, logger, "api", cfg.addr, tracing.Handler(mux), 10*time.Second, nil)
 }
 
 // requireAdmin guards the admin routes with the bearer token. Without a

@@ -96,6 +96,36 @@ func Create(ctx context.Context) (string, func() error, error) {
 	return withDatabaseURL(ServerURL(), name), drop, nil
 }
 
+// EmptyURL creates an empty database for t (no migrations: a target for a
+// restore, for example), drops it when t ends, and returns its URL.
+func EmptyURL(t testing.TB) string {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, ServerURL())
+	if err != nil {
+		t.Fatalf("connecting to %s: %v", redact(ServerURL()), err)
+	}
+	defer conn.Close(ctx)
+	name := "test_empty_" + randomHex(8)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("creating empty database: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, ServerURL())
+		if err != nil {
+			t.Errorf("connecting to drop %s: %v", name, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			t.Errorf("dropping %s: %v", name, err)
+		}
+	})
+	return withDatabaseURL(ServerURL(), name)
+}
+
 // Pool returns a pool on a fresh, migrated database for t, closed and
 // dropped when t ends.
 func Pool(t testing.TB) *pgxpool.Pool {

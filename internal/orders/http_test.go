@@ -112,7 +112,7 @@ func TestPlaceRefusesBadInputAndWritesNothing(t *testing.T) {
 		tc := cases[name]
 		t.Run(name, func(t *testing.T) {
 			t.Cleanup(func() {
-				_, err := f.pool.Exec(context.Background(), `TRUNCATE orders, order_lines, outbox_messages`)
+				_, err := f.pool.Exec(context.Background(), `TRUNCATE orders, order_lines, outbox_messages, outbox_attempts`)
 				require.NoError(t, err)
 			})
 			require.Equal(t, counts{}, f.counts(t))

@@ -154,6 +154,28 @@ func (a *Admin) SetEndpointEnabled(ctx context.Context, id uuid.UUID, enabled bo
 	return toEndpoint(row), nil
 }
 
+// RotateSecret gives an endpoint a new signing secret and returns it. For
+// overlap the relay signs with both the new and the previous secret, so the
+// receiver can switch at its own pace without rejecting a delivery.
+func (a *Admin) RotateSecret(ctx context.Context, id uuid.UUID, overlap time.Duration) (Endpoint, error) {
+	if overlap < 0 || overlap > 30*24*time.Hour {
+		return Endpoint{}, fmt.Errorf("%w: overlap must be from 0 to 720h, got %s", ErrInvalidEndpoint, overlap)
+	}
+	secret, err := webhook.NewSecret()
+	if err != nil {
+		return Endpoint{}, fmt.Errorf("generating secret: %w", err)
+	}
+	row, err := outboxdb.New(a.pool).EndpointRotateSecret(ctx, overlap.Seconds(), secret, id)
+	if err != nil {
+		return Endpoint{}, notFound("rotating endpoint secret", err)
+	}
+	a.logger.InfoContext(ctx, "webhook endpoint secret rotated", slog.String("endpoint_id", id.String()),
+		slog.Duration("overlap", overlap))
+	ep := toEndpoint(row)
+	ep.Secret = row.Secret
+	return ep, nil
+}
+
 // Stats counts messages by status.
 func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	s, err := outboxdb.New(a.pool).MessageStats(ctx)

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
 )
@@ -44,8 +45,15 @@ type Delivery struct {
 	Type      string
 	URL       string
 	Secret    string
+	// PreviousSecret, set during a secret rotation's overlap, adds a second
+	// signature so receivers still on the old secret verify too.
+	PreviousSecret string
 	// Body is the Standard Webhooks body: the message envelope and its data.
 	Body []byte
+	// Header holds extra headers to send: the W3C trace context (traceparent,
+	// tracestate) of a message enqueued in a traced request; nil otherwise.
+	// They never replace the webhook-* headers.
+	Header http.Header
 }
 
 // Result is what a receiver answered.
@@ -132,7 +140,8 @@ func (w *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) e
 				return
 			}
 			res := r.send(ctx, row)
-			outcomes[i] = r.judge(row, res, start, time.Now())
+			outcomes[i] = r.judge(row, res.Result, start, time.Now())
+			endDeliverSpan(res.span, res.Result, outcomes[i])
 			if res.Err != nil {
 				msg := res.Err.Error()
 				unreachable.CompareAndSwap(nil, &msg)
@@ -168,16 +177,25 @@ func (r *Relay) undeliverable(row outboxdb.MessagesForDeliveryRow) string {
 	return ""
 }
 
-func (r *Relay) send(ctx context.Context, row outboxdb.MessagesForDeliveryRow) Result {
+// sent is a receiver's answer and the span of the attempt, still open.
+type sent struct {
+	Result
+	span trace.Span
+}
+
+func (r *Relay) send(ctx context.Context, row outboxdb.MessagesForDeliveryRow) sent {
+	ctx, span, header := r.startDeliverSpan(ctx, row)
 	body, err := json.Marshal(envelope{ID: row.ID, Type: row.Type, CreatedAt: row.CreatedAt, Data: row.Payload})
 	if err != nil {
-		return Result{Err: fmt.Errorf("encoding body: %w", err)}
+		return sent{Result{Err: fmt.Errorf("encoding body: %w", err)}, span}
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.DeliveryTimeout)
 	defer cancel()
-	return r.transport.Deliver(ctx, Delivery{
+	return sent{r.transport.Deliver(ctx, Delivery{
 		MessageID: row.ID, Type: row.Type, URL: *row.EndpointUrl, Secret: *row.EndpointSecret, Body: body,
-	})
+		PreviousSecret: row.EndpointPreviousSecret,
+		Header:         header,
+	}), span}
 }
 
 // judge turns a receiver's answer into the row's next state.

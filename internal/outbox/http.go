@@ -23,6 +23,7 @@ func (a *Admin) Handler() http.Handler {
 	mux.HandleFunc("DELETE /webhook-endpoints/{id}", a.handleDeleteEndpoint)
 	mux.HandleFunc("POST /webhook-endpoints/{id}/enable", a.handleSetEnabled(true))
 	mux.HandleFunc("POST /webhook-endpoints/{id}/disable", a.handleSetEnabled(false))
+	mux.HandleFunc("POST /webhook-endpoints/{id}/rotate-secret", a.handleRotateSecret)
 	mux.HandleFunc("GET /outbox/stats", a.handleStats)
 	mux.HandleFunc("GET /outbox/messages", a.handleListMessages)
 	mux.HandleFunc("GET /outbox/messages/{id}", a.handleGetMessage)
@@ -96,6 +97,40 @@ func (a *Admin) handleSetEnabled(enabled bool) http.HandlerFunc {
 		}
 		httpjson.Write(w, http.StatusOK, ep)
 	}
+}
+
+type rotateSecretRequest struct {
+	// Overlap is a Go duration; the previous secret stays valid that long.
+	Overlap string `json:"overlap"`
+}
+
+func (a *Admin) handleRotateSecret(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathID(w, r)
+	if !ok {
+		return
+	}
+	overlap := 24 * time.Hour
+	if r.ContentLength != 0 {
+		var req rotateSecretRequest
+		if err := httpjson.Decode(w, r, &req); err != nil {
+			httpjson.WriteError(w, err)
+			return
+		}
+		if req.Overlap != "" {
+			d, err := time.ParseDuration(req.Overlap)
+			if err != nil {
+				httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusUnprocessableEntity, "overlap must be a Go duration such as 24h, got %q", req.Overlap))
+				return
+			}
+			overlap = d
+		}
+	}
+	ep, err := a.RotateSecret(r.Context(), id, overlap)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, ep)
 }
 
 func (a *Admin) handleStats(w http.ResponseWriter, r *http.Request) {

@@ -68,6 +68,10 @@ type Event struct {
 // subscribed to ev.Type, and returns the new messages' ids (none when nobody
 // subscribes). It never opens a transaction of its own: the rows commit or
 // roll back with the caller's.
+//
+// When ctx holds a valid OpenTelemetry span, its trace context (from the
+// process's propagator) is stored with the messages, and their deliveries
+// continue that trace and send traceparent to the receiver.
 func Enqueue(ctx context.Context, tx pgx.Tx, ev Event) ([]uuid.UUID, error) {
 	if isNil(tx) {
 		return nil, fmt.Errorf("enqueuing %q: %w", ev.Type, ErrNotInTx)
@@ -79,7 +83,9 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ev Event) ([]uuid.UUID, error) {
 	if err != nil {
 		return nil, fmt.Errorf("enqueuing %q: %w: %w", ev.Type, ErrInvalidEvent, err)
 	}
-	ids, err := outboxdb.New(tx).MessageEnqueue(ctx, ev.Type, payload)
+	// The trace context of the caller's span, if any, travels with the
+	// message so its delivery continues the same trace (see trace.go).
+	ids, err := outboxdb.New(tx).MessageEnqueue(ctx, ev.Type, payload, traceContext(ctx))
 	if errors.Is(err, pgx.ErrTxClosed) {
 		return nil, fmt.Errorf("enqueuing %q: %w: %w", ev.Type, ErrNotInTx, err)
 	}

@@ -15,6 +15,8 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
+	"github.com/riverqueue/rivercontrib/otelriver"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
 )
@@ -57,6 +59,11 @@ type RelayConfig struct {
 	DeliverConcurrency int
 	// DeliverWorkers is how many deliver jobs one worker process runs at once.
 	DeliverWorkers int
+	// TracerProvider, when set, traces the relay: a span per delivery, in the
+	// trace of the request that enqueued the message, and River's jobs
+	// (otelriver). Nil means tracing off; a message that carries a trace
+	// context still passes it on to its receiver.
+	TracerProvider trace.TracerProvider
 }
 
 // DefaultRelayConfig returns the defaults, chosen for webhook delivery on a
@@ -180,6 +187,7 @@ type Relay struct {
 	transport Transport
 	logger    *slog.Logger
 	metrics   *Metrics
+	tracer    trace.Tracer
 	// progressAt is when this relay last claimed something (Unix nanos),
 	// or when it started.
 	progressAt atomic.Int64
@@ -193,7 +201,7 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig, transport Transport, logger *
 	if metrics == nil {
 		metrics = NewMetrics()
 	}
-	r := &Relay{pool: pool, cfg: cfg.withDefaults(), transport: transport, logger: logger, metrics: metrics}
+	r := &Relay{pool: pool, cfg: cfg.withDefaults(), transport: transport, logger: logger, metrics: metrics, tracer: cfg.tracer()}
 	r.progressAt.Store(time.Now().UnixNano())
 	return r, nil
 }
@@ -269,6 +277,7 @@ func (r *Relay) NewRiverClient() (*river.Client[pgx.Tx], error) {
 	workers := river.NewWorkers()
 	r.AddWorkers(workers)
 	client, err := river.NewClient(riverpgxv5.New(r.pool), &river.Config{
+		Middleware: r.Middleware(),
 		// River reports routine progress at info every few seconds; the
 		// relay's own metrics say that better, so River speaks up only for
 		// warnings and errors.
@@ -286,6 +295,21 @@ func (r *Relay) NewRiverClient() (*river.Client[pgx.Tx], error) {
 		return nil, fmt.Errorf("creating river client: %w", err)
 	}
 	return client, nil
+}
+
+// Middleware returns the River middleware the relay's client runs: River's
+// OpenTelemetry middleware when tracing is on (a span per job, and the claim
+// job's context carried to the deliver jobs it inserts as a link), else none,
+// so tracing off costs the jobs nothing.
+func (r *Relay) Middleware() []rivertype.Middleware {
+	if r.cfg.TracerProvider == nil {
+		return nil
+	}
+	return []rivertype.Middleware{otelriver.NewMiddleware(&otelriver.MiddlewareConfig{
+		TracerProvider:              r.cfg.TracerProvider,
+		EnableTracePropagation:      true,
+		EnableWorkSpanJobKindSuffix: true,
+	})}
 }
 
 // ClaimArgs starts one claim: release stale claims, then claim due messages

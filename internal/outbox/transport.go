@@ -42,7 +42,18 @@ func (t *HTTPTransport) Deliver(ctx context.Context, d Delivery) Result {
 	if t.Now != nil {
 		now = t.Now
 	}
-	signer.SetHeaders(req.Header, d.MessageID.String(), now(), d.Body)
+	for k, v := range d.Header {
+		req.Header[k] = v
+	}
+	ts := now()
+	signer.SetHeaders(req.Header, d.MessageID.String(), ts, d.Body)
+	if d.PreviousSecret != "" {
+		// During a rotation's overlap: one signature per secret, space-separated.
+		if key, err := webhook.ParseSecret(d.PreviousSecret); err == nil {
+			req.Header.Set(webhook.HeaderSignature, req.Header.Get(webhook.HeaderSignature)+" "+
+				webhook.Sign(key, d.MessageID.String(), ts, d.Body))
+		}
+	}
 	req.Header.Set("User-Agent", "outboxkit-relay/1")
 
 	resp, err := t.Client.Do(req)

@@ -20,6 +20,7 @@ import (
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/outbox"
 	"github.com/outboxkit/orders/internal/process"
+	"github.com/outboxkit/orders/internal/telemetry"
 )
 
 // config is everything the worker reads from its environment, parsed once.
@@ -33,6 +34,7 @@ type config struct {
 	// stallThreshold is how long the oldest due message may wait, with no
 	// claim by this worker, before /readyz says the relay is stalled.
 	stallThreshold time.Duration
+	tracing        telemetry.Config
 }
 
 // relayVars names the variable behind each RelayConfig field.
@@ -69,6 +71,7 @@ func parseConfig(getenv func(string) string) (config, error) {
 		},
 		shutdownGrace:  env.Duration("WORKER_SHUTDOWN_GRACE", 15*time.Second),
 		stallThreshold: env.Duration("OUTBOX_STALL_THRESHOLD", 2*time.Minute),
+		tracing:        telemetry.FromEnv(env, "orders-worker"),
 	}
 	if err := c.relay.Validate(); err != nil {
 		for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
@@ -92,6 +95,15 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	logger := process.NewLogger(stdout, cfg.logFormat)
+	// Off unless an OTEL exporter is configured; with it, each delivery is a
+	// span in the trace of the request that placed the order, and River's
+	// jobs are traced.
+	tracing, err := telemetry.Setup(ctx, cfg.tracing, stdout, logger)
+	if err != nil {
+		return err
+	}
+	defer tracing.Shutdown(context.WithoutCancel(ctx))
+	cfg.relay.TracerProvider = tracing.Provider
 
 	database, err := devdb.Ensure(ctx, devdb.Options{URL: cfg.databaseURL, Logger: logger})
 	if err != nil {

@@ -2,8 +2,8 @@
 -- Fans one event out to a row per subscribed, enabled endpoint, in the
 -- caller's transaction. Reading the endpoints and writing the rows is one
 -- statement: one round trip on the order's write path.
-INSERT INTO outbox_messages (type, destination, payload)
-SELECT @type::text, e.id, @payload::jsonb
+INSERT INTO outbox_messages (type, destination, payload, trace_context)
+SELECT @type::text, e.id, @payload::jsonb, sqlc.narg(trace_context)::jsonb
 FROM webhook_endpoints e
 WHERE e.enabled AND @type::text = ANY (e.event_types)
 RETURNING id;
@@ -37,7 +37,7 @@ SELECT count(*) FROM outbox_messages WHERE status = 'claimed';
 -- Delivery may have happened before the crash: this is the at-least-once
 -- window, by design.
 WITH stale AS (
-    SELECT id, attempts, claimed_at FROM outbox_messages
+    SELECT id, attempts, attempts_before, claimed_at FROM outbox_messages
     WHERE status = 'claimed'
       AND claimed_at < now() - make_interval(secs => @claim_timeout_seconds::float8)
     FOR UPDATE SKIP LOCKED
@@ -53,25 +53,31 @@ WITH stale AS (
     RETURNING m.id
 )
 INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, error)
-SELECT s.id, s.attempts, 'timeout', s.claimed_at, now(), 'claim timed out: the relay did not record an outcome'
+SELECT s.id, s.attempts_before + s.attempts, 'timeout', s.claimed_at, now(), 'claim timed out: the relay did not record an outcome'
 FROM stale s JOIN released r ON r.id = s.id
 ON CONFLICT DO NOTHING;
 
 -- name: MessagesForDelivery :many
 -- The rows a deliver job was given, only while its claim still holds. The
 -- endpoint is joined at delivery so a rotated secret or URL takes effect.
-SELECT m.id, m.type, m.destination, m.payload, m.attempts, m.created_at,
-       e.url AS endpoint_url, e.secret AS endpoint_secret, e.enabled AS endpoint_enabled
+-- The token alone identifies the claim (a CHECK ties claim_token to status
+-- 'claimed'); a status filter here would let the planner scan the partial
+-- claimed index, a cost that grows with every message in flight, instead of
+-- looking each id up by primary key (docs/PERFORMANCE.md).
+SELECT m.id, m.type, m.destination, m.payload, m.attempts, m.created_at, m.trace_context,
+       e.url AS endpoint_url, e.secret AS endpoint_secret, e.enabled AS endpoint_enabled,
+       COALESCE(CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END, '')::text AS endpoint_previous_secret
 FROM outbox_messages m
 LEFT JOIN webhook_endpoints e ON e.id = m.destination
-WHERE m.id = ANY (@ids::uuid[]) AND m.claim_token = @claim_token::uuid AND m.status = 'claimed'
+WHERE m.id = ANY (@ids::uuid[]) AND m.claim_token = @claim_token::uuid
 ORDER BY m.id;
 
 -- name: MessagesRecordOutcomes :many
 -- Records a deliver job's outcomes in one statement, only on rows the job's
 -- claim token still holds: a stale job finds nothing to change. An empty
 -- error keeps the previous one, so a delivered row still shows what failed
--- before it succeeded.
+-- before it succeeded. No status filter, as in MessagesForDelivery: the
+-- token implies 'claimed' and the primary key finds the rows.
 UPDATE outbox_messages m
 SET status = o.status,
     claim_token = NULL,
@@ -87,7 +93,7 @@ FROM (
            unnest(@delays_seconds::float8[]) AS delay_seconds,
            unnest(@last_errors::text[])      AS last_error
 ) AS o
-WHERE m.id = o.id AND m.claim_token = @claim_token::uuid AND m.status = 'claimed'
+WHERE m.id = o.id AND m.claim_token = @claim_token::uuid
 RETURNING m.id;
 
 -- name: AttemptsRecord :exec
@@ -95,7 +101,7 @@ RETURNING m.id;
 -- outcomes. A River retry of a job whose first run never committed records
 -- the attempt once; ON CONFLICT keeps a rare double record harmless.
 INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code, error)
-SELECT a.message_id, a.attempt, a.outcome, a.started_at, a.finished_at, NULLIF(a.status_code, 0), NULLIF(a.error, '')
+SELECT a.message_id, m.attempts_before + a.attempt, a.outcome, a.started_at, a.finished_at, NULLIF(a.status_code, 0), NULLIF(a.error, '')
 FROM (
     SELECT unnest(@message_ids::uuid[])          AS message_id,
            unnest(@attempts::integer[])          AS attempt,
@@ -175,8 +181,8 @@ SELECT * FROM outbox_messages WHERE id = @id;
 
 -- name: MessageRetry :one
 -- A person's requeue of a failed message: back to pending, due now, with a
--- fresh attempt budget.
+-- fresh attempt budget; attempts_before keeps the history's numbering going.
 UPDATE outbox_messages
-SET status = 'pending', attempts = 0, next_attempt_at = now()
+SET status = 'pending', attempts_before = attempts_before + attempts, attempts = 0, next_attempt_at = now()
 WHERE id = @id AND status = 'failed'
 RETURNING *;

@@ -24,7 +24,7 @@ func (q *Queries) EndpointDelete(ctx context.Context, id uuid.UUID) (int64, erro
 }
 
 const endpointGet = `-- name: EndpointGet :one
-SELECT id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at FROM webhook_endpoints WHERE id = $1
+SELECT id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at FROM webhook_endpoints WHERE id = $1
 `
 
 func (q *Queries) EndpointGet(ctx context.Context, id uuid.UUID) (WebhookEndpoint, error) {
@@ -39,6 +39,8 @@ func (q *Queries) EndpointGet(ctx context.Context, id uuid.UUID) (WebhookEndpoin
 		&i.DisabledReason,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.PreviousSecret,
+		&i.PreviousSecretExpiresAt,
 	)
 	return i, err
 }
@@ -46,7 +48,7 @@ func (q *Queries) EndpointGet(ctx context.Context, id uuid.UUID) (WebhookEndpoin
 const endpointInsert = `-- name: EndpointInsert :one
 INSERT INTO webhook_endpoints (url, secret, event_types)
 VALUES ($1, $2, $3)
-RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at
+RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at
 `
 
 func (q *Queries) EndpointInsert(ctx context.Context, url string, secret string, eventTypes []string) (WebhookEndpoint, error) {
@@ -61,12 +63,14 @@ func (q *Queries) EndpointInsert(ctx context.Context, url string, secret string,
 		&i.DisabledReason,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.PreviousSecret,
+		&i.PreviousSecretExpiresAt,
 	)
 	return i, err
 }
 
 const endpointList = `-- name: EndpointList :many
-SELECT id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at FROM webhook_endpoints ORDER BY created_at, id
+SELECT id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at FROM webhook_endpoints ORDER BY created_at, id
 `
 
 func (q *Queries) EndpointList(ctx context.Context) ([]WebhookEndpoint, error) {
@@ -87,6 +91,8 @@ func (q *Queries) EndpointList(ctx context.Context) ([]WebhookEndpoint, error) {
 			&i.DisabledReason,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.PreviousSecret,
+			&i.PreviousSecretExpiresAt,
 		); err != nil {
 			return nil, err
 		}
@@ -98,13 +104,43 @@ func (q *Queries) EndpointList(ctx context.Context) ([]WebhookEndpoint, error) {
 	return items, nil
 }
 
+const endpointRotateSecret = `-- name: EndpointRotateSecret :one
+UPDATE webhook_endpoints
+SET previous_secret = secret,
+    previous_secret_expires_at = now() + make_interval(secs => $1::float8),
+    secret = $2,
+    updated_at = now()
+WHERE id = $3
+RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at
+`
+
+// Replaces the signing secret, keeping the old one valid for @overlap_seconds:
+// until then every delivery carries a signature with each.
+func (q *Queries) EndpointRotateSecret(ctx context.Context, overlapSeconds float64, secret string, iD uuid.UUID) (WebhookEndpoint, error) {
+	row := q.db.QueryRow(ctx, endpointRotateSecret, overlapSeconds, secret, iD)
+	var i WebhookEndpoint
+	err := row.Scan(
+		&i.ID,
+		&i.Url,
+		&i.Secret,
+		&i.EventTypes,
+		&i.Enabled,
+		&i.DisabledReason,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.PreviousSecret,
+		&i.PreviousSecretExpiresAt,
+	)
+	return i, err
+}
+
 const endpointSetEnabled = `-- name: EndpointSetEnabled :one
 UPDATE webhook_endpoints
 SET enabled = $1,
     disabled_reason = CASE WHEN $1::boolean THEN NULL ELSE $2 END,
     updated_at = now()
 WHERE id = $3
-RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at
+RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at
 `
 
 func (q *Queries) EndpointSetEnabled(ctx context.Context, enabled bool, reason *string, iD uuid.UUID) (WebhookEndpoint, error) {
@@ -119,6 +155,8 @@ func (q *Queries) EndpointSetEnabled(ctx context.Context, enabled bool, reason *
 		&i.DisabledReason,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.PreviousSecret,
+		&i.PreviousSecretExpiresAt,
 	)
 	return i, err
 }

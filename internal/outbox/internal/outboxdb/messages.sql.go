@@ -47,7 +47,7 @@ func (q *Queries) AttemptsList(ctx context.Context, messageID uuid.UUID) ([]Outb
 
 const attemptsRecord = `-- name: AttemptsRecord :exec
 INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code, error)
-SELECT a.message_id, a.attempt, a.outcome, a.started_at, a.finished_at, NULLIF(a.status_code, 0), NULLIF(a.error, '')
+SELECT a.message_id, m.attempts_before + a.attempt, a.outcome, a.started_at, a.finished_at, NULLIF(a.status_code, 0), NULLIF(a.error, '')
 FROM (
     SELECT unnest($1::uuid[])          AS message_id,
            unnest($2::integer[])          AS attempt,
@@ -183,8 +183,8 @@ func (q *Queries) MessageClaimedCount(ctx context.Context) (int64, error) {
 }
 
 const messageEnqueue = `-- name: MessageEnqueue :many
-INSERT INTO outbox_messages (type, destination, payload)
-SELECT $1::text, e.id, $2::jsonb
+INSERT INTO outbox_messages (type, destination, payload, trace_context)
+SELECT $1::text, e.id, $2::jsonb, $3::jsonb
 FROM webhook_endpoints e
 WHERE e.enabled AND $1::text = ANY (e.event_types)
 RETURNING id
@@ -193,8 +193,8 @@ RETURNING id
 // Fans one event out to a row per subscribed, enabled endpoint, in the
 // caller's transaction. Reading the endpoints and writing the rows is one
 // statement: one round trip on the order's write path.
-func (q *Queries) MessageEnqueue(ctx context.Context, type_ string, payload json.RawMessage) ([]uuid.UUID, error) {
-	rows, err := q.db.Query(ctx, messageEnqueue, type_, payload)
+func (q *Queries) MessageEnqueue(ctx context.Context, type_ string, payload json.RawMessage, traceContext []byte) ([]uuid.UUID, error) {
+	rows, err := q.db.Query(ctx, messageEnqueue, type_, payload, traceContext)
 	if err != nil {
 		return nil, err
 	}
@@ -214,7 +214,7 @@ func (q *Queries) MessageEnqueue(ctx context.Context, type_ string, payload json
 }
 
 const messageGet = `-- name: MessageGet :one
-SELECT id, type, destination, payload, status, attempts, next_attempt_at, claim_token, claimed_at, delivered_at, last_error, created_at FROM outbox_messages WHERE id = $1
+SELECT id, type, destination, payload, status, attempts, next_attempt_at, claim_token, claimed_at, delivered_at, last_error, created_at, trace_context, attempts_before FROM outbox_messages WHERE id = $1
 `
 
 func (q *Queries) MessageGet(ctx context.Context, id uuid.UUID) (OutboxMessage, error) {
@@ -233,12 +233,14 @@ func (q *Queries) MessageGet(ctx context.Context, id uuid.UUID) (OutboxMessage, 
 		&i.DeliveredAt,
 		&i.LastError,
 		&i.CreatedAt,
+		&i.TraceContext,
+		&i.AttemptsBefore,
 	)
 	return i, err
 }
 
 const messageList = `-- name: MessageList :many
-SELECT id, type, destination, payload, status, attempts, next_attempt_at, claim_token, claimed_at, delivered_at, last_error, created_at FROM outbox_messages
+SELECT id, type, destination, payload, status, attempts, next_attempt_at, claim_token, claimed_at, delivered_at, last_error, created_at, trace_context, attempts_before FROM outbox_messages
 WHERE ($1::text IS NULL OR status = $1)
   AND ($2::text IS NULL OR type = $2)
   AND ($3::uuid IS NULL OR destination = $3)
@@ -291,6 +293,8 @@ func (q *Queries) MessageList(ctx context.Context, arg MessageListParams) ([]Out
 			&i.DeliveredAt,
 			&i.LastError,
 			&i.CreatedAt,
+			&i.TraceContext,
+			&i.AttemptsBefore,
 		); err != nil {
 			return nil, err
 		}
@@ -320,7 +324,7 @@ func (q *Queries) MessageOverdue(ctx context.Context) (float64, error) {
 
 const messageReleaseStale = `-- name: MessageReleaseStale :execrows
 WITH stale AS (
-    SELECT id, attempts, claimed_at FROM outbox_messages
+    SELECT id, attempts, attempts_before, claimed_at FROM outbox_messages
     WHERE status = 'claimed'
       AND claimed_at < now() - make_interval(secs => $1::float8)
     FOR UPDATE SKIP LOCKED
@@ -336,7 +340,7 @@ WITH stale AS (
     RETURNING m.id
 )
 INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, error)
-SELECT s.id, s.attempts, 'timeout', s.claimed_at, now(), 'claim timed out: the relay did not record an outcome'
+SELECT s.id, s.attempts_before + s.attempts, 'timeout', s.claimed_at, now(), 'claim timed out: the relay did not record an outcome'
 FROM stale s JOIN released r ON r.id = s.id
 ON CONFLICT DO NOTHING
 `
@@ -355,13 +359,13 @@ func (q *Queries) MessageReleaseStale(ctx context.Context, claimTimeoutSeconds f
 
 const messageRetry = `-- name: MessageRetry :one
 UPDATE outbox_messages
-SET status = 'pending', attempts = 0, next_attempt_at = now()
+SET status = 'pending', attempts_before = attempts_before + attempts, attempts = 0, next_attempt_at = now()
 WHERE id = $1 AND status = 'failed'
-RETURNING id, type, destination, payload, status, attempts, next_attempt_at, claim_token, claimed_at, delivered_at, last_error, created_at
+RETURNING id, type, destination, payload, status, attempts, next_attempt_at, claim_token, claimed_at, delivered_at, last_error, created_at, trace_context, attempts_before
 `
 
 // A person's requeue of a failed message: back to pending, due now, with a
-// fresh attempt budget.
+// fresh attempt budget; attempts_before keeps the history's numbering going.
 func (q *Queries) MessageRetry(ctx context.Context, id uuid.UUID) (OutboxMessage, error) {
 	row := q.db.QueryRow(ctx, messageRetry, id)
 	var i OutboxMessage
@@ -378,6 +382,8 @@ func (q *Queries) MessageRetry(ctx context.Context, id uuid.UUID) (OutboxMessage
 		&i.DeliveredAt,
 		&i.LastError,
 		&i.CreatedAt,
+		&i.TraceContext,
+		&i.AttemptsBefore,
 	)
 	return i, err
 }
@@ -416,28 +422,35 @@ func (q *Queries) MessageStats(ctx context.Context) (MessageStatsRow, error) {
 }
 
 const messagesForDelivery = `-- name: MessagesForDelivery :many
-SELECT m.id, m.type, m.destination, m.payload, m.attempts, m.created_at,
-       e.url AS endpoint_url, e.secret AS endpoint_secret, e.enabled AS endpoint_enabled
+SELECT m.id, m.type, m.destination, m.payload, m.attempts, m.created_at, m.trace_context,
+       e.url AS endpoint_url, e.secret AS endpoint_secret, e.enabled AS endpoint_enabled,
+       COALESCE(CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END, '')::text AS endpoint_previous_secret
 FROM outbox_messages m
 LEFT JOIN webhook_endpoints e ON e.id = m.destination
-WHERE m.id = ANY ($1::uuid[]) AND m.claim_token = $2::uuid AND m.status = 'claimed'
+WHERE m.id = ANY ($1::uuid[]) AND m.claim_token = $2::uuid
 ORDER BY m.id
 `
 
 type MessagesForDeliveryRow struct {
-	ID              uuid.UUID
-	Type            string
-	Destination     uuid.UUID
-	Payload         json.RawMessage
-	Attempts        int32
-	CreatedAt       time.Time
-	EndpointUrl     *string
-	EndpointSecret  *string
-	EndpointEnabled *bool
+	ID                     uuid.UUID
+	Type                   string
+	Destination            uuid.UUID
+	Payload                json.RawMessage
+	Attempts               int32
+	CreatedAt              time.Time
+	TraceContext           []byte
+	EndpointUrl            *string
+	EndpointSecret         *string
+	EndpointEnabled        *bool
+	EndpointPreviousSecret string
 }
 
 // The rows a deliver job was given, only while its claim still holds. The
 // endpoint is joined at delivery so a rotated secret or URL takes effect.
+// The token alone identifies the claim (a CHECK ties claim_token to status
+// 'claimed'); a status filter here would let the planner scan the partial
+// claimed index, a cost that grows with every message in flight, instead of
+// looking each id up by primary key (docs/PERFORMANCE.md).
 func (q *Queries) MessagesForDelivery(ctx context.Context, ids []uuid.UUID, claimToken uuid.UUID) ([]MessagesForDeliveryRow, error) {
 	rows, err := q.db.Query(ctx, messagesForDelivery, ids, claimToken)
 	if err != nil {
@@ -454,9 +467,11 @@ func (q *Queries) MessagesForDelivery(ctx context.Context, ids []uuid.UUID, clai
 			&i.Payload,
 			&i.Attempts,
 			&i.CreatedAt,
+			&i.TraceContext,
 			&i.EndpointUrl,
 			&i.EndpointSecret,
 			&i.EndpointEnabled,
+			&i.EndpointPreviousSecret,
 		); err != nil {
 			return nil, err
 		}
@@ -504,7 +519,7 @@ FROM (
            unnest($4::float8[]) AS delay_seconds,
            unnest($5::text[])      AS last_error
 ) AS o
-WHERE m.id = o.id AND m.claim_token = $1::uuid AND m.status = 'claimed'
+WHERE m.id = o.id AND m.claim_token = $1::uuid
 RETURNING m.id
 `
 
@@ -519,7 +534,8 @@ type MessagesRecordOutcomesParams struct {
 // Records a deliver job's outcomes in one statement, only on rows the job's
 // claim token still holds: a stale job finds nothing to change. An empty
 // error keeps the previous one, so a delivered row still shows what failed
-// before it succeeded.
+// before it succeeded. No status filter, as in MessagesForDelivery: the
+// token implies 'claimed' and the primary key finds the rows.
 func (q *Queries) MessagesRecordOutcomes(ctx context.Context, arg MessagesRecordOutcomesParams) ([]uuid.UUID, error) {
 	rows, err := q.db.Query(ctx, messagesRecordOutcomes,
 		arg.ClaimToken,

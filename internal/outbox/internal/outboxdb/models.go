@@ -22,27 +22,31 @@ type OutboxAttempt struct {
 }
 
 type OutboxMessage struct {
-	ID            uuid.UUID
-	Type          string
-	Destination   uuid.UUID
-	Payload       json.RawMessage
-	Status        string
-	Attempts      int32
-	NextAttemptAt time.Time
-	ClaimToken    *uuid.UUID
-	ClaimedAt     *time.Time
-	DeliveredAt   *time.Time
-	LastError     *string
-	CreatedAt     time.Time
+	ID             uuid.UUID
+	Type           string
+	Destination    uuid.UUID
+	Payload        json.RawMessage
+	Status         string
+	Attempts       int32
+	NextAttemptAt  time.Time
+	ClaimToken     *uuid.UUID
+	ClaimedAt      *time.Time
+	DeliveredAt    *time.Time
+	LastError      *string
+	CreatedAt      time.Time
+	TraceContext   []byte
+	AttemptsBefore int32
 }
 
 type WebhookEndpoint struct {
-	ID             uuid.UUID
-	Url            string
-	Secret         string
-	EventTypes     []string
-	Enabled        bool
-	DisabledReason *string
-	CreatedAt      time.Time
-	UpdatedAt      time.Time
+	ID                      uuid.UUID
+	Url                     string
+	Secret                  string
+	EventTypes              []string
+	Enabled                 bool
+	DisabledReason          *string
+	CreatedAt               time.Time
+	UpdatedAt               time.Time
+	PreviousSecret          *string
+	PreviousSecretExpiresAt *time.Time
 }

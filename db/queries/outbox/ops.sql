@@ -1,0 +1,91 @@
+-- Queries of the ops page (internal/ops, through outbox.Admin). Each reads a
+-- bounded window or a partial index: none grows with the delivered history.
+
+-- name: OpsAttemptsPerMinute :many
+-- Attempts per minute and outcome since @since (the chart's hour), on the
+-- finished_at index.
+SELECT date_trunc('minute', finished_at)::timestamptz AS minute, outcome, count(*) AS attempts
+FROM outbox_attempts
+WHERE finished_at >= @since::timestamptz
+GROUP BY 1, 2
+ORDER BY 1, 2;
+
+-- name: OpsCreatedPerMinute :many
+-- Messages created per minute since the time encoded in @min_id. Ids are
+-- UUIDv7, so the primary key finds the window without an index on created_at.
+SELECT date_trunc('minute', created_at)::timestamptz AS minute, count(*) AS created
+FROM outbox_messages
+WHERE id >= @min_id::uuid
+GROUP BY 1
+ORDER BY 1;
+
+-- name: OpsEndpointHealth :many
+-- Per endpoint: what waits (pending and claimed), what is backing off, what
+-- failed, and its latest success and error in the last @window_seconds.
+-- Each status is read on its own partial index.
+WITH waiting AS (
+    SELECT destination,
+           count(*) AS waiting,
+           count(*) FILTER (WHERE attempts > 0 AND next_attempt_at > now()) AS backing_off,
+           min(next_attempt_at) FILTER (WHERE attempts > 0 AND next_attempt_at > now())::timestamptz AS next_retry_at
+    FROM (
+        SELECT destination, attempts, next_attempt_at FROM outbox_messages WHERE status = 'pending'
+        UNION ALL
+        SELECT destination, attempts, now() FROM outbox_messages WHERE status = 'claimed'
+    ) w
+    GROUP BY destination
+), failed AS (
+    SELECT destination, count(*) AS failed
+    FROM outbox_messages WHERE status = 'failed'
+    GROUP BY destination
+), recent AS (
+    SELECT m.destination, a.outcome, a.finished_at, a.status_code, a.error
+    FROM outbox_attempts a
+    JOIN outbox_messages m ON m.id = a.message_id
+    WHERE a.finished_at >= now() - make_interval(secs => @window_seconds::float8)
+), last_success AS (
+    SELECT destination, max(finished_at)::timestamptz AS at
+    FROM recent WHERE outcome = 'delivered'
+    GROUP BY destination
+), last_error AS (
+    SELECT DISTINCT ON (destination) destination, finished_at AS at, status_code, error
+    FROM recent WHERE outcome <> 'delivered'
+    ORDER BY destination, finished_at DESC
+), last_attempt AS (
+    SELECT DISTINCT ON (destination) destination, finished_at AS at, outcome
+    FROM recent
+    ORDER BY destination, finished_at DESC
+)
+SELECT e.id, e.url, e.event_types, e.enabled, e.disabled_reason, e.created_at,
+       COALESCE(w.waiting, 0)::bigint     AS waiting,
+       COALESCE(w.backing_off, 0)::bigint AS backing_off,
+       w.next_retry_at,
+       COALESCE(f.failed, 0)::bigint      AS failed,
+       ls.at                              AS last_success_at,
+       le.at                              AS last_error_at,
+       le.status_code                     AS last_error_status_code,
+       le.error                           AS last_error,
+       la.at                              AS last_attempt_at,
+       la.outcome                         AS last_attempt_outcome
+FROM webhook_endpoints e
+LEFT JOIN waiting w       ON w.destination = e.id
+LEFT JOIN failed f        ON f.destination = e.id
+LEFT JOIN last_success ls ON ls.destination = e.id
+LEFT JOIN last_error le   ON le.destination = e.id
+LEFT JOIN last_attempt la ON la.destination = e.id
+ORDER BY e.created_at, e.id;
+
+-- name: OpsRetryFailedForDestination :many
+-- A person's requeue of every failed message of one endpoint, as MessageRetry
+-- does for one.
+UPDATE outbox_messages
+SET status = 'pending', attempts_before = attempts_before + attempts, attempts = 0, next_attempt_at = now()
+WHERE destination = @destination AND status = 'failed'
+RETURNING id;
+
+-- name: OpsDeliveryRate :one
+-- Deliveries in the last 5 and 60 minutes, on the finished_at index.
+SELECT count(*) FILTER (WHERE finished_at >= now() - interval '5 minutes') AS last_5m,
+       count(*)                                                            AS last_60m
+FROM outbox_attempts
+WHERE finished_at >= now() - interval '60 minutes' AND outcome = 'delivered';

@@ -1,0 +1,15 @@
+// Package crashtest proves the outbox under fire, with the real built
+// binaries (api, worker, consumer) as separate processes against a real
+// PostgreSQL: its tests SIGKILL and restart them, cut their database
+// connections, make the receiver fail, and then count what was lost,
+// invented or applied twice. They also measure head-of-line isolation.
+//
+// The package has no code of its own beyond this comment; everything is in
+// its tests:
+//
+//	go test -run TestCrash -v ./internal/crashtest                       # CI size
+//	CRASH_ORDERS=5000 CRASH_SECONDS=120 go test -run TestCrash -v ./internal/crashtest
+//	go test -run TestHeadOfLine -v ./internal/crashtest
+//
+// Both are skipped under -short.
+package crashtest

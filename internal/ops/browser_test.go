@@ -1,0 +1,367 @@
+package ops_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/emulation"
+	"github.com/chromedp/chromedp"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/orders/internal/apiserver"
+	"github.com/outboxkit/orders/internal/dbtest"
+	"github.com/outboxkit/orders/internal/netguard"
+	"github.com/outboxkit/orders/internal/outbox"
+)
+
+// chromiumPath finds the browser: CHROMIUM_PATH, else Debian's chromium
+// (.ci/ensure-chromium installs it), else one on PATH.
+func chromiumPath() string {
+	for _, p := range []string{os.Getenv("CHROMIUM_PATH"), "/usr/bin/chromium", "/usr/bin/chromium-browser"} {
+		if p != "" {
+			if _, err := os.Stat(p); err == nil {
+				return p
+			}
+		}
+	}
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+// screenshotDir is where the browser test leaves its screenshots for a
+// person: OPS_SCREENSHOT_DIR, else <tmp>/ops-screenshots (kept after the
+// test, unlike t.TempDir).
+func screenshotDir(t *testing.T) string {
+	dir := os.Getenv("OPS_SCREENSHOT_DIR")
+	if dir == "" {
+		dir = filepath.Join(os.TempDir(), "ops-screenshots")
+	}
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	return dir
+}
+
+// TestBrowserRetryAFailedMessage drives the real api and a real relay from
+// headless Chromium, with scripts disabled (the page must work without
+// them): sign in, check the numbers against the database, open the failed
+// message, fix the receiver, retry (and confirm), and watch it delivered.
+func TestBrowserRetryAFailedMessage(t *testing.T) {
+	browser := chromiumPath()
+	if browser == "" {
+		t.Skip("no Chromium installed (run .ci/ensure-chromium, or set CHROMIUM_PATH): skipping the ops page's browser test")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	// The receivers: one healthy, one down until the test fixes it.
+	var down atomic.Bool
+	down.Store(true)
+	healthy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	t.Cleanup(healthy.Close)
+	flaky := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if down.Load() {
+			http.Error(w, "receiver down for maintenance", http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(flaky.Close)
+
+	// The real api, on a fresh database.
+	dbURL := dbtest.URL(t)
+	addr := freeAddr(t)
+	base := "http://" + addr
+	env := map[string]string{
+		"DATABASE_URL": dbURL, "API_ADDR": addr, "ADMIN_TOKEN": token,
+		"OUTBOX_ALLOW_PRIVATE_TARGETS": "true", "LOG_FORMAT": "json",
+	}
+	apiLog := &syncBuffer{}
+	apiCtx, stopAPI := context.WithCancel(ctx)
+	apiDone := make(chan error, 1)
+	go func() { apiDone <- apiserver.Run(apiCtx, nil, func(k string) string { return env[k] }, apiLog) }()
+	t.Cleanup(func() {
+		stopAPI()
+		if err := <-apiDone; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("api: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("api log:\n%s", apiLog.String())
+		}
+	})
+	waitHealthy(t, base)
+
+	// A real relay, giving up after two attempts.
+	pool, err := pgxpool.New(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	relay, err := outbox.NewRelay(pool, outbox.RelayConfig{
+		PollInterval: 50 * time.Millisecond, BackoffBase: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
+		DeliveryTimeout: 2 * time.Second, ClaimTimeout: time.Minute, MaxAttempts: 2,
+	}, &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()}, slog.New(slog.DiscardHandler), nil)
+	require.NoError(t, err)
+	river, err := relay.NewRiverClient()
+	require.NoError(t, err)
+	require.NoError(t, river.Start(ctx))
+	t.Cleanup(func() {
+		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer scancel()
+		_ = river.StopAndCancel(sctx)
+	})
+
+	// Endpoints and orders, through the api like any client.
+	healthyEP := apiJSON[outbox.Endpoint](t, base, "POST", "/webhook-endpoints",
+		map[string]any{"url": healthy.URL + "/webhooks", "event_types": []string{"order.placed"}})
+	flakyEP := apiJSON[outbox.Endpoint](t, base, "POST", "/webhook-endpoints",
+		map[string]any{"url": flaky.URL + "/webhooks/orders", "event_types": []string{"order.cancelled"}})
+	seedHistory(t, pool, healthyEP.ID)
+	var orderIDs []string
+	for i := range 8 {
+		o := apiJSON[struct {
+			ID string `json:"id"`
+		}](t, base, "POST", "/orders", map[string]any{"customer_id": fmt.Sprintf("c-%d", 100+i),
+			"lines": []map[string]any{{"sku": "A-1", "quantity": i + 1, "unit_price_cents": 1250}, {"sku": "B-7", "quantity": 1, "unit_price_cents": 499}}})
+		orderIDs = append(orderIDs, o.ID)
+	}
+	apiJSON[map[string]any](t, base, "POST", "/orders/"+orderIDs[2]+"/cancel", nil)
+
+	var failedID uuid.UUID
+	require.Eventually(t, func() bool {
+		err := pool.QueryRow(ctx, `SELECT id FROM outbox_messages WHERE destination = $1 AND status = 'failed'`, flakyEP.ID).Scan(&failedID)
+		return err == nil
+	}, 30*time.Second, 50*time.Millisecond, "the cancellation never ended failed")
+	require.Eventually(t, func() bool {
+		return count(t, pool, `SELECT count(*) FROM outbox_messages WHERE status IN ('pending', 'claimed')`) == 0
+	}, 30*time.Second, 50*time.Millisecond, "the placed orders were never delivered")
+
+	// The browser: headless, no sandbox (CI runs as root), nothing phoning home.
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx,
+		chromedp.ExecPath(browser),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.Flag("disable-extensions", true),
+		chromedp.Flag("force-device-scale-factor", "1"),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1360, 900),
+	)
+	defer cancelAlloc()
+	bctx, cancelBrowser := chromedp.NewContext(allocCtx, chromedp.WithLogf(t.Logf))
+	defer cancelBrowser()
+
+	shots := screenshotDir(t)
+	shot := func(name string) {
+		t.Helper()
+		png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+		require.NoError(t, err)
+		p := filepath.Join(shots, name)
+		require.NoError(t, os.WriteFile(p, png, 0o644))
+		t.Logf("screenshot: %s", p)
+	}
+	do := func(steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		require.NoError(t, chromedp.Do(bctx, steps...))
+	}
+	// number reads a KPI: its data-value, which must also be what it shows.
+	number := func(id string) int64 {
+		t.Helper()
+		attrs, err := chromedp.Run(bctx, chromedp.Attributes(chromedp.ID(id)))
+		require.NoError(t, err)
+		v, err := strconv.ParseInt(attrs["data-value"], 10, 64)
+		require.NoError(t, err, "data-value of #%s", id)
+		html, err := chromedp.Run(bctx, chromedp.OuterHTML(chromedp.ID(id)))
+		require.NoError(t, err)
+		m := regexp.MustCompile(`>([\d,]+)<`).FindStringSubmatch(html)
+		require.NotNil(t, m, "#%s shows no number: %s", id, html)
+		require.Equal(t, strconv.FormatInt(v, 10), strings.ReplaceAll(m[1], ",", ""), "#%s shows another number than it holds", id)
+		return v
+	}
+
+	// Scripts off: everything below works with forms and links alone.
+	do(chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		_, err := cdp.Call(ctx, tg, emulation.SetScriptExecutionDisabled, emulation.SetScriptExecutionDisabledParams{Value: true})
+		return err
+	}))
+
+	// Sign in through the form.
+	do(chromedp.Navigate(base+"/ops"), chromedp.WaitReady(chromedp.ID("token")))
+	shot("01-login.png")
+	do(chromedp.SendKeys(chromedp.ID("token"), token), chromedp.Click(chromedp.ID("login")),
+		chromedp.WaitReady(chromedp.ID("pending-count")))
+
+	// The numbers are the database's.
+	require.Equal(t, count(t, pool, `SELECT count(*) FROM outbox_messages WHERE status = 'pending'`), number("pending-count"))
+	require.Equal(t, int64(1), number("failed-count"))
+	require.Equal(t, count(t, pool, `SELECT count(*) FROM outbox_messages WHERE status = 'failed'`), number("failed-count"))
+	require.Equal(t, count(t, pool, `SELECT count(*) FROM outbox_attempts WHERE outcome = 'delivered' AND finished_at >= now() - interval '1 hour'`),
+		number("delivered-60m"))
+	do(chromedp.WaitReady(chromedp.ID("failed-" + failedID.String())))
+	shot("02-overview-failed.png")
+
+	// The failed message's page: its error and attempts.
+	do(chromedp.Click(chromedp.CSS(`#failed-`+failedID.String()+` a`)), chromedp.WaitReady(chromedp.ID("message-status")))
+	attrs, err := chromedp.Run(bctx, chromedp.Attributes(chromedp.ID("message-status")))
+	require.NoError(t, err)
+	require.Equal(t, "failed", attrs["data-status"])
+	page, err := chromedp.Run(bctx, chromedp.OuterHTML(chromedp.CSS("main")))
+	require.NoError(t, err)
+	require.Contains(t, page, "receiver down for maintenance")
+	require.Contains(t, page, orderIDs[2], "the payload is the cancelled order")
+	require.Equal(t, 2, strings.Count(page, `data-outcome=`))
+	shot("03-message-failed.png")
+
+	// Fix the receiver, then Retry from the overview, and confirm.
+	down.Store(false)
+	do(chromedp.Navigate(base+"/ops"), chromedp.WaitReady(chromedp.ID("failed-"+failedID.String())),
+		chromedp.Click(chromedp.CSS(`#failed-`+failedID.String()+` button`)), chromedp.WaitReady(chromedp.ID("confirm")))
+	shot("04-confirm-retry.png")
+	do(chromedp.Click(chromedp.ID("confirm")), chromedp.WaitReady(chromedp.ID("pending-count")))
+
+	// Reload until the page shows it delivered.
+	deadline := time.Now().Add(30 * time.Second)
+	for number("failed-count") != 0 {
+		require.True(t, time.Now().Before(deadline), "the retried message never left failed on the page")
+		time.Sleep(200 * time.Millisecond)
+		do(chromedp.Navigate(base+"/ops"), chromedp.WaitReady(chromedp.ID("failed-count")))
+	}
+	for {
+		do(chromedp.Navigate(base+"/ops/messages/"+failedID.String()), chromedp.WaitReady(chromedp.ID("message-status")))
+		attrs, err := chromedp.Run(bctx, chromedp.Attributes(chromedp.ID("message-status")))
+		require.NoError(t, err)
+		if attrs["data-status"] == outbox.StatusDelivered {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the retried message never showed delivered")
+		time.Sleep(200 * time.Millisecond)
+	}
+	page, err = chromedp.Run(bctx, chromedp.OuterHTML(chromedp.CSS("main")))
+	require.NoError(t, err)
+	require.Equal(t, 3, strings.Count(page, `data-outcome=`), "two failed attempts, then the delivery after the retry")
+	require.Contains(t, page, `data-outcome="delivered"`)
+	shot("05-message-delivered.png")
+	var status string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT status FROM outbox_messages WHERE id = $1`, failedID).Scan(&status))
+	require.Equal(t, outbox.StatusDelivered, status)
+	do(chromedp.Navigate(base+"/ops"), chromedp.WaitReady(chromedp.ID("pending-count")))
+	require.Equal(t, int64(0), number("failed-count"))
+	require.Equal(t, count(t, pool, `SELECT count(*) FROM outbox_messages WHERE status = 'pending'`), number("pending-count"))
+	attrs, err = chromedp.Run(bctx, chromedp.Attributes(chromedp.ID("endpoint-"+flakyEP.ID.String())))
+	require.NoError(t, err)
+	require.Equal(t, outbox.HealthDelivering, attrs["data-health"], "the fixed endpoint delivers again")
+	shot("06-overview-after-retry.png")
+
+	require.Contains(t, apiLog.String(), `"action":"retry_message"`)
+	require.NotContains(t, apiLog.String(), token)
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return addr
+}
+
+func waitHealthy(t *testing.T, base string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		res, err := http.Get(base + "/healthz")
+		if err != nil {
+			return false
+		}
+		res.Body.Close()
+		return res.StatusCode == http.StatusOK
+	}, 60*time.Second, 50*time.Millisecond, "the api never became healthy")
+}
+
+// apiJSON calls the api as an admin client and decodes its 2xx answer.
+func apiJSON[T any](t *testing.T, base, method, path string, body any) T {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		require.NoError(t, err)
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, base+path, rd)
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+token)
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	raw, _ := io.ReadAll(res.Body)
+	require.Less(t, res.StatusCode, 300, "%s %s: %s", method, path, raw)
+	var v T
+	require.NoError(t, json.Unmarshal(raw, &v))
+	return v
+}
+
+func count(t *testing.T, pool *pgxpool.Pool, sql string) int64 {
+	t.Helper()
+	var n int64
+	require.NoError(t, pool.QueryRow(context.Background(), sql).Scan(&n))
+	return n
+}
+
+// seedHistory writes an hour of past traffic for endpoint, so the charts in
+// the screenshots have something to show: steady deliveries, and a seven
+// minute outage half an hour ago whose messages were retried and delivered
+// when it ended. Everything is delivered, so today's numbers are untouched.
+func seedHistory(t *testing.T, pool *pgxpool.Pool, endpoint uuid.UUID) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), `
+WITH plan AS (
+    SELECT k, i,
+           now() - make_interval(mins => k) + make_interval(secs => (i * 37 + k * 11) % 60) AS created,
+           k BETWEEN 29 AND 35 AS outage
+    FROM generate_series(3, 59) k,
+         LATERAL generate_series(1, 14 + (k * 7) % 9 + CASE WHEN k BETWEEN 40 AND 48 THEN 8 ELSE 0 END) i
+), msgs AS (
+    INSERT INTO outbox_messages (type, destination, payload, status, attempts, created_at, next_attempt_at, delivered_at)
+    SELECT 'order.placed', $1, jsonb_build_object('seeded', true, 'minute', k, 'n', i), 'delivered',
+           CASE WHEN outage THEN 2 ELSE 1 END, created, created,
+           CASE WHEN outage THEN now() - interval '28 minutes' + make_interval(secs => (i * 13 + k) % 110)
+                ELSE created + interval '180 ms' END
+    FROM plan
+    RETURNING id, attempts, created_at, delivered_at
+)
+INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code, error)
+SELECT id, 1, 'retry', created_at + interval '150 ms', created_at + interval '2150 ms', NULL,
+       'context deadline exceeded (Client.Timeout exceeded while awaiting headers)'
+FROM msgs WHERE attempts = 2
+UNION ALL
+SELECT id, attempts, 'delivered', delivered_at - interval '35 ms', delivered_at, 204, NULL
+FROM msgs`, endpoint)
+	require.NoError(t, err)
+}

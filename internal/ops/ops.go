@@ -1,0 +1,364 @@
+// Package ops is the outbox's ops page: a small server-rendered web UI, served
+// by the api under /ops, that answers an operator's questions without SQL —
+// is the relay keeping up, what failed and why, did we tell them and when —
+// and lets them requeue failed messages and disable or enable endpoints.
+//
+// It is html/template with embedded assets: no JavaScript at all, so it
+// works in any browser and under a strict Content-Security-Policy. Every
+// state-changing request is a POST carrying a CSRF token, and every action
+// asks for confirmation (a second POST) and is logged.
+//
+// Authentication is the admin token: either the Authorization: Bearer header
+// (for scripts and proxies) or a login form that sets a session cookie. The
+// cookie holds a random id, an expiry and an HMAC keyed from the token, never
+// the token itself; changing ADMIN_TOKEN ends every session. Without a token
+// configured the page answers 403, like the admin API.
+//
+// This package depends on internal/outbox (through outbox.Admin); outbox
+// never depends on it.
+package ops
+
+import (
+	"cmp"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/outboxkit/orders/internal/outbox"
+)
+
+// Options configure the ops page.
+type Options struct {
+	// Admin is the outbox's admin service the page reads and acts through.
+	Admin *outbox.Admin
+	// Token is the admin token (ADMIN_TOKEN). Empty closes the page: 403.
+	Token string
+	// Logger receives the operators' actions (never the token).
+	Logger *slog.Logger
+	// SessionTTL bounds a login; 0 means 8 hours.
+	SessionTTL time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+const (
+	// Prefix is where the page is mounted.
+	Prefix = "/ops"
+	// CookieName is the session cookie's name.
+	CookieName = "ops_session"
+	// CSRFField is the form field that carries the CSRF token.
+	CSRFField = "csrf"
+
+	maxFormBytes = 64 << 10
+)
+
+// Handler serves the ops page under Prefix.
+type Handler struct {
+	admin      *outbox.Admin
+	logger     *slog.Logger
+	now        func() time.Time
+	ttl        time.Duration
+	enabled    bool
+	tokenSum   [sha256.Size]byte
+	sessionKey []byte
+	pages      *pages
+	mux        *http.ServeMux
+	crossOrig  *http.CrossOriginProtection
+}
+
+// New returns the ops page handler. Mount it at both Prefix and Prefix+"/".
+func New(o Options) *Handler {
+	h := &Handler{
+		admin:   o.Admin,
+		logger:  cmp.Or(o.Logger, slog.Default()),
+		now:     o.Now,
+		ttl:     cmp.Or(o.SessionTTL, 8*time.Hour),
+		enabled: o.Token != "",
+		pages:   mustParsePages(),
+		// A second line behind the CSRF tokens: browsers say where a
+		// request comes from (Sec-Fetch-Site, Origin), and a POST from
+		// another site is refused before any form is read.
+		crossOrig: http.NewCrossOriginProtection(),
+	}
+	if h.now == nil {
+		h.now = time.Now
+	}
+	h.tokenSum = sha256.Sum256([]byte(o.Token))
+	// The session key is derived from the token: sessions survive restarts and
+	// work across several api processes, and rotating the token ends them.
+	mac := hmac.New(sha256.New, []byte(o.Token))
+	mac.Write([]byte("outboxkit ops session key v1"))
+	h.sessionKey = mac.Sum(nil)
+
+	mux := http.NewServeMux()
+	mux.Handle("GET /ops/static/", staticHandler())
+	mux.HandleFunc("GET /ops/login", h.handleLoginForm)
+	mux.HandleFunc("POST /ops/login", h.handleLogin)
+	mux.Handle("POST /ops/logout", h.authed(h.handleLogout))
+	mux.Handle("GET /ops", h.authed(h.handleOverview))
+	mux.Handle("GET /ops/{$}", h.authed(h.handleOverview))
+	mux.Handle("GET /ops/messages/{id}", h.authed(h.handleMessage))
+	mux.Handle("POST /ops/messages/{id}/retry", h.authed(h.handleRetryMessage))
+	mux.Handle("POST /ops/endpoints/{id}/disable", h.authed(h.handleSetEnabled(false)))
+	mux.Handle("POST /ops/endpoints/{id}/enable", h.authed(h.handleSetEnabled(true)))
+	mux.Handle("POST /ops/endpoints/{id}/retry-failed", h.authed(h.handleRetryEndpoint))
+	mux.Handle("/ops/", h.authed(func(w http.ResponseWriter, r *http.Request) {
+		h.renderError(w, r, http.StatusNotFound, "Not found", "There is no ops page at "+r.URL.Path+".")
+	}))
+	h.mux = mux
+	return h
+}
+
+// ServeHTTP implements http.Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	hd := w.Header()
+	// No script runs on these pages; styles and images only from here.
+	hd.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self' data:; "+
+		"form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	hd.Set("X-Content-Type-Options", "nosniff")
+	hd.Set("Referrer-Policy", "no-referrer")
+	hd.Set("X-Frame-Options", "DENY")
+	if !strings.HasPrefix(r.URL.Path, Prefix+"/static/") {
+		hd.Set("Cache-Control", "no-store")
+	}
+	if !h.enabled && !strings.HasPrefix(r.URL.Path, Prefix+"/static/") {
+		h.renderError(w, r, http.StatusForbidden, "Ops page disabled",
+			"The server has no ADMIN_TOKEN, so the ops page and the admin routes are closed. Set ADMIN_TOKEN and restart the api.")
+		return
+	}
+	if err := h.crossOrig.Check(r); err != nil {
+		h.logger.WarnContext(r.Context(), "ops request refused: cross-origin",
+			slog.String("path", r.URL.Path), slog.String("remote_addr", r.RemoteAddr))
+		h.renderError(w, r, http.StatusForbidden, "Request refused", "Requests to the ops page must come from the ops page itself.")
+		return
+	}
+	h.mux.ServeHTTP(w, r)
+}
+
+// session is how a request was authenticated.
+type session struct {
+	// via is "cookie" or "bearer", for the logs.
+	via string
+	// csrf is the token forms must carry; empty for bearer requests, which a
+	// browser cannot be tricked into sending.
+	csrf string
+}
+
+type sessionKey struct{}
+
+func sessionFrom(ctx context.Context) session {
+	s, _ := ctx.Value(sessionKey{}).(session)
+	return s
+}
+
+// authed admits requests with a valid bearer token or session cookie, and
+// checks the CSRF token of every POST made with the cookie.
+func (h *Handler) authed(next http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s, ok := h.authenticate(r)
+		if !ok {
+			h.renderLogin(w, r, http.StatusUnauthorized, "")
+			return
+		}
+		if r.Method == http.MethodPost {
+			r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
+			if err := r.ParseForm(); err != nil {
+				h.renderError(w, r, http.StatusBadRequest, "Bad request", "The form could not be read.")
+				return
+			}
+		}
+		if r.Method == http.MethodPost && s.via == "cookie" {
+			if !h.validCSRF(r, s) {
+				h.logger.WarnContext(r.Context(), "ops request refused: bad csrf token",
+					slog.String("path", r.URL.Path), slog.String("remote_addr", r.RemoteAddr))
+				h.renderError(w, r, http.StatusForbidden, "Request refused",
+					"This form has expired or did not come from the ops page. Go back, reload the page and try again.")
+				return
+			}
+		}
+		next(w, r.WithContext(context.WithValue(r.Context(), sessionKey{}, s)))
+	})
+}
+
+func (h *Handler) authenticate(r *http.Request) (session, bool) {
+	if auth := r.Header.Get("Authorization"); auth != "" {
+		got, ok := strings.CutPrefix(auth, "Bearer ")
+		return session{via: "bearer"}, ok && h.tokenMatches(got)
+	}
+	c, err := r.Cookie(CookieName)
+	if err != nil || !h.validSession(c.Value) {
+		return session{}, false
+	}
+	return session{via: "cookie", csrf: h.csrfToken(c.Value)}, true
+}
+
+// tokenMatches compares in constant time; hashing first hides the length.
+func (h *Handler) tokenMatches(got string) bool {
+	sum := sha256.Sum256([]byte(got))
+	return subtle.ConstantTimeCompare(sum[:], h.tokenSum[:]) == 1
+}
+
+var b64 = base64.RawURLEncoding
+
+// newSession returns a cookie value: "<random id>.<expiry unix>.<hmac>".
+func (h *Handler) newSession() (string, time.Time) {
+	id := make([]byte, 16)
+	_, _ = rand.Read(id)
+	exp := h.now().Add(h.ttl).Truncate(time.Second)
+	payload := b64.EncodeToString(id) + "." + strconv.FormatInt(exp.Unix(), 10)
+	return payload + "." + b64.EncodeToString(h.sign("session", payload)), exp
+}
+
+func (h *Handler) validSession(v string) bool {
+	i := strings.LastIndexByte(v, '.')
+	if i < 0 {
+		return false
+	}
+	payload, sig := v[:i], v[i+1:]
+	got, err := b64.DecodeString(sig)
+	if err != nil || !hmac.Equal(got, h.sign("session", payload)) {
+		return false
+	}
+	_, expStr, ok := strings.Cut(payload, ".")
+	if !ok {
+		return false
+	}
+	exp, err := strconv.ParseInt(expStr, 10, 64)
+	return err == nil && h.now().Before(time.Unix(exp, 0))
+}
+
+// csrfToken is bound to the session cookie (double submit: the cookie and
+// the form must agree), so a form from one session is refused in another.
+func (h *Handler) csrfToken(cookie string) string {
+	return b64.EncodeToString(h.sign("csrf", cookie))
+}
+
+func (h *Handler) validCSRF(r *http.Request, s session) bool {
+	got := r.PostForm.Get(CSRFField)
+	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(s.csrf)) == 1
+}
+
+func (h *Handler) sign(purpose, msg string) []byte {
+	mac := hmac.New(sha256.New, h.sessionKey)
+	mac.Write([]byte(purpose))
+	mac.Write([]byte{0})
+	mac.Write([]byte(msg))
+	return mac.Sum(nil)
+}
+
+func (h *Handler) sessionCookie(r *http.Request, value string, maxAge int) *http.Cookie {
+	return &http.Cookie{
+		Name: CookieName, Value: value, Path: Prefix, MaxAge: maxAge,
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil,
+	}
+}
+
+func (h *Handler) handleLoginForm(w http.ResponseWriter, r *http.Request) {
+	if _, ok := h.authenticate(r); ok {
+		http.Redirect(w, r, Prefix, http.StatusSeeOther)
+		return
+	}
+	h.renderLogin(w, r, http.StatusOK, "")
+}
+
+func (h *Handler) handleLogin(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
+	if err := r.ParseForm(); err != nil {
+		h.renderLogin(w, r, http.StatusBadRequest, "The form could not be read.")
+		return
+	}
+	if !h.tokenMatches(r.PostForm.Get("token")) {
+		h.logger.WarnContext(r.Context(), "ops login failed", slog.String("remote_addr", r.RemoteAddr))
+		h.renderLogin(w, r, http.StatusUnauthorized, "That is not the admin token.")
+		return
+	}
+	value, _ := h.newSession()
+	http.SetCookie(w, h.sessionCookie(r, value, int(h.ttl.Seconds())))
+	h.logger.InfoContext(r.Context(), "ops login", slog.String("remote_addr", r.RemoteAddr))
+	http.Redirect(w, r, Prefix, http.StatusSeeOther)
+}
+
+func (h *Handler) handleLogout(w http.ResponseWriter, r *http.Request) {
+	http.SetCookie(w, h.sessionCookie(r, "", -1))
+	h.logger.InfoContext(r.Context(), "ops logout", slog.String("remote_addr", r.RemoteAddr))
+	http.Redirect(w, r, Prefix+"/login", http.StatusSeeOther)
+}
+
+// returnPath is where an action sends the browser afterwards: a path of this
+// page (never another site), else the overview.
+func returnPath(r *http.Request) string {
+	p := r.PostForm.Get("return")
+	u, err := url.Parse(p)
+	if err != nil || u.Scheme != "" || u.Host != "" || strings.ContainsAny(p, "\\") || strings.HasPrefix(p, "//") ||
+		(u.Path != Prefix && !strings.HasPrefix(u.Path, Prefix+"/")) {
+		return Prefix
+	}
+	return u.Path
+}
+
+// done redirects after an action, with a notice for the next page.
+func done(w http.ResponseWriter, r *http.Request, notice string, n int) {
+	q := url.Values{"done": {notice}}
+	if n >= 0 {
+		q.Set("n", strconv.Itoa(n))
+	}
+	http.Redirect(w, r, returnPath(r)+"?"+q.Encode(), http.StatusSeeOther)
+}
+
+// notices are the only texts a redirect can ask a page to show.
+func notice(q url.Values) string {
+	n := q.Get("n")
+	if _, err := strconv.Atoi(n); err != nil {
+		n = "?"
+	}
+	switch q.Get("done") {
+	case "retried":
+		return "Message requeued: the relay will deliver it within moments."
+	case "retried_all":
+		if n == "1" {
+			return "1 failed message requeued."
+		}
+		return n + " failed messages requeued."
+	case "disabled":
+		return "Endpoint disabled: its messages wait until it is enabled again."
+	case "enabled":
+		return "Endpoint enabled."
+	}
+	return ""
+}
+
+// logAction records what an operator did, and how they were authenticated.
+func (h *Handler) logAction(r *http.Request, action string, attrs ...slog.Attr) {
+	args := []any{slog.String("action", action), slog.String("auth", sessionFrom(r.Context()).via),
+		slog.String("remote_addr", r.RemoteAddr)}
+	for _, a := range attrs {
+		args = append(args, a)
+	}
+	h.logger.InfoContext(r.Context(), "ops action", args...)
+}
+
+// actionError answers a failed action with a page a person can act on.
+func (h *Handler) actionError(w http.ResponseWriter, r *http.Request, err error) {
+	switch {
+	case errors.Is(err, outbox.ErrNotFound):
+		h.renderError(w, r, http.StatusNotFound, "Not found", "It no longer exists: reload the ops page.")
+	case errors.Is(err, outbox.ErrConflict):
+		h.renderError(w, r, http.StatusConflict, "Nothing to do",
+			"Only failed messages can be retried, and this one is not failed (any more). Reload the page to see its status.")
+	default:
+		h.logger.ErrorContext(r.Context(), "ops request failed", slog.String("path", r.URL.Path), slog.Any("error", err))
+		h.renderError(w, r, http.StatusInternalServerError, "Something went wrong",
+			fmt.Sprintf("The request failed (%s). The server log has the details.", http.StatusText(http.StatusInternalServerError)))
+	}
+}

@@ -1,0 +1,499 @@
+package ops
+
+import (
+	"bytes"
+	"embed"
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxkit/orders/internal/outbox"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+func staticHandler() http.Handler {
+	sub, err := fs.Sub(staticFS, "static")
+	if err != nil {
+		panic(err)
+	}
+	files := http.StripPrefix(Prefix+"/static/", http.FileServerFS(sub))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "public, max-age=300")
+		files.ServeHTTP(w, r)
+	})
+}
+
+// pages holds one template set per page, each with the shared layout.
+type pages struct {
+	byName map[string]*template.Template
+}
+
+func mustParsePages() *pages {
+	base := template.Must(template.New("").Funcs(funcs).ParseFS(templateFS, "templates/layout.html"))
+	p := &pages{byName: map[string]*template.Template{}}
+	for _, name := range []string{"login", "overview", "message", "confirm", "error"} {
+		t := template.Must(base.Clone())
+		p.byName[name] = template.Must(t.ParseFS(templateFS, "templates/"+name+".html"))
+	}
+	return p
+}
+
+// Layout is what every page's frame needs.
+type Layout struct {
+	Title   string
+	Authed  bool
+	CSRF    string
+	Notice  string
+	Now     time.Time
+	Refresh int
+}
+
+func (h *Handler) layout(r *http.Request, title string) Layout {
+	s := sessionFrom(r.Context())
+	return Layout{Title: title, Authed: s.via != "", CSRF: s.csrf, Now: h.now().UTC(), Notice: notice(r.URL.Query())}
+}
+
+// render executes a page into a buffer first, so a template error is a clean
+// 500 rather than half a page.
+func (h *Handler) render(w http.ResponseWriter, r *http.Request, status int, name string, data any) {
+	var buf bytes.Buffer
+	if err := h.pages.byName[name].ExecuteTemplate(&buf, "layout", data); err != nil {
+		h.logger.ErrorContext(r.Context(), "ops page failed to render", slog.String("page", name), slog.Any("error", err))
+		http.Error(w, "the page failed to render; the server log has the details", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+type errorPage struct {
+	Layout
+	Status  int
+	Message string
+}
+
+func (h *Handler) renderError(w http.ResponseWriter, r *http.Request, status int, title, msg string) {
+	h.render(w, r, status, "error", errorPage{Layout: h.layout(r, title), Status: status, Message: msg})
+}
+
+type loginPage struct {
+	Layout
+	Error string
+}
+
+func (h *Handler) renderLogin(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	if status == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="admin"`)
+	}
+	l := h.layout(r, "Sign in")
+	l.Authed = false
+	h.render(w, r, status, "login", loginPage{Layout: l, Error: msg})
+}
+
+// ---- overview ----------------------------------------------------------
+
+// Window is the span of the overview's chart and endpoint health.
+const Window = time.Hour
+
+type overviewPage struct {
+	Layout
+	Stats        outbox.Stats
+	OldestAge    string
+	Rate5m       string
+	Rate60m      string
+	Delivered5m  int64
+	Delivered60m int64
+	Deliveries   chart
+	Backlog      chart
+	Endpoints    []outbox.EndpointHealth
+	Failed       []messageRow
+	MoreFailed   bool
+	Recent       []messageRow
+}
+
+type messageRow struct {
+	outbox.Message
+	EndpointURL string
+}
+
+const failedShown = 50
+
+func (h *Handler) handleOverview(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	now := h.now()
+	stats, err := h.admin.Stats(ctx)
+	if err != nil {
+		h.actionError(w, r, err)
+		return
+	}
+	act, err := h.admin.Activity(ctx, now, int(Window/time.Minute))
+	if err != nil {
+		h.actionError(w, r, err)
+		return
+	}
+	eps, err := h.admin.EndpointsHealth(ctx, Window)
+	if err != nil {
+		h.actionError(w, r, err)
+		return
+	}
+	failed, _, err := h.admin.Messages(ctx, outbox.MessageFilter{Status: outbox.StatusFailed, Limit: failedShown + 1})
+	if err != nil {
+		h.actionError(w, r, err)
+		return
+	}
+	recent, _, err := h.admin.Messages(ctx, outbox.MessageFilter{Limit: 12})
+	if err != nil {
+		h.actionError(w, r, err)
+		return
+	}
+	urls := make(map[uuid.UUID]string, len(eps))
+	for _, e := range eps {
+		urls[e.ID] = e.URL
+	}
+	rows := func(ms []outbox.Message) []messageRow {
+		out := make([]messageRow, len(ms))
+		for i, m := range ms {
+			out[i] = messageRow{Message: m, EndpointURL: urls[m.Destination]}
+		}
+		return out
+	}
+	p := overviewPage{
+		Layout:       h.layout(r, "Outbox"),
+		Stats:        stats,
+		OldestAge:    humanAge(time.Duration(stats.OldestPendingAgeSeconds * float64(time.Second))),
+		Rate5m:       perMinute(act.Delivered5m, 5),
+		Rate60m:      perMinute(act.Delivered60m, 60),
+		Delivered5m:  act.Delivered5m,
+		Delivered60m: act.Delivered60m,
+		Deliveries:   deliveriesChart(act.Minutes),
+		Backlog:      backlogChart(act.Minutes),
+		Endpoints:    eps,
+		Failed:       rows(failed),
+		Recent:       rows(recent),
+	}
+	if len(p.Failed) > failedShown {
+		p.Failed, p.MoreFailed = p.Failed[:failedShown], true
+	}
+	if v, err := strconv.Atoi(r.URL.Query().Get("refresh")); err == nil && v >= 5 && v <= 3600 {
+		p.Refresh = v
+	}
+	h.render(w, r, http.StatusOK, "overview", p)
+}
+
+// ---- message detail ----------------------------------------------------
+
+type messagePage struct {
+	Layout
+	Msg      outbox.MessageDetail
+	Endpoint *outbox.Endpoint
+	Body     string
+	Headers  []header
+}
+
+type header struct {
+	Name, Value, Note string
+}
+
+func (h *Handler) handleMessage(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		h.renderError(w, r, http.StatusNotFound, "Not found", "There is no message with that id.")
+		return
+	}
+	m, err := h.admin.Message(r.Context(), id)
+	if err != nil {
+		h.actionError(w, r, err)
+		return
+	}
+	p := messagePage{Layout: h.layout(r, "Message "+m.ID.String()), Msg: m, Body: sentBody(m.Message)}
+	if ep, err := h.admin.Endpoint(r.Context(), m.Destination); err == nil {
+		p.Endpoint = &ep
+	}
+	p.Headers = []header{
+		{"content-type", "application/json", ""},
+		{"user-agent", "outboxkit-relay/1", ""},
+		{"webhook-id", m.ID.String(), "the message id, the same on every attempt: receivers deduplicate on it"},
+		{"webhook-timestamp", "", "Unix seconds, set when each attempt is sent"},
+		{"webhook-signature", "v1,…", "HMAC-SHA256 of id.timestamp.body with the endpoint's secret, computed for each attempt"},
+	}
+	h.render(w, r, http.StatusOK, "message", p)
+}
+
+// sentBody is the webhook body as the relay sends it, indented.
+func sentBody(m outbox.Message) string {
+	body, err := json.Marshal(struct {
+		ID        uuid.UUID       `json:"id"`
+		Type      string          `json:"type"`
+		CreatedAt time.Time       `json:"created_at"`
+		Data      json.RawMessage `json:"data"`
+	}{m.ID, m.Type, m.CreatedAt, m.Payload})
+	if err != nil {
+		return string(m.Payload)
+	}
+	var out bytes.Buffer
+	if err := json.Indent(&out, body, "", "  "); err != nil {
+		return string(body)
+	}
+	return out.String()
+}
+
+// ---- actions -----------------------------------------------------------
+
+type confirmPage struct {
+	Layout
+	Question string
+	Details  []fact
+	Action   string
+	Return   string
+	Button   string
+	Danger   bool
+}
+
+type fact struct{ Name, Value string }
+
+// confirmed reports whether the form carries the second step's confirmation.
+func confirmed(r *http.Request) bool { return r.PostForm.Get("confirm") == "yes" }
+
+func (h *Handler) handleRetryMessage(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		h.renderError(w, r, http.StatusNotFound, "Not found", "There is no message with that id.")
+		return
+	}
+	if !confirmed(r) {
+		m, err := h.admin.Message(r.Context(), id)
+		if err != nil {
+			h.actionError(w, r, err)
+			return
+		}
+		details := []fact{{"Message", m.ID.String()}, {"Type", m.Type}, {"Status", m.Status},
+			{"Attempts", strconv.Itoa(m.Attempts)}, {"Last error", m.LastError}}
+		if ep, err := h.admin.Endpoint(r.Context(), m.Destination); err == nil {
+			details = append(details[:2], append([]fact{{"Endpoint", ep.URL}}, details[2:]...)...)
+		}
+		h.render(w, r, http.StatusOK, "confirm", confirmPage{
+			Layout:   h.layout(r, "Retry message?"),
+			Question: "Send this message again? It goes back to pending with a fresh attempt budget, and the relay delivers it within moments.",
+			Details:  details, Action: r.URL.Path, Return: returnPath(r), Button: "Retry message",
+		})
+		return
+	}
+	m, err := h.admin.Retry(r.Context(), id)
+	if err != nil {
+		h.actionError(w, r, err)
+		return
+	}
+	h.logAction(r, "retry_message", slog.String("message_id", id.String()), slog.String("endpoint_id", m.Destination.String()))
+	done(w, r, "retried", -1)
+}
+
+func (h *Handler) endpointFor(w http.ResponseWriter, r *http.Request) (outbox.Endpoint, bool) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		h.renderError(w, r, http.StatusNotFound, "Not found", "There is no endpoint with that id.")
+		return outbox.Endpoint{}, false
+	}
+	ep, err := h.admin.Endpoint(r.Context(), id)
+	if err != nil {
+		h.actionError(w, r, err)
+		return outbox.Endpoint{}, false
+	}
+	return ep, true
+}
+
+func (h *Handler) handleSetEnabled(enabled bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ep, ok := h.endpointFor(w, r)
+		if !ok {
+			return
+		}
+		if !confirmed(r) {
+			p := confirmPage{Layout: h.layout(r, "Disable endpoint?"), Action: r.URL.Path, Return: returnPath(r),
+				Details: []fact{{"Endpoint", ep.URL}, {"Events", strings.Join(ep.EventTypes, ", ")}}}
+			if enabled {
+				p.Title, p.Button = "Enable endpoint?", "Enable endpoint"
+				p.Question = "Resume deliveries to this endpoint? New events are queued for it again, and the relay sends what waits."
+			} else {
+				p.Button, p.Danger = "Disable endpoint", true
+				p.Question = "Stop deliveries to this endpoint? New events are no longer queued for it, and messages already waiting end failed (\"endpoint disabled\") when the relay reaches them; you can retry them after enabling it again."
+			}
+			h.render(w, r, http.StatusOK, "confirm", p)
+			return
+		}
+		if _, err := h.admin.SetEndpointEnabled(r.Context(), ep.ID, enabled); err != nil {
+			h.actionError(w, r, err)
+			return
+		}
+		action, notice := "disable_endpoint", "disabled"
+		if enabled {
+			action, notice = "enable_endpoint", "enabled"
+		}
+		h.logAction(r, action, slog.String("endpoint_id", ep.ID.String()), slog.String("url", ep.URL))
+		done(w, r, notice, -1)
+	}
+}
+
+func (h *Handler) handleRetryEndpoint(w http.ResponseWriter, r *http.Request) {
+	ep, ok := h.endpointFor(w, r)
+	if !ok {
+		return
+	}
+	if !confirmed(r) {
+		var failed int64
+		if eps, err := h.admin.EndpointsHealth(r.Context(), Window); err == nil {
+			for _, e := range eps {
+				if e.ID == ep.ID {
+					failed = e.Failed
+				}
+			}
+		}
+		details := []fact{{"Endpoint", ep.URL}, {"Failed messages", strconv.FormatInt(failed, 10)}}
+		if !ep.Enabled {
+			details = append(details, fact{"Note", "The endpoint is disabled: enable it first, or the retried messages fail again."})
+		}
+		h.render(w, r, http.StatusOK, "confirm", confirmPage{
+			Layout:   h.layout(r, "Retry all failed messages?"),
+			Question: "Send every failed message of this endpoint again? Each goes back to pending with a fresh attempt budget.",
+			Details:  details, Action: r.URL.Path, Return: returnPath(r), Button: "Retry all failed",
+		})
+		return
+	}
+	n, err := h.admin.RetryFailedForEndpoint(r.Context(), ep.ID)
+	if err != nil {
+		h.actionError(w, r, err)
+		return
+	}
+	h.logAction(r, "retry_failed_for_endpoint", slog.String("endpoint_id", ep.ID.String()), slog.Int("requeued", n))
+	done(w, r, "retried_all", n)
+}
+
+// ---- formatting ----------------------------------------------------------
+
+var funcs = template.FuncMap{
+	"age":      func(d time.Duration) string { return humanAge(d) },
+	"ago":      ago,
+	"stamp":    stamp,
+	"num":      num,
+	"short":    func(id uuid.UUID) string { return id.String()[:8] + "…" + id.String()[len(id.String())-4:] },
+	"truncate": truncate,
+	"ms":       func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) + " ms" },
+	"lower":    strings.ToLower,
+	"slug":     func(s string) string { return strings.ReplaceAll(s, " ", "-") },
+	"join":     strings.Join,
+	"f":        func(v float64) string { return strconv.FormatFloat(math.Round(v*10)/10, 'f', -1, 64) },
+	"add":      func(a, b float64) float64 { return a + b },
+	"sub":      func(a, b float64) float64 { return a - b },
+	"mid":      func(a, b float64) float64 { return (a + b) / 2 },
+}
+
+// humanAge reads like a person would say it: 42s, 3m 12s, 2h 05m, 3d 4h.
+func humanAge(d time.Duration) string {
+	if d <= 0 {
+		return "—"
+	}
+	s := int64(d.Round(time.Second) / time.Second)
+	switch {
+	case s < 60:
+		return fmt.Sprintf("%ds", max(s, 1))
+	case s < 3600:
+		return fmt.Sprintf("%dm %02ds", s/60, s%60)
+	case s < 86400:
+		return fmt.Sprintf("%dh %02dm", s/3600, s%3600/60)
+	default:
+		return fmt.Sprintf("%dd %dh", s/86400, s%86400/3600)
+	}
+}
+
+func perMinute(n int64, minutes int) string {
+	v := float64(n) / float64(minutes)
+	switch {
+	case v == 0:
+		return "0"
+	case v < 10:
+		return strconv.FormatFloat(math.Round(v*10)/10, 'f', -1, 64)
+	default:
+		return num(int64(math.Round(v)))
+	}
+}
+
+// ago is a relative time for a *time.Time or time.Time ("—" when unset).
+func ago(now time.Time, v any) string {
+	var t time.Time
+	switch x := v.(type) {
+	case time.Time:
+		t = x
+	case *time.Time:
+		if x == nil {
+			return "—"
+		}
+		t = *x
+	}
+	if t.IsZero() {
+		return "—"
+	}
+	d := now.Sub(t)
+	if d < 0 {
+		return "in " + humanAge(-d)
+	}
+	if d < time.Second {
+		return "just now"
+	}
+	return humanAge(d) + " ago"
+}
+
+// stamp is an absolute UTC time.
+func stamp(v any) string {
+	switch x := v.(type) {
+	case time.Time:
+		if x.IsZero() {
+			return ""
+		}
+		return x.UTC().Format("2006-01-02 15:04:05 UTC")
+	case *time.Time:
+		if x == nil {
+			return ""
+		}
+		return x.UTC().Format("2006-01-02 15:04:05 UTC")
+	}
+	return ""
+}
+
+// num groups thousands: 12,345.
+func num(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
+
+func truncate(s string, n int) string {
+	if len([]rune(s)) <= n {
+		return s
+	}
+	return string([]rune(s)[:n-1]) + "…"
+}

@@ -1,0 +1,226 @@
+package outbox
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
+)
+
+// What the ops page asks of the outbox: how each endpoint is doing, what
+// the last hour looked like, and requeueing an endpoint's failed messages.
+// Every read here is bounded by a window or a partial index, so none of it
+// grows with the delivered history kept for the retention period.
+
+// Endpoint health states, as a person reads them.
+const (
+	// HealthDelivering: enabled, and its latest attempt (if any) succeeded.
+	HealthDelivering = "delivering"
+	// HealthBackingOff: enabled, but its latest attempt failed or messages
+	// wait for their next retry.
+	HealthBackingOff = "backing off"
+	// HealthDisabled: disabled by an operator or by a 410 Gone.
+	HealthDisabled = "disabled"
+)
+
+// EndpointHealth is an endpoint with what waits for it and how its recent
+// attempts went.
+type EndpointHealth struct {
+	Endpoint
+	// Health is HealthDelivering, HealthBackingOff or HealthDisabled.
+	Health string `json:"health"`
+	// Waiting counts its pending and claimed messages; BackingOff those of
+	// them waiting for a retry; Failed those that gave up.
+	Waiting    int64 `json:"waiting"`
+	BackingOff int64 `json:"backing_off"`
+	Failed     int64 `json:"failed"`
+	// NextRetryAt is the earliest retry of a message backing off.
+	NextRetryAt *time.Time `json:"next_retry_at,omitempty"`
+	// The latest success, error and attempt within the window.
+	LastSuccessAt       *time.Time `json:"last_success_at,omitempty"`
+	LastErrorAt         *time.Time `json:"last_error_at,omitempty"`
+	LastError           string     `json:"last_error,omitempty"`
+	LastErrorStatusCode int        `json:"last_error_status_code,omitempty"`
+	LastAttemptAt       *time.Time `json:"last_attempt_at,omitempty"`
+	LastAttemptOutcome  string     `json:"last_attempt_outcome,omitempty"`
+}
+
+// EndpointsHealth returns every endpoint with its health, judged from its
+// messages and its attempts within window (the last hour, say).
+func (a *Admin) EndpointsHealth(ctx context.Context, window time.Duration) ([]EndpointHealth, error) {
+	rows, err := outboxdb.New(a.pool).OpsEndpointHealth(ctx, window.Seconds())
+	if err != nil {
+		return nil, fmt.Errorf("reading endpoint health: %w", err)
+	}
+	out := make([]EndpointHealth, len(rows))
+	for i, r := range rows {
+		h := EndpointHealth{
+			Endpoint: toEndpoint(outboxdb.WebhookEndpoint{ID: r.ID, Url: r.Url, EventTypes: r.EventTypes,
+				Enabled: r.Enabled, DisabledReason: r.DisabledReason, CreatedAt: r.CreatedAt}),
+			Waiting: r.Waiting, BackingOff: r.BackingOff, Failed: r.Failed, NextRetryAt: r.NextRetryAt,
+			LastSuccessAt: r.LastSuccessAt, LastErrorAt: r.LastErrorAt, LastAttemptAt: r.LastAttemptAt,
+		}
+		if r.LastError != nil {
+			h.LastError = *r.LastError
+		}
+		if r.LastErrorStatusCode != nil {
+			h.LastErrorStatusCode = int(*r.LastErrorStatusCode)
+		}
+		if r.LastAttemptOutcome != nil {
+			h.LastAttemptOutcome = *r.LastAttemptOutcome
+		}
+		switch {
+		case !h.Enabled:
+			h.Health = HealthDisabled
+		case h.BackingOff > 0 || (h.LastAttemptOutcome != "" && h.LastAttemptOutcome != "delivered"):
+			h.Health = HealthBackingOff
+		default:
+			h.Health = HealthDelivering
+		}
+		out[i] = h
+	}
+	return out, nil
+}
+
+// MinuteActivity is one minute of the outbox's recent history.
+type MinuteActivity struct {
+	// Minute is the start of the minute.
+	Minute time.Time `json:"minute"`
+	// Attempts finished in the minute, by what came of them: delivered;
+	// retried (a failed attempt that will be tried again, or a claim that
+	// timed out); failed (the message gave up: attempts exhausted, 410 Gone,
+	// or undeliverable).
+	Delivered int64 `json:"delivered"`
+	Retried   int64 `json:"retried"`
+	Failed    int64 `json:"failed"`
+	// Created counts the messages enqueued in the minute.
+	Created int64 `json:"created"`
+	// Backlog is the number of pending and claimed messages at the end of the
+	// minute (now, for the current one). It is reconstructed from the present
+	// backlog, the messages enqueued since and the messages settled since; an
+	// operator's requeue of failed messages is not in that history.
+	Backlog int64 `json:"backlog"`
+}
+
+// Activity is the outbox's recent history, minute by minute.
+type Activity struct {
+	// Minutes runs oldest first and ends with the current (partial) minute.
+	Minutes []MinuteActivity `json:"minutes"`
+	// Deliveries in the last 5 and 60 minutes.
+	Delivered5m  int64 `json:"delivered_5m"`
+	Delivered60m int64 `json:"delivered_60m"`
+}
+
+// Activity returns the last minutes minutes (the current one included) of
+// attempts by outcome and backlog, and the delivery counts of the last 5 and
+// 60 minutes. now is the caller's clock, used only to align the minutes.
+func (a *Admin) Activity(ctx context.Context, now time.Time, minutes int) (Activity, error) {
+	if minutes < 1 {
+		minutes = 60
+	}
+	first := now.Truncate(time.Minute).Add(-time.Duration(minutes-1) * time.Minute)
+	var (
+		attempts []outboxdb.OpsAttemptsPerMinuteRow
+		created  []outboxdb.OpsCreatedPerMinuteRow
+		backlog  outboxdb.MessageBacklogRow
+		rate     outboxdb.OpsDeliveryRateRow
+	)
+	// One snapshot, so the reconstruction adds up.
+	err := pgx.BeginTxFunc(ctx, a.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly},
+		func(tx pgx.Tx) (err error) {
+			q := outboxdb.New(tx)
+			if attempts, err = q.OpsAttemptsPerMinute(ctx, first); err != nil {
+				return err
+			}
+			if created, err = q.OpsCreatedPerMinute(ctx, uuidV7Floor(first)); err != nil {
+				return err
+			}
+			if backlog, err = q.MessageBacklog(ctx); err != nil {
+				return err
+			}
+			rate, err = q.OpsDeliveryRate(ctx)
+			return err
+		})
+	if err != nil {
+		return Activity{}, fmt.Errorf("reading outbox activity: %w", err)
+	}
+	act := Activity{Minutes: make([]MinuteActivity, minutes), Delivered5m: rate.Last5m, Delivered60m: rate.Last60m}
+	for i := range act.Minutes {
+		act.Minutes[i].Minute = first.Add(time.Duration(i) * time.Minute)
+	}
+	index := func(t time.Time) (int, bool) {
+		i := int(t.Sub(first) / time.Minute)
+		return i, t.Compare(first) >= 0 && i < minutes
+	}
+	settled := make([]int64, minutes)
+	for _, r := range attempts {
+		i, ok := index(r.Minute)
+		if !ok {
+			continue
+		}
+		m := &act.Minutes[i]
+		switch r.Outcome {
+		case "delivered":
+			m.Delivered += r.Attempts
+			settled[i] += r.Attempts
+		case "retry", "timeout":
+			m.Retried += r.Attempts
+		default: // failed, gone, undeliverable: the message gave up
+			m.Failed += r.Attempts
+			settled[i] += r.Attempts
+		}
+	}
+	for _, r := range created {
+		if i, ok := index(r.Minute); ok {
+			act.Minutes[i].Created += r.Created
+		}
+	}
+	// Walk back from the present: before a minute's arrivals and settlements,
+	// the backlog had that minute's arrivals fewer and its settlements more.
+	b := backlog.Pending + backlog.Claimed
+	for i := minutes - 1; i >= 0; i-- {
+		act.Minutes[i].Backlog = max(b, 0)
+		b += settled[i] - act.Minutes[i].Created
+	}
+	return act, nil
+}
+
+// uuidV7Floor is the smallest UUIDv7 of t's millisecond: every message id
+// made at or after t sorts at or after it.
+func uuidV7Floor(t time.Time) uuid.UUID {
+	var id uuid.UUID
+	var ms [8]byte
+	binary.BigEndian.PutUint64(ms[:], uint64(t.UnixMilli()))
+	copy(id[:6], ms[2:])
+	return id
+}
+
+// RetryFailedForEndpoint requeues every failed message of one endpoint
+// (failed → pending, due now, with a fresh attempt budget) and returns how
+// many it requeued. An endpoint that does not exist and has no failed
+// messages is ErrNotFound.
+func (a *Admin) RetryFailedForEndpoint(ctx context.Context, endpointID uuid.UUID) (int, error) {
+	q := outboxdb.New(a.pool)
+	ids, err := q.OpsRetryFailedForDestination(ctx, endpointID)
+	if err != nil {
+		return 0, fmt.Errorf("retrying failed messages: %w", err)
+	}
+	if len(ids) == 0 {
+		if _, err := q.EndpointGet(ctx, endpointID); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				return 0, fmt.Errorf("retrying failed messages: %w", ErrNotFound)
+			}
+			return 0, fmt.Errorf("retrying failed messages: %w", err)
+		}
+	}
+	a.logger.InfoContext(ctx, "failed messages requeued", slog.String("endpoint_id", endpointID.String()),
+		slog.Int("requeued", len(ids)))
+	return len(ids), nil
+}
