@@ -365,3 +365,26 @@ func TestTwoRelaysDeliverEachMessageOnce(t *testing.T) {
 	require.Equal(t, 2000, deliveries, "no message delivered twice")
 	mu.Unlock()
 }
+
+// A River leader killed without resigning keeps its lease; periodic jobs
+// stop until it expires. Claims must not depend on the leader: every worker
+// inserts its own claim jobs.
+func TestClaimsContinueWhileTheLeaderIsDead(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	rc := newReceiver(t)
+	f.endpoint(t, rc, "order.placed")
+	// A dead process holds the leadership for the next hour.
+	_, err := f.pool.Exec(ctx, `INSERT INTO river_leader (elected_at, expires_at, leader_id)
+		VALUES (now(), now() + interval '1 hour', 'killed-worker')`)
+	require.NoError(t, err)
+
+	f.startRelay(t, fastConfig(), nil)
+	id := f.enqueue(t, "order.placed", 1)[0]
+	require.Eventually(t, func() bool { return f.status(t, id) == outbox.StatusDelivered },
+		5*time.Second, 10*time.Millisecond, "delivered without a live leader")
+	var leader string
+	require.NoError(t, f.pool.QueryRow(ctx, "SELECT leader_id FROM river_leader").Scan(&leader))
+	require.Equal(t, "killed-worker", leader, "the dead leader still held the lease throughout")
+}

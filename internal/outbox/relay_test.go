@@ -162,7 +162,10 @@ func (f fixture) startRelay(t *testing.T, cfg outbox.RelayConfig, transport outb
 	client, err := relay.NewRiverClient()
 	require.NoError(t, err)
 	require.NoError(t, client.Start(context.Background()))
+	tickCtx, stopTicking := context.WithCancel(context.Background())
+	go relay.TickClaims(tickCtx, client)
 	t.Cleanup(func() {
+		stopTicking()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_ = client.StopAndCancel(ctx)

@@ -154,6 +154,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err := client.Start(context.WithoutCancel(ctx)); err != nil {
 		return fmt.Errorf("starting river: %w", err)
 	}
+	tickCtx, stopTicking := context.WithCancel(ctx)
+	defer stopTicking()
+	go relay.TickClaims(tickCtx, client)
 	logger.InfoContext(ctx, "relay started",
 		slog.Duration("poll_interval", relay.Config().PollInterval),
 		slog.Int("batch_size", relay.Config().BatchSize),
