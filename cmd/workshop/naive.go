@@ -1,0 +1,332 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/orders/internal/orders"
+	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/webhook"
+)
+
+// This file holds the designs the outbox replaces, written plainly so a
+// learner can read them: the dual writes (labs 1 and 2) and the relays
+// without a claim or without per-destination isolation (labs 4 and 8).
+
+// customer names order i's customer; a credit hold on it fails the commit.
+func customer(i int) string { return fmt.Sprintf("customer-%04d", i) }
+
+func newOrder(i int) orders.Order {
+	return orders.Order{ID: uuid.New(), CustomerID: customer(i), Status: orders.StatusPlaced, TotalCents: 1000,
+		Lines: []orders.Line{{SKU: "A-1", Quantity: 2, UnitPriceCents: 500}}, CreatedAt: time.Now().UTC()}
+}
+
+// insertOrder writes an order and its lines in tx, the way a service without
+// an outbox would.
+func insertOrder(ctx context.Context, tx pgx.Tx, o orders.Order) error {
+	if _, err := tx.Exec(ctx, `INSERT INTO orders (id, customer_id, status, total_cents, created_at)
+		VALUES ($1, $2, 'placed', $3, $4)`, o.ID, o.CustomerID, o.TotalCents, o.CreatedAt); err != nil {
+		return fmt.Errorf("inserting order: %w", err)
+	}
+	for i, line := range o.Lines {
+		if _, err := tx.Exec(ctx, `INSERT INTO order_lines (order_id, line_no, sku, quantity, unit_price_cents)
+			VALUES ($1, $2, $3, $4, $5)`, o.ID, i+1, line.SKU, line.Quantity, line.UnitPriceCents); err != nil {
+			return fmt.Errorf("inserting order line: %w", err)
+		}
+	}
+	return nil
+}
+
+// publisher sends order.placed straight to the receiver, as a dual write
+// does: a signed Standard Webhooks request, with a fresh id each time (there
+// is no outbox row whose id could be reused).
+type publisher struct {
+	url    string
+	signer *webhook.Signer
+	client *http.Client
+}
+
+func newPublisher(url, secret string) (*publisher, error) {
+	s, err := webhook.NewSigner(secret)
+	if err != nil {
+		return nil, err
+	}
+	return &publisher{url: url, signer: s, client: &http.Client{Timeout: 5 * time.Second}}, nil
+}
+
+func (p *publisher) publish(ctx context.Context, o orders.Order) error {
+	id := uuid.New().String()
+	data, err := json.Marshal(o)
+	if err != nil {
+		return err
+	}
+	body, err := json.Marshal(map[string]any{"id": id, "type": orders.EventPlaced, "created_at": time.Now().UTC(), "data": json.RawMessage(data)})
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	p.signer.SetHeaders(req.Header, id, time.Now(), body)
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("publishing: %w", err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("publishing: receiver answered %s", resp.Status)
+	}
+	return nil
+}
+
+// publishThenCommit is design 1: announce, then commit. When the commit
+// fails, the announcement cannot be taken back.
+func publishThenCommit(ctx context.Context, pool *pgxpool.Pool, pub *publisher, o orders.Order) (published bool, err error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if err := insertOrder(ctx, tx, o); err != nil {
+		return false, err
+	}
+	if err := pub.publish(ctx, o); err != nil {
+		return false, err
+	}
+	return true, tx.Commit(ctx)
+}
+
+// writerSpec tells a writer child which orders to place and where it dies.
+type writerSpec struct {
+	DatabaseURL string
+	// Design is "commit-then-publish" (lab 2) or "outbox" (lab 3).
+	Design      string
+	ReceiverURL string
+	Secret      string
+	Start, End  int
+	// Die lists the orders right after whose commit the process is killed.
+	Die []int
+}
+
+// runWriterChild places orders Start..End-1 and prints, for each,
+// "committed i", "failed i" (the commit was refused) or "published i". It
+// SIGKILLs itself right after committing an order listed in Die: between
+// the commit and the publish, where a real crash can land.
+func runWriterChild(ctx context.Context, raw []byte) error {
+	var spec writerSpec
+	if err := json.Unmarshal(raw, &spec); err != nil {
+		return err
+	}
+	pool, err := pgxpool.New(ctx, spec.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	var pub *publisher
+	if spec.Design == "commit-then-publish" {
+		if pub, err = newPublisher(spec.ReceiverURL, spec.Secret); err != nil {
+			return err
+		}
+	}
+	svc := orders.NewService(pool, discardLogger())
+	say := func(what string, i int) { fmt.Fprintf(os.Stdout, "%s %d\n", what, i) }
+	for i := spec.Start; i < spec.End; i++ {
+		var o orders.Order
+		var err error
+		switch spec.Design {
+		case "commit-then-publish":
+			o = newOrder(i)
+			err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return insertOrder(ctx, tx, o) })
+		case "outbox":
+			// The real service: the order and its outbox row in one transaction.
+			_, _, err = svc.Place(ctx, orders.PlaceRequest{CustomerID: customer(i),
+				Lines: []orders.Line{{SKU: "A-1", Quantity: 2, UnitPriceCents: 500}}})
+		default:
+			return fmt.Errorf("unknown design %q", spec.Design)
+		}
+		if err != nil {
+			say("failed", i)
+			continue
+		}
+		say("committed", i)
+		if slices.Contains(spec.Die, i) {
+			die()
+		}
+		if pub != nil {
+			if err := pub.publish(ctx, o); err != nil {
+				return err
+			}
+			say("published", i)
+		}
+	}
+	return nil
+}
+
+// relaySpec configures a relay child: the real outbox relay, which kills
+// itself after DieAfterSends webhooks went out (before their outcome is
+// recorded), or, when DieAfterSends is 0, after claiming and before sending.
+type relaySpec struct {
+	DatabaseURL   string
+	Config        outbox.RelayConfig
+	DieAfterSends int64
+}
+
+type dyingTransport struct {
+	outbox.Transport
+	after int64
+	sent  atomic.Int64
+}
+
+func (t *dyingTransport) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result {
+	if t.after == 0 {
+		fmt.Fprintln(os.Stdout, "claimed")
+		die()
+	}
+	res := t.Transport.Deliver(ctx, d)
+	if res.Err == nil && res.StatusCode/100 == 2 {
+		fmt.Fprintln(os.Stdout, "sent "+d.MessageID.String())
+		if t.sent.Add(1) >= t.after {
+			die() // the webhook went out; its outcome is never recorded
+		}
+	}
+	return res
+}
+
+func runRelayChild(ctx context.Context, raw []byte) error {
+	var spec relaySpec
+	if err := json.Unmarshal(raw, &spec); err != nil {
+		return err
+	}
+	pool, err := pgxpool.New(ctx, spec.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	client, err := newRelayClient(pool, spec.Config, &dyingTransport{Transport: httpTransport(), after: spec.DieAfterSends}, discardLogger())
+	if err != nil {
+		return err
+	}
+	if err := client.Start(ctx); err != nil {
+		return err
+	}
+	time.Sleep(time.Minute) // the transport kills the process long before this
+	return fmt.Errorf("relay child: never died")
+}
+
+// pendingRow is what the naive relays read.
+type pendingRow struct {
+	id               uuid.UUID
+	typ, url, secret string
+	payload          []byte
+	createdAt        time.Time
+}
+
+// naiveSelect is the poll of a relay without a claim, and of a relay with a
+// single queue: the oldest due pending rows, whatever their destination.
+const naiveSelect = `
+SELECT m.id, m.type, e.url, e.secret, m.payload, m.created_at
+FROM outbox_messages m JOIN webhook_endpoints e ON e.id = m.destination
+WHERE m.status = 'pending' AND m.next_attempt_at <= now()
+ORDER BY m.next_attempt_at, m.id
+LIMIT $1`
+
+func readPending(ctx context.Context, pool *pgxpool.Pool, limit int) ([]pendingRow, error) {
+	rows, err := pool.Query(ctx, naiveSelect, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (pendingRow, error) {
+		var p pendingRow
+		err := r.Scan(&p.id, &p.typ, &p.url, &p.secret, &p.payload, &p.createdAt)
+		return p, err
+	})
+}
+
+// send delivers one row as the real relay's transport would.
+func send(ctx context.Context, t outbox.Transport, p pendingRow, timeout time.Duration) outbox.Result {
+	body, _ := json.Marshal(map[string]any{"id": p.id, "type": p.typ, "created_at": p.createdAt, "data": json.RawMessage(p.payload)})
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return t.Deliver(ctx, outbox.Delivery{MessageID: p.id, Type: p.typ, URL: p.url, Secret: p.secret, Body: body})
+}
+
+// naiveRelayNoClaim is lab 4's relay without a claim: SELECT the pending
+// rows, send each, then UPDATE it to delivered. Two of these read the same
+// rows before either marks them.
+func naiveRelayNoClaim(ctx context.Context, pool *pgxpool.Pool, t outbox.Transport, sent *atomic.Int64) error {
+	for {
+		rows, err := readPending(ctx, pool, 50)
+		if err != nil {
+			return err
+		}
+		if len(rows) == 0 {
+			return nil
+		}
+		for _, p := range rows {
+			if res := send(ctx, t, p, 5*time.Second); res.Err != nil || res.StatusCode/100 != 2 {
+				continue
+			}
+			sent.Add(1)
+			if _, err := pool.Exec(ctx, `UPDATE outbox_messages SET status = 'delivered', delivered_at = now(), attempts = attempts + 1
+				WHERE id = $1`, p.id); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// naiveRelaySingleQueue is lab 8's relay without per-destination isolation:
+// one queue, oldest first, one delivery at a time. A failure backs the row
+// off; but every row for a receiver that hangs costs a full timeout first,
+// and everything behind it waits.
+func naiveRelaySingleQueue(ctx context.Context, pool *pgxpool.Pool, t outbox.Transport, timeout, backoff time.Duration) error {
+	for ctx.Err() == nil {
+		rows, err := readPending(ctx, pool, 10)
+		if err != nil {
+			return err
+		}
+		if len(rows) == 0 {
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		for _, p := range rows {
+			res := send(ctx, t, p, timeout)
+			if ctx.Err() != nil {
+				return nil
+			}
+			if res.Err == nil && res.StatusCode/100 == 2 {
+				_, err = pool.Exec(ctx, `UPDATE outbox_messages SET status = 'delivered', delivered_at = now(), attempts = attempts + 1 WHERE id = $1`, p.id)
+			} else {
+				_, err = pool.Exec(ctx, `UPDATE outbox_messages SET attempts = attempts + 1, next_attempt_at = now() + make_interval(secs => $2), last_error = 'timeout' WHERE id = $1`,
+					p.id, backoff.Seconds())
+			}
+			if err != nil && ctx.Err() == nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func atoiSuffix(line, prefix string) (int, bool) {
+	if len(line) <= len(prefix) || line[:len(prefix)] != prefix {
+		return 0, false
+	}
+	n, err := strconv.Atoi(line[len(prefix):])
+	return n, err == nil
+}

@@ -1,0 +1,104 @@
+package archtest
+
+import (
+	"encoding/json"
+	"io"
+	"os/exec"
+	"path"
+	"strings"
+	"testing"
+)
+
+type pkg struct {
+	ImportPath                         string
+	Imports, TestImports, XTestImports []string
+}
+
+// The rules, for every package and its tests:
+//
+//  1. Nothing under internal/ imports cmd/: programs wire modules, never
+//     the other way round.
+//  2. A module is a directory internal/X with generated code of its own
+//     (internal/X/internal/...). The outbox imports no other module; any
+//     other module may import the outbox, and no other module: modules
+//     talk to each other through events.
+//  3. A generated package (internal/X/internal/Xdb) is imported only from
+//     inside its module, internal/X/... (Go's internal rule enforces this
+//     too; the test says it in the rule's words).
+func TestImportRules(t *testing.T) {
+	mod := goList(t, "-m")
+	pkgs := listPackages(t)
+	internal := mod + "/internal/"
+	moduleOf := func(p string) string { // "orders" for mod/internal/orders/..., else ""
+		rest, ok := strings.CutPrefix(p, internal)
+		if !ok {
+			return ""
+		}
+		name, _, _ := strings.Cut(rest, "/")
+		return name
+	}
+	modules := map[string]bool{}
+	for _, p := range pkgs {
+		if name := moduleOf(p.ImportPath); name != "" && strings.HasPrefix(p.ImportPath, internal+name+"/internal/") {
+			modules[name] = true
+		}
+	}
+	if !modules["outbox"] || !modules["orders"] {
+		t.Fatalf("expected the outbox and orders modules, found %v", modules)
+	}
+	var violations []string
+	for _, p := range pkgs {
+		from := moduleOf(p.ImportPath)
+		for _, imp := range append(append(append([]string{}, p.Imports...), p.TestImports...), p.XTestImports...) {
+			if from != "" && (imp == mod+"/cmd" || strings.HasPrefix(imp, mod+"/cmd/")) {
+				violations = append(violations, p.ImportPath+" imports "+imp+": nothing under internal/ imports cmd/")
+			}
+			to := moduleOf(imp)
+			if to == "" || to == from || !modules[to] {
+				continue
+			}
+			if modules[from] && (from == "outbox" || to != "outbox") {
+				violations = append(violations, p.ImportPath+" imports "+imp+": module "+from+" may import the outbox module only")
+			}
+			if rest := strings.TrimPrefix(imp, internal+to); strings.HasPrefix(rest, "/internal/") && strings.HasSuffix(path.Base(imp), "db") {
+				violations = append(violations, p.ImportPath+" imports "+imp+": a generated package is private to its module")
+			}
+		}
+	}
+	for _, v := range violations {
+		t.Error(v)
+	}
+}
+
+func goList(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("go", append([]string{"list"}, args...)...)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list %v: %v", args, err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func listPackages(t *testing.T) []pkg {
+	t.Helper()
+	root := goList(t, "-m", "-f", "{{.Dir}}")
+	cmd := exec.Command("go", "list", "-e", "-json=ImportPath,Imports,TestImports,XTestImports", "./...")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list ./...: %v", err)
+	}
+	var pkgs []pkg
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for {
+		var p pkg
+		if err := dec.Decode(&p); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	return pkgs
+}
