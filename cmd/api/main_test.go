@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -18,6 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxkit/orders/internal/proctest"
+
 	"github.com/outboxkit/orders/internal/dbtest"
 )
 
@@ -27,54 +27,10 @@ const closedDB = "postgres://x@127.0.0.1:1/db"
 
 const adminToken = "secret-token"
 
-// syncBuffer collects a program's output; the program writes from many
-// goroutines while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func getenv(env map[string]string) func(string) string {
-	return func(name string) string { return env[name] }
-}
-
-// freeAddr returns a loopback address with a port that was free a moment ago.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
-}
-
-// requireJSONLogs checks that every line the program logged is a JSON object.
-func requireJSONLogs(t *testing.T, logs string) {
-	t.Helper()
-	for line := range strings.Lines(logs) {
-		if strings.TrimSpace(line) == "" {
-			continue
-		}
-		require.Truef(t, json.Valid([]byte(line)), "log line is not JSON: %s", line)
-	}
-}
-
 // server is one api started in-process by run.
 type server struct {
 	url  string
-	logs *syncBuffer
+	logs *proctest.Output
 
 	cancel   context.CancelFunc
 	done     chan error
@@ -87,7 +43,7 @@ type server struct {
 // stopped when the test ends, if the test has not stopped it.
 func setup(t *testing.T, env map[string]string) *server {
 	t.Helper()
-	full := map[string]string{"API_ADDR": freeAddr(t), "LOG_FORMAT": "json"}
+	full := map[string]string{"API_ADDR": proctest.FreeAddr(t), "LOG_FORMAT": "json"}
 	for k, v := range env {
 		full[k] = v
 	}
@@ -95,8 +51,8 @@ func setup(t *testing.T, env map[string]string) *server {
 		full["DATABASE_URL"] = dbtest.URL(t)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &server{url: "http://" + full["API_ADDR"], logs: &syncBuffer{}, cancel: cancel, done: make(chan error, 1)}
-	go func() { s.done <- run(ctx, nil, getenv(full), s.logs) }()
+	s := &server{url: "http://" + full["API_ADDR"], logs: &proctest.Output{}, cancel: cancel, done: make(chan error, 1)}
+	go func() { s.done <- run(ctx, nil, proctest.Getenv(full), s.logs) }()
 	t.Cleanup(func() { _ = s.stop() })
 
 	var exited error
@@ -178,8 +134,8 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 			for k, v := range tc.env {
 				env[k] = v
 			}
-			var out syncBuffer
-			err := run(context.Background(), nil, getenv(env), &out)
+			var out proctest.Output
+			err := run(context.Background(), nil, proctest.Getenv(env), &out)
 			require.Error(t, err)
 			require.ErrorContains(t, err, "invalid configuration")
 			for _, name := range tc.want {
@@ -195,7 +151,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	t.Run("valid config reaches the database", func(t *testing.T) {
 		t.Parallel()
 		env := map[string]string{"DATABASE_URL": closedDB, "API_ADDR": "127.0.0.1:0", "LOG_FORMAT": "json"}
-		err := run(context.Background(), nil, getenv(env), io.Discard)
+		err := run(context.Background(), nil, proctest.Getenv(env), io.Discard)
 		require.ErrorContains(t, err, "connecting to database")
 		require.NotContains(t, err.Error(), "invalid configuration")
 	})
@@ -241,12 +197,12 @@ func TestMigrate(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			dbURL := tc.url(t)
-			env := getenv(map[string]string{"DATABASE_URL": dbURL, "LOG_FORMAT": "json"})
+			env := proctest.Getenv(map[string]string{"DATABASE_URL": dbURL, "LOG_FORMAT": "json"})
 
-			var first, second syncBuffer
+			var first, second proctest.Output
 			require.NoError(t, run(context.Background(), []string{"migrate"}, env, &first))
 			require.NoError(t, run(context.Background(), []string{"migrate"}, env, &second))
-			requireJSONLogs(t, first.String())
+			proctest.RequireJSONLogs(t, first.String())
 			require.NotContains(t, second.String(), "applied migration", "a second migrate must apply nothing")
 			require.Contains(t, second.String(), "database is up to date")
 
@@ -268,7 +224,7 @@ func TestMigrate(t *testing.T) {
 
 func TestUnknownCommand(t *testing.T) {
 	t.Parallel()
-	env := getenv(map[string]string{"DATABASE_URL": dbtest.URL(t), "LOG_FORMAT": "json"})
+	env := proctest.Getenv(map[string]string{"DATABASE_URL": dbtest.URL(t), "LOG_FORMAT": "json"})
 	err := run(context.Background(), []string{"frobnicate"}, env, io.Discard)
 	require.ErrorContains(t, err, "unknown command")
 	require.ErrorContains(t, err, "frobnicate")
@@ -355,7 +311,7 @@ func TestServe(t *testing.T) {
 	})
 
 	require.NoError(t, s.stop())
-	requireJSONLogs(t, s.logs.String())
+	proctest.RequireJSONLogs(t, s.logs.String())
 }
 
 func TestAdminClosedWithoutToken(t *testing.T) {

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -16,42 +15,14 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxkit/orders/internal/proctest"
+
 	"github.com/outboxkit/orders/internal/dbtest"
 	"github.com/outboxkit/orders/internal/webhook"
 )
 
 // closedDB is a well-formed URL nobody listens on.
 const closedDB = "postgres://x@127.0.0.1:1/db"
-
-func getenv(env map[string]string) func(string) string {
-	return func(name string) string { return env[name] }
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
-}
 
 func TestConfigErrorsNameTheVariable(t *testing.T) {
 	t.Parallel()
@@ -72,8 +43,8 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			var out syncBuffer
-			err := run(context.Background(), nil, getenv(tc.env), &out)
+			var out proctest.Output
+			err := run(context.Background(), nil, proctest.Getenv(tc.env), &out)
 			require.ErrorContains(t, err, "invalid configuration")
 			for _, name := range tc.want {
 				require.ErrorContains(t, err, name)
@@ -84,12 +55,12 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	}
 	t.Run("valid config reaches the database", func(t *testing.T) {
 		t.Parallel()
-		err := run(context.Background(), nil, getenv(map[string]string{"DATABASE_URL": closedDB, "WEBHOOK_SECRETS": good}), io.Discard)
+		err := run(context.Background(), nil, proctest.Getenv(map[string]string{"DATABASE_URL": closedDB, "WEBHOOK_SECRETS": good}), io.Discard)
 		require.ErrorContains(t, err, "connecting to database")
 	})
 	t.Run("arguments", func(t *testing.T) {
 		t.Parallel()
-		err := run(context.Background(), []string{"serve"}, getenv(nil), io.Discard)
+		err := run(context.Background(), []string{"serve"}, proctest.Getenv(nil), io.Discard)
 		require.ErrorContains(t, err, "unexpected arguments")
 	})
 }
@@ -102,7 +73,7 @@ func TestServe(t *testing.T) {
 	require.NoError(t, err)
 	newSecret, err := webhook.NewSecret()
 	require.NoError(t, err)
-	addr := freeAddr(t)
+	addr := proctest.FreeAddr(t)
 	env := map[string]string{
 		"DATABASE_URL": dbtest.URL(t), "CONSUMER_ADDR": addr, "LOG_FORMAT": "json",
 		"WEBHOOK_SECRETS": oldSecret + ", " + newSecret,
@@ -168,12 +139,12 @@ func TestServe(t *testing.T) {
 
 // start runs the command in-process until stop, which cancels it (as
 // SIGTERM does) and returns its result; it waits until /readyz answers.
-func start(t *testing.T, env map[string]string) (*syncBuffer, func() error) {
+func start(t *testing.T, env map[string]string) (*proctest.Output, func() error) {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &proctest.Output{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, nil, getenv(env), logs) }()
+	go func() { done <- run(ctx, nil, proctest.Getenv(env), logs) }()
 	var once sync.Once
 	var result error
 	stop := func() error {

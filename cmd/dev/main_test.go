@@ -1,50 +1,24 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxkit/orders/internal/proctest"
+
 	"github.com/outboxkit/orders/internal/dbtest"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().String()
-}
 
 // The README's run command: one process runs the api, the worker and the
 // demo receiver; an order placed over HTTP arrives at the receiver, signed.
 func TestDevRunsTheWholeService(t *testing.T) {
 	t.Parallel()
-	apiAddr, workerAddr, receiverAddr := freeAddr(t), freeAddr(t), freeAddr(t)
+	apiAddr, workerAddr, receiverAddr := proctest.FreeAddr(t), proctest.FreeAddr(t), proctest.FreeAddr(t)
 	env := map[string]string{
 		"DATABASE_URL":         dbtest.URL(t),
 		"API_ADDR":             apiAddr,
@@ -54,7 +28,7 @@ func TestDevRunsTheWholeService(t *testing.T) {
 		"OUTBOX_POLL_INTERVAL": "50ms",
 		"ADMIN_TOKEN":          "s3cret-admin-token",
 	}
-	var logs syncBuffer
+	var logs proctest.Output
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, nil, func(k string) string { return env[k] }, &logs) }()

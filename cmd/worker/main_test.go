@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -23,6 +21,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/orders/internal/proctest"
 
 	"github.com/outboxkit/orders/internal/dbtest"
 	"github.com/outboxkit/orders/internal/netguard"
@@ -70,48 +70,6 @@ func buildAPI(t *testing.T) string {
 	return apiBin
 }
 
-// syncBuffer collects a program's output; the program writes from many
-// goroutines while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func getenv(env map[string]string) func(string) string {
-	return func(name string) string { return env[name] }
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
-}
-
-func requireJSONLogs(t *testing.T, logs string) {
-	t.Helper()
-	for line := range strings.Lines(logs) {
-		if strings.TrimSpace(line) == "" {
-			continue
-		}
-		require.Truef(t, json.Valid([]byte(line)), "log line is not JSON: %s", line)
-	}
-}
-
 var client = &http.Client{Timeout: 10 * time.Second}
 
 // get returns the status and body of GET url, or 0 when nothing answers.
@@ -128,7 +86,7 @@ func get(url string) (int, string) {
 // proc is a running program: the worker in-process, or the api as a child.
 type proc struct {
 	url  string
-	logs *syncBuffer
+	logs *proctest.Output
 	done chan error
 	// signal asks the program to stop, as SIGTERM does.
 	signal func()
@@ -174,13 +132,13 @@ func (p *proc) waitReady(t *testing.T) {
 // JSON logs, and waits until it is ready.
 func startWorker(t *testing.T, env map[string]string) *proc {
 	t.Helper()
-	full := map[string]string{"WORKER_ADDR": freeAddr(t), "LOG_FORMAT": "json"}
+	full := map[string]string{"WORKER_ADDR": proctest.FreeAddr(t), "LOG_FORMAT": "json"}
 	for k, v := range env {
 		full[k] = v
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &proc{url: "http://" + full["WORKER_ADDR"], logs: &syncBuffer{}, done: make(chan error, 1), signal: cancel}
-	go func() { p.done <- run(ctx, nil, getenv(full), p.logs) }()
+	p := &proc{url: "http://" + full["WORKER_ADDR"], logs: &proctest.Output{}, done: make(chan error, 1), signal: cancel}
+	go func() { p.done <- run(ctx, nil, proctest.Getenv(full), p.logs) }()
 	t.Cleanup(func() { _ = p.stop() })
 	p.waitReady(t)
 	return p
@@ -191,7 +149,7 @@ func startWorker(t *testing.T, env map[string]string) *proc {
 func startAPI(t *testing.T, env map[string]string) *proc {
 	t.Helper()
 	bin := buildAPI(t)
-	full := map[string]string{"API_ADDR": freeAddr(t), "LOG_FORMAT": "json",
+	full := map[string]string{"API_ADDR": proctest.FreeAddr(t), "LOG_FORMAT": "json",
 		"PATH": os.Getenv("PATH"), "HOME": os.Getenv("HOME"), "TMPDIR": os.Getenv("TMPDIR")}
 	for k, v := range env {
 		full[k] = v
@@ -200,7 +158,7 @@ func startAPI(t *testing.T, env map[string]string) *proc {
 	for k, v := range full {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
-	p := &proc{url: "http://" + full["API_ADDR"], logs: &syncBuffer{}, done: make(chan error, 1)}
+	p := &proc{url: "http://" + full["API_ADDR"], logs: &proctest.Output{}, done: make(chan error, 1)}
 	cmd.Stdout, cmd.Stderr = p.logs, p.logs
 	require.NoError(t, cmd.Start())
 	go func() { p.done <- cmd.Wait() }()
@@ -440,8 +398,8 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 			for k, v := range tc.env {
 				env[k] = v
 			}
-			var out syncBuffer
-			err := run(context.Background(), nil, getenv(env), &out)
+			var out proctest.Output
+			err := run(context.Background(), nil, proctest.Getenv(env), &out)
 			require.Error(t, err)
 			require.ErrorContains(t, err, "invalid configuration")
 			for _, name := range tc.want {
@@ -457,14 +415,14 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	t.Run("valid config reaches the database", func(t *testing.T) {
 		t.Parallel()
 		env := map[string]string{"DATABASE_URL": closedDB, "WORKER_ADDR": "127.0.0.1:0", "LOG_FORMAT": "json"}
-		err := run(context.Background(), nil, getenv(env), io.Discard)
+		err := run(context.Background(), nil, proctest.Getenv(env), io.Discard)
 		require.ErrorContains(t, err, "connecting to database")
 		require.NotContains(t, err.Error(), "invalid configuration")
 	})
 
 	t.Run("arguments", func(t *testing.T) {
 		t.Parallel()
-		err := run(context.Background(), []string{"migrate"}, getenv(map[string]string{"DATABASE_URL": closedDB}), io.Discard)
+		err := run(context.Background(), []string{"migrate"}, proctest.Getenv(map[string]string{"DATABASE_URL": closedDB}), io.Discard)
 		require.ErrorContains(t, err, "unexpected arguments")
 	})
 }
@@ -594,8 +552,8 @@ func TestEndToEnd(t *testing.T) {
 	wg.Wait()
 	require.NoError(t, errs[0], "api; logs:\n%s", api.logs.String())
 	require.NoError(t, errs[1], "worker; logs:\n%s", worker.logs.String())
-	requireJSONLogs(t, worker.logs.String())
-	requireJSONLogs(t, api.logs.String())
+	proctest.RequireJSONLogs(t, worker.logs.String())
+	proctest.RequireJSONLogs(t, api.logs.String())
 }
 
 type message struct {

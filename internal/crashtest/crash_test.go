@@ -20,6 +20,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxkit/orders/internal/proctest"
+
 	"github.com/outboxkit/orders/internal/dbtest"
 	"github.com/outboxkit/orders/internal/webhook"
 )
@@ -88,12 +90,12 @@ func TestCrash(t *testing.T) {
 	ordersDB, consumerDB := dbtest.URL(t), dbtest.URL(t)
 	ordersDBName, consumerDBName := databaseName(t, ordersDB), databaseName(t, consumerDB)
 
-	consumerAddr := freeAddr(t)
+	consumerAddr := proctest.FreeAddr(t)
 	proxy := newChaosProxy(t, "http://"+consumerAddr+"/webhooks", deliveryTimeout+300*time.Millisecond)
 
 	// The journal: every chaos event and delivery, in order, kept in
 	// CRASH_LOG_DIR if set.
-	journal := &syncBuffer{}
+	journal := &proctest.Output{}
 	t0 := time.Now()
 	note := func(format string, args ...any) {
 		fmt.Fprintf(journal, "%8.3fs "+format+"\n", append([]any{time.Since(t0).Seconds()}, args...)...)
@@ -117,7 +119,7 @@ func TestCrash(t *testing.T) {
 		}
 	})
 
-	apiAddr := freeAddr(t)
+	apiAddr := proctest.FreeAddr(t)
 	apiURL := "http://" + apiAddr
 	api := newService(t, "api", bin+"/api", apiAddr, map[string]string{
 		"DATABASE_URL": ordersDB, "API_ADDR": apiAddr, "ADMIN_TOKEN": adminToken, "OUTBOX_ALLOW_PRIVATE_TARGETS": "true",
@@ -139,7 +141,7 @@ func TestCrash(t *testing.T) {
 
 	workers := make([]*service, nWorkers)
 	for i := range workers {
-		addr := freeAddr(t)
+		addr := proctest.FreeAddr(t)
 		workers[i] = newService(t, fmt.Sprintf("worker-%d", i+1), bin+"/worker", addr, map[string]string{
 			"DATABASE_URL": ordersDB, "WORKER_ADDR": addr,
 			"OUTBOX_ALLOW_PRIVATE_TARGETS": "true",
@@ -470,7 +472,7 @@ func TestCrash(t *testing.T) {
 	}
 	for _, s := range services {
 		logs := s.logs.String()
-		require.NotContains(t, logs, "panic:", "%s panicked:\n%s", s.name, s.logs.tail(8000))
+		require.NotContains(t, logs, "panic:", "%s panicked:\n%s", s.name, s.logs.Tail(8000))
 		require.NotContains(t, logs, secret, "%s logged the webhook secret", s.name)
 		require.NotContains(t, logs, retiring, "%s logged a webhook secret", s.name)
 		require.NotContains(t, logs, adminToken, "%s logged the admin token", s.name)

@@ -1,13 +1,11 @@
 package crashtest
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,6 +17,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/orders/internal/proctest"
 )
 
 // adminToken is the api's bearer token in these tests; the suite checks it
@@ -60,42 +60,6 @@ func binaries(t *testing.T) string {
 	return binDir
 }
 
-// syncBuffer collects a process's output across its restarts.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// tail returns the last n bytes, for failure messages.
-func (s *syncBuffer) tail(n int) string {
-	str := s.String()
-	if len(str) > n {
-		return "…" + str[len(str)-n:]
-	}
-	return str
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
-}
-
 // service is one program run as a child process on a fixed address, so a
 // restarted instance is where the old one was. A supervisor restarts it
 // whenever it exits until the test stops it: after a SIGKILL of ours, or
@@ -105,7 +69,7 @@ type service struct {
 	bin  string
 	addr string // host:port of its HTTP server, for /readyz
 	env  []string
-	logs *syncBuffer
+	logs *proctest.Output
 
 	mu         sync.Mutex
 	cmd        *exec.Cmd
@@ -125,7 +89,7 @@ func newService(t *testing.T, name, bin, addr string, env map[string]string) *se
 	for k, v := range env {
 		full = append(full, k+"="+v)
 	}
-	return &service{name: name, bin: bin, addr: addr, env: full, logs: &syncBuffer{}, supervised: make(chan struct{})}
+	return &service{name: name, bin: bin, addr: addr, env: full, logs: &proctest.Output{}, supervised: make(chan struct{})}
 }
 
 // launch starts one instance of the program.
@@ -239,7 +203,7 @@ func (s *service) ready() bool {
 func (s *service) waitReady(t *testing.T) {
 	t.Helper()
 	require.Eventually(t, s.ready, 60*time.Second, 20*time.Millisecond,
-		"%s never became ready; logs:\n%s", s.name, s.logs.tail(4000))
+		"%s never became ready; logs:\n%s", s.name, s.logs.Tail(4000))
 }
 
 func (s *service) counts() (starts, kills int, unexpected []string) {

@@ -17,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxkit/orders/internal/proctest"
+
 	"github.com/outboxkit/orders/internal/dbtest"
 )
 
@@ -97,7 +99,7 @@ func TestHeadOfLine(t *testing.T) {
 	t.Cleanup(hangingSrv.Close)
 	t.Cleanup(func() { close(release) }) // runs before hangingSrv.Close
 
-	apiAddr, workerAddr := freeAddr(t), freeAddr(t)
+	apiAddr, workerAddr := proctest.FreeAddr(t), proctest.FreeAddr(t)
 	apiURL := "http://" + apiAddr
 	api := newService(t, "api", bin+"/api", apiAddr, map[string]string{
 		"DATABASE_URL": dbURL, "API_ADDR": apiAddr, "ADMIN_TOKEN": adminToken, "OUTBOX_ALLOW_PRIVATE_TARGETS": "true",

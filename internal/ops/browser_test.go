@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -27,6 +26,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/orders/internal/proctest"
 
 	"github.com/outboxkit/orders/internal/apiserver"
 	"github.com/outboxkit/orders/internal/dbtest"
@@ -92,13 +93,13 @@ func TestBrowserRetryAFailedMessage(t *testing.T) {
 
 	// The real api, on a fresh database.
 	dbURL := dbtest.URL(t)
-	addr := freeAddr(t)
+	addr := proctest.FreeAddr(t)
 	base := "http://" + addr
 	env := map[string]string{
 		"DATABASE_URL": dbURL, "API_ADDR": addr, "ADMIN_TOKEN": token,
 		"OUTBOX_ALLOW_PRIVATE_TARGETS": "true", "LOG_FORMAT": "json",
 	}
-	apiLog := &syncBuffer{}
+	apiLog := &proctest.Output{}
 	apiCtx, stopAPI := context.WithCancel(ctx)
 	apiDone := make(chan error, 1)
 	go func() { apiDone <- apiserver.Run(apiCtx, nil, func(k string) string { return env[k] }, apiLog) }()
@@ -281,15 +282,6 @@ func TestBrowserRetryAFailedMessage(t *testing.T) {
 
 	require.Contains(t, apiLog.String(), `"action":"retry_message"`)
 	require.NotContains(t, apiLog.String(), token)
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
-	return addr
 }
 
 func waitHealthy(t *testing.T, base string) {

@@ -1,7 +1,6 @@
 package ops_test
 
 import (
-	"bytes"
 	"context"
 	"html"
 	"io"
@@ -22,6 +21,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxkit/orders/internal/proctest"
+
 	"github.com/outboxkit/orders/internal/dbtest"
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/ops"
@@ -30,36 +31,18 @@ import (
 
 const token = "s3cret-admin-token-for-tests"
 
-// syncBuffer collects log lines from concurrent requests.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 type env struct {
 	pool  *pgxpool.Pool
 	admin *outbox.Admin
 	srv   *httptest.Server
-	logs  *syncBuffer
+	logs  *proctest.Output
 	now   time.Time
 	clock func() time.Time
 }
 
 func newEnv(t *testing.T, tok string) *env {
 	t.Helper()
-	e := &env{pool: dbtest.Pool(t), logs: &syncBuffer{}}
+	e := &env{pool: dbtest.Pool(t), logs: &proctest.Output{}}
 	logger := slog.New(slog.NewJSONHandler(e.logs, nil))
 	e.admin = outbox.NewAdmin(e.pool, netguard.Guard{AllowPrivate: true}, logger)
 	var mu sync.Mutex
