@@ -17,6 +17,7 @@ type Metrics struct {
 	deliveryDuration *prometheus.HistogramVec
 	claimed          prometheus.Counter
 	claimRuns        prometheus.Counter
+	polls            prometheus.Counter
 	released         prometheus.Counter
 	pruned           prometheus.Counter
 }
@@ -37,7 +38,10 @@ func NewMetrics() *Metrics {
 			Name: "outbox_claimed_total", Help: "Messages claimed for delivery.",
 		}),
 		claimRuns: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outbox_claim_runs_total", Help: "Claim jobs run: the relay's heartbeat, rising even when idle.",
+			Name: "outbox_claim_runs_total", Help: "Claim jobs run (one is started whenever a poll finds work).",
+		}),
+		polls: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_polls_total", Help: "Looks for due work: the relay's heartbeat, rising every poll interval even when idle.",
 		}),
 		released: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_stale_claims_released_total", Help: "Claims returned to pending after the claim timeout (a relay died).",
@@ -50,7 +54,7 @@ func NewMetrics() *Metrics {
 
 // Register adds the metrics to reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.deliveries, m.deliveryDuration, m.claimed, m.claimRuns, m.released, m.pruned} {
+	for _, c := range []prometheus.Collector{m.deliveries, m.deliveryDuration, m.claimed, m.claimRuns, m.polls, m.released, m.pruned} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

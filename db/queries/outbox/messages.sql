@@ -26,6 +26,19 @@ FROM due
 WHERE m.id = due.id
 RETURNING m.id, m.destination;
 
+-- name: MessageWorkDue :one
+-- Whether a claim job has anything to do: a due pending message, or a claim
+-- past the claim timeout. Two probes of partial indexes, so an idle relay
+-- can look often for almost nothing.
+SELECT (EXISTS (
+            SELECT 1 FROM outbox_messages
+            WHERE status = 'pending' AND next_attempt_at <= now())
+        OR EXISTS (
+            SELECT 1 FROM outbox_messages
+            WHERE status = 'claimed'
+              AND claimed_at < now() - make_interval(secs => @claim_timeout_seconds::float8)))::boolean
+       AS due;
+
 -- name: MessageClaimedCount :one
 -- Rows claimed and not yet settled: the relay's work in flight, bounded so a
 -- claim never runs further ahead of delivery than the claim timeout allows.

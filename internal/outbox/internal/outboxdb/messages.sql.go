@@ -421,6 +421,27 @@ func (q *Queries) MessageStats(ctx context.Context) (MessageStatsRow, error) {
 	return i, err
 }
 
+const messageWorkDue = `-- name: MessageWorkDue :one
+SELECT (EXISTS (
+            SELECT 1 FROM outbox_messages
+            WHERE status = 'pending' AND next_attempt_at <= now())
+        OR EXISTS (
+            SELECT 1 FROM outbox_messages
+            WHERE status = 'claimed'
+              AND claimed_at < now() - make_interval(secs => $1::float8)))::boolean
+       AS due
+`
+
+// Whether a claim job has anything to do: a due pending message, or a claim
+// past the claim timeout. Two probes of partial indexes, so an idle relay
+// can look often for almost nothing.
+func (q *Queries) MessageWorkDue(ctx context.Context, claimTimeoutSeconds float64) (bool, error) {
+	row := q.db.QueryRow(ctx, messageWorkDue, claimTimeoutSeconds)
+	var due bool
+	err := row.Scan(&due)
+	return due, err
+}
+
 const messagesForDelivery = `-- name: MessagesForDelivery :many
 SELECT m.id, m.type, m.destination, m.payload, m.attempts, m.created_at, m.trace_context,
        e.url AS endpoint_url, e.secret AS endpoint_secret, e.enabled AS endpoint_enabled,
