@@ -105,7 +105,7 @@ func preloadDelivered(ctx context.Context, pool *pgxpool.Pool, n int, ageDays in
 
 // resetOutbox empties the outbox and River's job table between runs.
 func resetOutbox(ctx context.Context, pool *pgxpool.Pool) error {
-	_, err := pool.Exec(ctx, "TRUNCATE outbox_messages, river_job")
+	_, err := pool.Exec(ctx, "TRUNCATE outbox_attempts, outbox_messages, river_job")
 	return err
 }
 
@@ -285,10 +285,14 @@ type machine struct {
 	Postgres string
 	Go       string
 	Settings string
+	Tree     string
 }
 
 func machineFacts(ctx context.Context) machine {
 	m := machine{Go: runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH}
+	if out, err := exec.Command("git", "describe", "--always", "--dirty").Output(); err == nil {
+		m.Tree = strings.TrimSpace(string(out))
+	}
 	if out, err := exec.Command("nproc").Output(); err == nil {
 		m.NProc = strings.TrimSpace(string(out))
 	} else {
@@ -313,6 +317,91 @@ func machineFacts(ctx context.Context) machine {
 		m.Settings = fmt.Sprintf("shared_buffers=%s, synchronous_commit=%s, wal_level=%s, max_connections=%s", sb, sc, wal, mc)
 	}
 	return m
+}
+
+// pidCPU returns the CPU time (user+system) a process has used, 0 when unreadable.
+func pidCPU(pid int) time.Duration {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	closing := strings.LastIndexByte(s, ')')
+	if closing < 0 {
+		return 0
+	}
+	f := strings.Fields(s[closing+2:])
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(u+st) * 10 * time.Millisecond
+}
+
+// dbCPU follows the CPU time of the PostgreSQL backends connected to one
+// database (the machine is shared: other databases' backends are not
+// ours). It polls pg_stat_activity; a backend's last increment before it
+// exits between two polls is missed, a small undercount.
+type dbCPU struct {
+	stop chan struct{}
+	done chan struct{}
+	mu   sync.Mutex
+	base map[int]time.Duration
+	last map[int]time.Duration
+}
+
+func watchDBCPU(ctx context.Context, pool *pgxpool.Pool) *dbCPU {
+	w := &dbCPU{stop: make(chan struct{}), done: make(chan struct{}), base: map[int]time.Duration{}, last: map[int]time.Duration{}}
+	first := true
+	poll := func() {
+		rows, err := pool.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+		if err != nil {
+			return
+		}
+		pids, _ := pgx.CollectRows(rows, pgx.RowTo[int32])
+		w.mu.Lock()
+		for _, pid := range pids {
+			c := pidCPU(int(pid))
+			if first {
+				w.base[int(pid)] = c
+			}
+			if c > 0 {
+				w.last[int(pid)] = c
+			}
+		}
+		w.mu.Unlock()
+		first = false
+	}
+	poll()
+	go func() {
+		defer close(w.done)
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-w.stop:
+				poll()
+				return
+			case <-t.C:
+				poll()
+			}
+		}
+	}()
+	return w
+}
+
+// total stops the watch and returns the CPU used since it started.
+func (w *dbCPU) total() time.Duration {
+	close(w.stop)
+	<-w.done
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var t time.Duration
+	for pid, c := range w.last {
+		t += c - w.base[pid]
+	}
+	return t
 }
 
 // pgCPU returns the CPU time (user+system) used so far by every postgres

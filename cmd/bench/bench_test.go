@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxkit/orders/internal/orders"
+)
+
+// TestMain lets the test binary serve as a relay process for the
+// scale-out scenario, as the bench binary does.
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		if err := runChild(); err != nil {
+			os.Stderr.WriteString("bench relay: " + err.Error() + "\n")
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestSmoke runs every scenario at tiny size, so the suite cannot rot: CI
+// runs it with go test ./... . The figures mean nothing.
+func TestSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	out := filepath.Join(t.TempDir(), "PERFORMANCE.md")
+	cfg, err := parseFlags([]string{"-smoke", "-out", out}, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	start := time.Now()
+	if err := run(ctx, cfg, testWriter{t}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("smoke suite took %s", time.Since(start).Round(time.Millisecond))
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	for _, want := range []string{"## Targets", "## 1. Write path", "## 2. Drain", "## 3. Latency",
+		"## 4. History does not slow the claim", "## 5. Scale-out", "## 6. Prune under load", "## 7. Knobs", "Index Scan"} {
+		if !strings.Contains(doc, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+}
+
+// TestClaimSQLMatchesTheRelays guards the copy of the claim statement:
+// the bench must time the statement the relay runs.
+func TestClaimSQLMatchesTheRelays(t *testing.T) {
+	b, err := os.ReadFile("../../db/queries/outbox/messages.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), claimSQL) {
+		t.Fatal("claimSQL no longer matches MessageClaim in db/queries/outbox/messages.sql: copy it again")
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// BenchmarkPlace is the write path as a Go benchmark: one order
+// transaction per op, with and without the outbox row.
+//
+//	go test -run '^$' -bench Place -cpu 1,8 ./cmd/bench
+func BenchmarkPlace(b *testing.B) {
+	ctx := context.Background()
+	db, err := newDatabase(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.drop() //nolint:errcheck
+	pool, err := db.pool(ctx, 16)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pool.Close()
+	if err := addEndpoints(ctx, pool, 1, "http://127.0.0.1:9/hook"); err != nil {
+		b.Fatal(err)
+	}
+	for _, v := range writeVariants {
+		b.Run(strings.ReplaceAll(v.name, " ", "_"), func(b *testing.B) {
+			svc := orders.NewService(pool, discard, v.opts...)
+			b.RunParallel(func(pb *testing.PB) {
+				for i := int64(0); pb.Next(); i++ {
+					if _, _, err := svc.Place(ctx, placeRequest(i)); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkClaim times the relay's claim statement (batch 100, rolled back)
+// on a backlog of 20,000 pending messages.
+func BenchmarkClaim(b *testing.B) {
+	ctx := context.Background()
+	db, err := newDatabase(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.drop() //nolint:errcheck
+	pool, err := db.pool(ctx, 4)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pool.Close()
+	if err := addEndpoints(ctx, pool, 4, "http://127.0.0.1:9/hook"); err != nil {
+		b.Fatal(err)
+	}
+	if err := preloadPending(ctx, pool, 20_000); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := claimOnce(ctx, pool); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

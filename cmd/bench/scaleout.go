@@ -1,0 +1,165 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/outboxkit/orders/internal/outbox"
+)
+
+// childEnv, when set, makes this binary (or the test binary) a relay
+// process for the scale-out scenario: it runs the relay on the database
+// in childURLEnv until its stdin closes.
+const (
+	childEnv    = "OUTBOXKIT_BENCH_CHILD"
+	childURLEnv = "OUTBOXKIT_BENCH_DATABASE_URL"
+)
+
+func runChild() error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	r, err := startRelay(ctx, os.Getenv(childURLEnv), relaySetup{Config: outbox.DefaultRelayConfig(), Transport: httpTransport()})
+	if err != nil {
+		return err
+	}
+	go func() { _, _ = io.Copy(io.Discard, os.Stdin); stop() }()
+	<-ctx.Done()
+	r.stop()
+	return nil
+}
+
+// relayGroup is n relays: processes, or River clients in this process.
+type relayGroup struct {
+	procs  []*exec.Cmd
+	stdins []io.Closer
+	inproc []*runningRelay
+}
+
+func startRelays(ctx context.Context, url string, n int, procs bool) (*relayGroup, error) {
+	g := &relayGroup{}
+	for range n {
+		if !procs {
+			r, err := startRelay(ctx, url, relaySetup{Config: outbox.DefaultRelayConfig(), Transport: httpTransport()})
+			if err != nil {
+				g.stop()
+				return nil, err
+			}
+			g.inproc = append(g.inproc, r)
+			continue
+		}
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		cmd := exec.Command(exe)
+		cmd.Env = append(os.Environ(), childEnv+"=relay", childURLEnv+"="+url)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			return nil, err
+		}
+		if err := cmd.Start(); err != nil {
+			g.stop()
+			return nil, err
+		}
+		g.procs, g.stdins = append(g.procs, cmd), append(g.stdins, in)
+	}
+	return g, nil
+}
+
+func (g *relayGroup) stop() {
+	for _, r := range g.inproc {
+		r.stop()
+	}
+	for _, in := range g.stdins {
+		_ = in.Close()
+	}
+	for _, p := range g.procs {
+		done := make(chan struct{})
+		go func() { _ = p.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = p.Process.Kill()
+			<-done
+		}
+	}
+}
+
+func scenarioScaleOut(ctx context.Context, cfg config, rep *report) error {
+	e, err := newDrainEnv(ctx, cfg.Endpoints)
+	if err != nil {
+		return err
+	}
+	defer e.close()
+	type row struct {
+		n                   int
+		rate                float64
+		requests, distinct  int64
+		dups, multiAttempts int64
+	}
+	var rows []row
+	samples := map[int][]float64{}
+	var dupTotal, reqTotal, multiTotal int64
+	for range cfg.ScaleReps {
+		for _, n := range cfg.Relays {
+			if err := e.prepare(ctx, cfg.ScaleDrain, e.fast.url); err != nil {
+				return err
+			}
+			e.fast.reset(true, false)
+			start := time.Now()
+			g, err := startRelays(ctx, e.db.url, n, cfg.RelayProcs)
+			if err != nil {
+				return err
+			}
+			end, err := waitDrained(ctx, e.watch, drainLimit(cfg.ScaleDrain))
+			g.stop()
+			if err != nil {
+				return fmt.Errorf("%d relays: %w", n, err)
+			}
+			r := float64(cfg.ScaleDrain) / end.Sub(start).Seconds()
+			req, distinct := e.fast.duplicates()
+			var multi int64
+			_ = e.watch.QueryRow(ctx, "SELECT count(*) FROM outbox_messages WHERE attempts > 1").Scan(&multi)
+			if distinct != int64(cfg.ScaleDrain) {
+				return fmt.Errorf("%d relays: receiver saw %d distinct messages of %d", n, distinct, cfg.ScaleDrain)
+			}
+			samples[n] = append(samples[n], r)
+			dupTotal += req - distinct
+			reqTotal += req
+			multiTotal += multi
+			logf("  %d relay(s): %s msgs/s, %d requests, %d duplicates", n, rate(r), req, req-distinct)
+			rows = append(rows, row{n: n, rate: r, requests: req, distinct: distinct, dups: req - distinct, multiAttempts: multi})
+		}
+	}
+	var b strings.Builder
+	how := "each relay a **separate process** (this binary re-executed as a relay: its own pool of 20, its own River client, `DefaultRelayConfig()`, HTTP transport)"
+	if !cfg.RelayProcs {
+		how = "each relay a separate River client with its own pool of 20 **in this process**"
+	}
+	fmt.Fprintf(&b, "A drain as in section 2 (%s pending messages over %d endpoints, real HTTP to the loopback receiver answering 204) with 1, 2 and 4 relays at once, %s. "+
+		"The clock includes starting the relays. The receiver counts every request and every distinct `webhook-id`; duplicates = requests − distinct. Medians of %d runs.\n\n",
+		commas(int64(cfg.ScaleDrain)), cfg.Endpoints, how, cfg.ScaleReps)
+	b.WriteString("| relays | msgs/s | vs 1 relay | duplicate deliveries (all runs) |\n|---:|---:|---:|---:|\n")
+	base := median(samples[cfg.Relays[0]])
+	for _, n := range cfg.Relays {
+		var d int64
+		for _, r := range rows {
+			if r.n == n {
+				d += r.dups
+			}
+		}
+		fmt.Fprintf(&b, "| %d | %s | %.2f | %d |\n", n, rate(median(samples[n])), median(samples[n])/base, d)
+	}
+	fmt.Fprintf(&b, "\nIn all, %s requests, %d duplicates; %d messages were claimed more than once.\n", commas(reqTotal), dupTotal, multiTotal)
+	rep.section("5. Scale-out", b.String())
+	rep.target("Scale-out: duplicate deliveries without crashes", "0", fmt.Sprintf("%d of %s requests", dupTotal, commas(reqTotal)), dupTotal == 0)
+	return nil
+}
