@@ -74,12 +74,25 @@ type Transport interface {
 	Deliver(ctx context.Context, d Delivery) Result
 }
 
-// envelope is the webhook body: {"id","type","created_at","data"}.
-type envelope struct {
-	ID        uuid.UUID       `json:"id"`
-	Type      string          `json:"type"`
-	CreatedAt time.Time       `json:"created_at"`
-	Data      json.RawMessage `json:"data"`
+// webhookBody writes the webhook body, {"id","type","created_at","data"},
+// by hand: the payload is JSON the database already validated, and
+// json.Marshal would parse and compact it again for every message.
+func webhookBody(id uuid.UUID, typ string, createdAt time.Time, data json.RawMessage) ([]byte, error) {
+	quotedType, err := json.Marshal(typ)
+	if err != nil {
+		return nil, err
+	}
+	b := make([]byte, 0, 96+len(typ)+len(data))
+	b = append(b, `{"id":"`...)
+	b = append(b, id.String()...)
+	b = append(b, `","type":`...)
+	b = append(b, quotedType...)
+	b = append(b, `,"created_at":"`...)
+	b = createdAt.UTC().AppendFormat(b, time.RFC3339Nano)
+	b = append(b, `","data":`...)
+	b = append(b, data...)
+	b = append(b, '}')
+	return b, nil
 }
 
 type deliverWorker struct {
@@ -185,7 +198,7 @@ type sent struct {
 
 func (r *Relay) send(ctx context.Context, row outboxdb.MessagesForDeliveryRow) sent {
 	ctx, span, header := r.startDeliverSpan(ctx, row)
-	body, err := json.Marshal(envelope{ID: row.ID, Type: row.Type, CreatedAt: row.CreatedAt, Data: row.Payload})
+	body, err := webhookBody(row.ID, row.Type, row.CreatedAt, row.Payload)
 	if err != nil {
 		return sent{Result{Err: fmt.Errorf("encoding body: %w", err)}, span}
 	}
@@ -238,40 +251,25 @@ func (r *Relay) judge(row outboxdb.MessagesForDeliveryRow, res Result, started, 
 // (at-least-once), never that a message is marked without being sent.
 func (r *Relay) record(ctx context.Context, job *river.Job[DeliverArgs], outcomes []outcome) error {
 	p := outboxdb.MessagesRecordOutcomesParams{ClaimToken: job.Args.ClaimToken}
-	var a outboxdb.AttemptsRecordParams
 	var gone []uuid.UUID
 	for _, o := range outcomes {
-		msg := truncate(o.err, 500)
 		p.Ids = append(p.Ids, o.id)
 		p.Statuses = append(p.Statuses, o.status)
 		p.DelaysSeconds = append(p.DelaysSeconds, o.delay.Seconds())
-		p.LastErrors = append(p.LastErrors, msg)
-		a.MessageIds = append(a.MessageIds, o.id)
-		a.Attempts = append(a.Attempts, int32(o.attempt))
-		a.Outcomes = append(a.Outcomes, o.label)
-		a.StartedAts = append(a.StartedAts, o.started)
-		a.FinishedAts = append(a.FinishedAts, o.finished)
-		a.StatusCodes = append(a.StatusCodes, int32(o.code))
-		a.Errors = append(a.Errors, msg)
+		p.LastErrors = append(p.LastErrors, truncate(o.err, 500))
+		p.Attempts = append(p.Attempts, int32(o.attempt))
+		p.Outcomes = append(p.Outcomes, o.label)
+		p.StartedAts = append(p.StartedAts, o.started)
+		p.FinishedAts = append(p.FinishedAts, o.finished)
+		p.StatusCodes = append(p.StatusCodes, int32(o.code))
 		if o.gone {
 			gone = append(gone, job.Args.Destination)
 		}
 	}
 	return pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
 		q := outboxdb.New(tx)
-		held, err := q.MessagesRecordOutcomes(ctx, p)
-		if err != nil {
+		if _, err := q.MessagesRecordOutcomes(ctx, p); err != nil {
 			return fmt.Errorf("recording delivery outcomes: %w", err)
-		}
-		// Attempts enter the history only where the claim still held: rows
-		// re-claimed under a stale job keep the newer claim's story.
-		if len(held) < len(a.MessageIds) {
-			a = onlyHeld(a, held)
-		}
-		if len(a.MessageIds) > 0 {
-			if err := q.AttemptsRecord(ctx, a); err != nil {
-				return fmt.Errorf("recording delivery attempts: %w", err)
-			}
 		}
 		if len(gone) > 0 {
 			reason := "receiver answered 410 Gone"
@@ -284,28 +282,6 @@ func (r *Relay) record(ctx context.Context, job *river.Job[DeliverArgs], outcome
 		}
 		return nil
 	})
-}
-
-// onlyHeld keeps the attempts of the messages in held.
-func onlyHeld(a outboxdb.AttemptsRecordParams, held []uuid.UUID) outboxdb.AttemptsRecordParams {
-	keep := make(map[uuid.UUID]bool, len(held))
-	for _, id := range held {
-		keep[id] = true
-	}
-	var out outboxdb.AttemptsRecordParams
-	for i, id := range a.MessageIds {
-		if !keep[id] {
-			continue
-		}
-		out.MessageIds = append(out.MessageIds, id)
-		out.Attempts = append(out.Attempts, a.Attempts[i])
-		out.Outcomes = append(out.Outcomes, a.Outcomes[i])
-		out.StartedAts = append(out.StartedAts, a.StartedAts[i])
-		out.FinishedAts = append(out.FinishedAts, a.FinishedAts[i])
-		out.StatusCodes = append(out.StatusCodes, a.StatusCodes[i])
-		out.Errors = append(out.Errors, a.Errors[i])
-	}
-	return out
 }
 
 func truncate(s string, n int) string {

@@ -85,46 +85,44 @@ LEFT JOIN webhook_endpoints e ON e.id = m.destination
 WHERE m.id = ANY (@ids::uuid[]) AND m.claim_token = @claim_token::uuid
 ORDER BY m.id;
 
--- name: MessagesRecordOutcomes :many
--- Records a deliver job's outcomes in one statement, only on rows the job's
--- claim token still holds: a stale job finds nothing to change. An empty
+-- name: MessagesRecordOutcomes :execrows
+-- Records a deliver job's outcomes and their attempts in one statement, only
+-- on rows the job's claim token still holds: a stale job finds nothing to
+-- change, and rows re-claimed since keep the newer claim's story. An empty
 -- error keeps the previous one, so a delivered row still shows what failed
 -- before it succeeded. No status filter, as in MessagesForDelivery: the
--- token implies 'claimed' and the primary key finds the rows.
-UPDATE outbox_messages m
-SET status = o.status,
-    claim_token = NULL,
-    claimed_at = NULL,
-    delivered_at = CASE WHEN o.status = 'delivered' THEN now() END,
-    next_attempt_at = CASE WHEN o.status = 'pending'
-                           THEN now() + make_interval(secs => o.delay_seconds)
-                           ELSE m.next_attempt_at END,
-    last_error = COALESCE(NULLIF(o.last_error, ''), m.last_error)
-FROM (
-    SELECT unnest(@ids::uuid[])              AS id,
-           unnest(@statuses::text[])         AS status,
-           unnest(@delays_seconds::float8[]) AS delay_seconds,
-           unnest(@last_errors::text[])      AS last_error
-) AS o
-WHERE m.id = o.id AND m.claim_token = @claim_token::uuid
-RETURNING m.id;
-
--- name: AttemptsRecord :exec
--- One row per attempt of a deliver job, in the transaction that records the
--- outcomes. A River retry of a job whose first run never committed records
--- the attempt once; ON CONFLICT keeps a rare double record harmless.
+-- token implies 'claimed' and the primary key finds the rows. Attempts are
+-- numbered after those made before a person's requeue (attempts_before); a
+-- River retry of a job whose first run never committed records its attempt
+-- once, and ON CONFLICT keeps a rare double record harmless.
+WITH o AS (
+    SELECT unnest(@ids::uuid[])                 AS id,
+           unnest(@statuses::text[])            AS status,
+           unnest(@delays_seconds::float8[])    AS delay_seconds,
+           unnest(@last_errors::text[])         AS last_error,
+           unnest(@attempts::integer[])         AS attempt,
+           unnest(@outcomes::text[])            AS outcome,
+           unnest(@started_ats::timestamptz[])  AS started_at,
+           unnest(@finished_ats::timestamptz[]) AS finished_at,
+           unnest(@status_codes::integer[])     AS status_code
+), held AS (
+    UPDATE outbox_messages m
+    SET status = o.status,
+        claim_token = NULL,
+        claimed_at = NULL,
+        delivered_at = CASE WHEN o.status = 'delivered' THEN now() END,
+        next_attempt_at = CASE WHEN o.status = 'pending'
+                               THEN now() + make_interval(secs => o.delay_seconds)
+                               ELSE m.next_attempt_at END,
+        last_error = COALESCE(NULLIF(o.last_error, ''), m.last_error)
+    FROM o
+    WHERE m.id = o.id AND m.claim_token = @claim_token::uuid
+    RETURNING m.id, m.attempts_before
+)
 INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code, error)
-SELECT a.message_id, m.attempts_before + a.attempt, a.outcome, a.started_at, a.finished_at, NULLIF(a.status_code, 0), NULLIF(a.error, '')
-FROM (
-    SELECT unnest(@message_ids::uuid[])          AS message_id,
-           unnest(@attempts::integer[])          AS attempt,
-           unnest(@outcomes::text[])             AS outcome,
-           unnest(@started_ats::timestamptz[])   AS started_at,
-           unnest(@finished_ats::timestamptz[])  AS finished_at,
-           unnest(@status_codes::integer[])      AS status_code,
-           unnest(@errors::text[])               AS error
-) AS a
-JOIN outbox_messages m ON m.id = a.message_id
+SELECT h.id, h.attempts_before + o.attempt, o.outcome, o.started_at, o.finished_at,
+       NULLIF(o.status_code, 0), NULLIF(o.last_error, '')
+FROM held h JOIN o ON o.id = h.id
 ON CONFLICT DO NOTHING;
 
 -- name: AttemptsList :many

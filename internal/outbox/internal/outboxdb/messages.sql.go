@@ -45,48 +45,6 @@ func (q *Queries) AttemptsList(ctx context.Context, messageID uuid.UUID) ([]Outb
 	return items, nil
 }
 
-const attemptsRecord = `-- name: AttemptsRecord :exec
-INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code, error)
-SELECT a.message_id, m.attempts_before + a.attempt, a.outcome, a.started_at, a.finished_at, NULLIF(a.status_code, 0), NULLIF(a.error, '')
-FROM (
-    SELECT unnest($1::uuid[])          AS message_id,
-           unnest($2::integer[])          AS attempt,
-           unnest($3::text[])             AS outcome,
-           unnest($4::timestamptz[])   AS started_at,
-           unnest($5::timestamptz[])  AS finished_at,
-           unnest($6::integer[])      AS status_code,
-           unnest($7::text[])               AS error
-) AS a
-JOIN outbox_messages m ON m.id = a.message_id
-ON CONFLICT DO NOTHING
-`
-
-type AttemptsRecordParams struct {
-	MessageIds  []uuid.UUID
-	Attempts    []int32
-	Outcomes    []string
-	StartedAts  []time.Time
-	FinishedAts []time.Time
-	StatusCodes []int32
-	Errors      []string
-}
-
-// One row per attempt of a deliver job, in the transaction that records the
-// outcomes. A River retry of a job whose first run never committed records
-// the attempt once; ON CONFLICT keeps a rare double record harmless.
-func (q *Queries) AttemptsRecord(ctx context.Context, arg AttemptsRecordParams) error {
-	_, err := q.db.Exec(ctx, attemptsRecord,
-		arg.MessageIds,
-		arg.Attempts,
-		arg.Outcomes,
-		arg.StartedAts,
-		arg.FinishedAts,
-		arg.StatusCodes,
-		arg.Errors,
-	)
-	return err
-}
-
 const messageBacklog = `-- name: MessageBacklog :one
 SELECT
     (SELECT count(*) FROM outbox_messages WHERE status = 'pending') AS pending,
@@ -524,61 +482,75 @@ func (q *Queries) MessagesPrune(ctx context.Context, deliveredBefore time.Time, 
 	return result.RowsAffected(), nil
 }
 
-const messagesRecordOutcomes = `-- name: MessagesRecordOutcomes :many
-UPDATE outbox_messages m
-SET status = o.status,
-    claim_token = NULL,
-    claimed_at = NULL,
-    delivered_at = CASE WHEN o.status = 'delivered' THEN now() END,
-    next_attempt_at = CASE WHEN o.status = 'pending'
-                           THEN now() + make_interval(secs => o.delay_seconds)
-                           ELSE m.next_attempt_at END,
-    last_error = COALESCE(NULLIF(o.last_error, ''), m.last_error)
-FROM (
-    SELECT unnest($2::uuid[])              AS id,
-           unnest($3::text[])         AS status,
-           unnest($4::float8[]) AS delay_seconds,
-           unnest($5::text[])      AS last_error
-) AS o
-WHERE m.id = o.id AND m.claim_token = $1::uuid
-RETURNING m.id
+const messagesRecordOutcomes = `-- name: MessagesRecordOutcomes :execrows
+WITH o AS (
+    SELECT unnest($1::uuid[])                 AS id,
+           unnest($2::text[])            AS status,
+           unnest($3::float8[])    AS delay_seconds,
+           unnest($4::text[])         AS last_error,
+           unnest($5::integer[])         AS attempt,
+           unnest($6::text[])            AS outcome,
+           unnest($7::timestamptz[])  AS started_at,
+           unnest($8::timestamptz[]) AS finished_at,
+           unnest($9::integer[])     AS status_code
+), held AS (
+    UPDATE outbox_messages m
+    SET status = o.status,
+        claim_token = NULL,
+        claimed_at = NULL,
+        delivered_at = CASE WHEN o.status = 'delivered' THEN now() END,
+        next_attempt_at = CASE WHEN o.status = 'pending'
+                               THEN now() + make_interval(secs => o.delay_seconds)
+                               ELSE m.next_attempt_at END,
+        last_error = COALESCE(NULLIF(o.last_error, ''), m.last_error)
+    FROM o
+    WHERE m.id = o.id AND m.claim_token = $10::uuid
+    RETURNING m.id, m.attempts_before
+)
+INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code, error)
+SELECT h.id, h.attempts_before + o.attempt, o.outcome, o.started_at, o.finished_at,
+       NULLIF(o.status_code, 0), NULLIF(o.last_error, '')
+FROM held h JOIN o ON o.id = h.id
+ON CONFLICT DO NOTHING
 `
 
 type MessagesRecordOutcomesParams struct {
-	ClaimToken    uuid.UUID
 	Ids           []uuid.UUID
 	Statuses      []string
 	DelaysSeconds []float64
 	LastErrors    []string
+	Attempts      []int32
+	Outcomes      []string
+	StartedAts    []time.Time
+	FinishedAts   []time.Time
+	StatusCodes   []int32
+	ClaimToken    uuid.UUID
 }
 
-// Records a deliver job's outcomes in one statement, only on rows the job's
-// claim token still holds: a stale job finds nothing to change. An empty
+// Records a deliver job's outcomes and their attempts in one statement, only
+// on rows the job's claim token still holds: a stale job finds nothing to
+// change, and rows re-claimed since keep the newer claim's story. An empty
 // error keeps the previous one, so a delivered row still shows what failed
 // before it succeeded. No status filter, as in MessagesForDelivery: the
-// token implies 'claimed' and the primary key finds the rows.
-func (q *Queries) MessagesRecordOutcomes(ctx context.Context, arg MessagesRecordOutcomesParams) ([]uuid.UUID, error) {
-	rows, err := q.db.Query(ctx, messagesRecordOutcomes,
-		arg.ClaimToken,
+// token implies 'claimed' and the primary key finds the rows. Attempts are
+// numbered after those made before a person's requeue (attempts_before); a
+// River retry of a job whose first run never committed records its attempt
+// once, and ON CONFLICT keeps a rare double record harmless.
+func (q *Queries) MessagesRecordOutcomes(ctx context.Context, arg MessagesRecordOutcomesParams) (int64, error) {
+	result, err := q.db.Exec(ctx, messagesRecordOutcomes,
 		arg.Ids,
 		arg.Statuses,
 		arg.DelaysSeconds,
 		arg.LastErrors,
+		arg.Attempts,
+		arg.Outcomes,
+		arg.StartedAts,
+		arg.FinishedAts,
+		arg.StatusCodes,
+		arg.ClaimToken,
 	)
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
-	defer rows.Close()
-	var items []uuid.UUID
-	for rows.Next() {
-		var id uuid.UUID
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		items = append(items, id)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
+	return result.RowsAffected(), nil
 }
