@@ -101,9 +101,10 @@ transaction, an order committed just after a claim waits for the next tick:
 latency is about half the poll interval plus the pipeline. At 200 ms the p50
 target (< 50 ms) cannot be met (section 3: the 200 ms row); at 50 ms it is,
 with p99 far inside 250 ms. The price is the idle cost in section 3's second
-table: four times the claim jobs, each a River insert, fetch and completion
-plus a stale-claim release and an in-flight count. It is paid per relay
-process, not per order. A NOTIFY per order transaction, the alternative,
+table: each worker asks "anything due?" (two probes of partial indexes) every
+interval and starts a River claim job only when something is, so an idle
+relay runs about one claim job a second (the leader's safety net) whatever
+the interval. It is paid per relay process, not per order. A NOTIFY per order transaction, the alternative,
 costs the write throughput of section 1's last column. Two further options,
 measured but not made defaults: ` + "`PollInterval`" + ` 20 ms for the lowest latency
 (section 3), and River's ` + "`FetchPollInterval`" + ` of 1 s instead of the poll
@@ -114,43 +115,35 @@ relay's process a little lower, PostgreSQL higher), so it is not adopted.
 
 ## What limits the missed targets
 
-**Write path, ≥ 0.75 at 8 clients.** Measured near the line (section 1; the
-1-client ratio is above it). With the outbox an order transaction is five
-round trips instead of four (BEGIN, order, lines, outbox row, COMMIT) and
-writes one more row with two index entries (primary key, partial pending
-index) and a ~300-byte JSON payload: on 2 cores shared by the clients and
-PostgreSQL, every round trip is CPU. DESIGN.md's raw-SQL figure for the same
-difference is 0.79; the Go layers add the payload's JSON encoding and, since
-the tracing work, a trace-context parameter. Not profiled further in this
-suite; candidates are generating the UUIDv7 in Go instead of in
-` + "`outbox_uuid_v7()`" + ` (a SQL function evaluated per row) and sending no trace
-context when there is no span. A NOTIFY in the same transaction costs a
-further fifth (last column), as DESIGN.md measured.
+**Write path, ≥ 0.75 at 8 clients.** Met in this run, at the line (section
+1). With the outbox an order transaction is five round trips instead of four
+(BEGIN, order, lines, outbox row, COMMIT) and writes one more row with two
+index entries and a ~300-byte JSON payload; on 2 cores shared by the clients
+and PostgreSQL every round trip is CPU, so runs land between about 0.72 and
+0.77. DESIGN.md's raw-SQL figure for the same difference is 0.79. A NOTIFY in
+the same transaction costs a further fifth (last column), as DESIGN.md
+measured.
 
 **Drain (b), ≥ 20,000 msgs/s and ≥ 0.5 × (a).** The relay is CPU-bound, and
 both PostgreSQL and the relay share the machine's 2 cores. The CPU-per-message
 columns of section 2 say why: the raw loop spends about 40 µs per message (2
 statements per 100 messages, 2 row versions per message), the relay about
 70 µs in PostgreSQL plus about 40 µs in its own process. Per message the
-relay also: loads the row with its endpoint (` + "`MessagesForDelivery`" + `), writes an
-` + "`outbox_attempts`" + ` row (the delivery history: one more heap tuple, primary-key
-entry and WAL record per message) besides the outcome update, and carries
-its share of a River job (insert, fetch, JSON arguments of 200 ids,
-completion in the recording transaction) and of ` + "`MessageClaimedCount`" + `, which
-visits every claimed row before each claim. In the relay's process a CPU
-profile (` + "`-cpuprofile`" + `) shows pgx encoding ` + "`[]uuid.UUID`" + ` parameters through
-` + "`driver.Valuer`" + ` (building an error per array on the way), ` + "`json.Marshal`" + `
-re-validating each payload in the webhook envelope, River's JSON arguments,
-and a goroutine per message. At about 110 µs per message, 2 cores bound the
-relay near 18,000 msgs/s even with no other work; it reaches about 0.4 of the
-raw loop in CPU terms and less in msgs/s, because claim, delivery and
-recording are separate round trips that a 2-core machine cannot overlap
-perfectly. What would close the gap, each a change to the relay beyond this
-suite: writing the attempt rows in the same statement as the outcomes (one
-statement, no second primary-key lookup); native UUID encoding (` + "`pgtype.UUID`" + `
-or a registered codec); building the envelope without re-validating the
-payload; keeping the in-flight count in the claim statement instead of a
-separate count. Delivering over HTTP (c) meets its own target, and is then
+relay also: loads the row with its endpoint (` + "`" + `MessagesForDelivery` + "`" + `), writes an
+` + "`" + `outbox_attempts` + "`" + ` row (the delivery history: one more heap tuple, index
+entries, a foreign-key check and WAL per message) in the statement that
+records the outcome, and carries its share of a River job (insert, fetch,
+JSON arguments of 200 ids, completion in the recording transaction) and of
+` + "`" + `MessageClaimedCount` + "`" + `. Two of the suite's first proposals are done (attempts
+written in the outcome statement; the webhook body built without
+re-validating the payload); in this run they moved the relay from about 0.35
+to 0.43 of the raw loop. At about 110 µs per message, 2 cores bound the relay
+near 18,000 msgs/s even with no other work; the rest of the gap is the
+delivery history and the job bookkeeping that the raw loop does not do.
+What would close more of it, each a change to the relay beyond this suite:
+native UUID encoding (` + "`" + `pgtype.UUID` + "`" + ` or a registered codec); keeping the
+in-flight count in the claim statement; no per-message goroutine when the
+transport is local. Delivering over HTTP (c) meets its own target, and is then
 limited by the HTTP client and the receiver, both in the bench process
 (its CPU per message triples).
 
