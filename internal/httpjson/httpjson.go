@@ -61,12 +61,19 @@ func Write(w http.ResponseWriter, status int, v any) {
 }
 
 // Decode reads exactly one JSON value into dst from a body of at most
-// MaxBody bytes, refusing unknown fields, trailing data and non-JSON content
-// types. Its errors are *Problem values with a detail a client can act on.
+// MaxBody bytes, refusing unknown fields, trailing data and content types
+// that say the body is something else. Its errors are *Problem values with a
+// detail a client can act on.
+//
+// No content type, application/json, any +json type, and
+// application/x-www-form-urlencoded are read as JSON: the last is what
+// `curl -d` sends unless told otherwise, and refusing a JSON body over a
+// default header helps nobody. The body itself must still be valid JSON.
 func Decode(w http.ResponseWriter, r *http.Request, dst any) error {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
-		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json") &&
+			mt != "application/x-www-form-urlencoded") {
 			return NewProblem(http.StatusUnsupportedMediaType, "content-type must be application/json, got %q", ct)
 		}
 	}

@@ -92,7 +92,7 @@ func TestPlaceRefusesBadInputAndWritesNothing(t *testing.T) {
 		"body over 1 MiB":     {body: withCustomer(`"` + strings.Repeat("c", httpjson.MaxBody) + `"`), status: 413, mentions: []string{fmt.Sprint(httpjson.MaxBody)}},
 		"padding over 1 MiB":  {body: validBody + strings.Repeat(" ", httpjson.MaxBody), status: 413},
 		"text/plain":          {body: validBody, headers: []string{"Content-Type", "text/plain"}, status: 415, mentions: []string{"text/plain"}},
-		"form encoded":        {body: validBody, headers: []string{"Content-Type", "application/x-www-form-urlencoded"}, status: 415},
+		"multipart":           {body: validBody, headers: []string{"Content-Type", "multipart/form-data; boundary=x"}, status: 415},
 		"garbled media type":  {body: validBody, headers: []string{"Content-Type", "application/json; ==="}, status: 415},
 		"text/plain and junk": {body: `not json`, headers: []string{"Content-Type", "text/plain"}, status: 415},
 	}

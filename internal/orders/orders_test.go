@@ -480,6 +480,8 @@ func TestPlaceAcceptsRequestsAtTheLimits(t *testing.T) {
 		"largest total":   {body: body("c", maxLines, maxLine("A")), total: int64(maxLines) * maxLinePrice},
 		"no content type": {body: validBody, headers: []string{"Content-Type", ""}, total: 1250},
 		"json charset":    {body: validBody, headers: []string{"Content-Type", "application/json; charset=utf-8"}, total: 1250},
+		// curl -d sends this by default; the body is read as JSON either way.
+		"curl's form default": {body: validBody, headers: []string{"Content-Type", "application/x-www-form-urlencoded"}, total: 1250},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
