@@ -201,6 +201,7 @@ func ensureTemplate() (string, error) {
 	if _, err := conn.Exec(ctx, fmt.Sprintf("ALTER DATABASE %s IS_TEMPLATE true", name)); err != nil {
 		return "", fmt.Errorf("marking template: %w", err)
 	}
+	dropStaleTemplates(ctx, conn, name)
 	return name, nil
 }
 
@@ -226,4 +227,23 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// dropStaleTemplates removes templates of earlier schemas once a new one is
+// built, so a machine keeps one template, not one per migration ever tried.
+// Best effort: a template still in use by another test run stays.
+func dropStaleTemplates(ctx context.Context, conn *pgx.Conn, current string) {
+	rows, err := conn.Query(ctx, `SELECT datname FROM pg_database
+		WHERE datname LIKE 'outboxkit\_template\_%' AND datname <> $1 AND datname NOT LIKE '%\_building'`, current)
+	if err != nil {
+		return
+	}
+	stale, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return
+	}
+	for _, name := range stale {
+		_, _ = conn.Exec(ctx, fmt.Sprintf("ALTER DATABASE %s IS_TEMPLATE false", name))
+		_, _ = conn.Exec(ctx, fmt.Sprintf("DROP DATABASE IF EXISTS %s", name))
+	}
 }
