@@ -61,6 +61,7 @@ type ValidationError struct {
 	Reason string
 }
 
+// Error implements error.
 func (e *ValidationError) Error() string { return fmt.Sprintf("%s: %s", e.Field, e.Reason) }
 
 // Line is one order line.

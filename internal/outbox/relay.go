@@ -123,6 +123,7 @@ type FieldError struct {
 	Msg   string
 }
 
+// Error implements error.
 func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
 
 // Validate reports settings that cannot work together, as *FieldError values
