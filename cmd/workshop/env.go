@@ -17,9 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/riverqueue/river"
 
 	"github.com/outboxkit/orders/internal/dbtest"
 	"github.com/outboxkit/orders/internal/netguard"
@@ -209,35 +207,25 @@ func httpTransport() outbox.Transport {
 	return &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()}
 }
 
-// startRelay runs a real outbox relay (a River client) in this process
-// until stop is called or the lab ends.
+// startRelay runs a real outbox relay in this process, as cmd/worker does:
+// a River client and the claim poller beside it, until stop is called or the
+// lab ends.
 func (l *lab) startRelay(cfg outbox.RelayConfig, transport outbox.Transport) (stop func(), err error) {
-	client, err := newRelayClient(l.pool, cfg, transport, l.logger)
+	stopRelay, err := runRelay(l.ctx, l.pool, cfg, transport, l.logger)
 	if err != nil {
 		return nil, err
 	}
-	if err := client.Start(l.ctx); err != nil {
-		return nil, fmt.Errorf("starting relay: %w", err)
-	}
-	// A new River process staggers its periodic jobs (the claim timer) by up
-	// to a second or two after it wins leadership; the lab starts the first
-	// claim at once, so timings measure the relay rather than its start-up.
-	if _, err := client.Insert(l.ctx, outbox.ClaimArgs{}, nil); err != nil {
-		return nil, fmt.Errorf("starting the first claim: %w", err)
-	}
 	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_ = client.StopAndCancel(ctx)
-		})
-	}
+	stop = func() { once.Do(stopRelay) }
 	l.defer_(stop)
 	return stop, nil
 }
 
-func newRelayClient(pool *pgxpool.Pool, cfg outbox.RelayConfig, transport outbox.Transport, logger *slog.Logger) (*river.Client[pgx.Tx], error) {
+// runRelay starts a River client with the relay's workers and the relay's
+// claim poller (Relay.TickClaims), and returns what stops both. The poller
+// is what lets a relay started right after another was killed claim at
+// once, without waiting out the dead process's River leadership.
+func runRelay(ctx context.Context, pool *pgxpool.Pool, cfg outbox.RelayConfig, transport outbox.Transport, logger *slog.Logger) (stop func(), err error) {
 	if transport == nil {
 		transport = httpTransport()
 	}
@@ -245,7 +233,21 @@ func newRelayClient(pool *pgxpool.Pool, cfg outbox.RelayConfig, transport outbox
 	if err != nil {
 		return nil, err
 	}
-	return relay.NewRiverClient()
+	client, err := relay.NewRiverClient()
+	if err != nil {
+		return nil, err
+	}
+	if err := client.Start(ctx); err != nil {
+		return nil, fmt.Errorf("starting relay: %w", err)
+	}
+	tickCtx, stopTicking := context.WithCancel(ctx)
+	go relay.TickClaims(tickCtx, client)
+	return func() {
+		stopTicking()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = client.StopAndCancel(ctx)
+	}, nil
 }
 
 // waitFor polls cond until it holds, showing status, or fails after limit.
@@ -357,18 +359,6 @@ func childMain(role string) int {
 		return 1
 	}
 	return 0
-}
-
-// expireLeader removes River's leadership record of a process that was
-// killed. River would wait out the dead leader's lease (15 s) before
-// another process takes over the periodic claim job; the lab does not make
-// the learner wait for that.
-func (l *lab) expireLeader() error {
-	_, err := l.pool.Exec(l.ctx, "DELETE FROM river_leader")
-	if err != nil {
-		return fmt.Errorf("expiring the dead relay's River leadership: %w", err)
-	}
-	return nil
 }
 
 var errInvariant = errors.New("unexpected result")

@@ -217,11 +217,7 @@ func runRelayChild(ctx context.Context, raw []byte) error {
 		return err
 	}
 	defer pool.Close()
-	client, err := newRelayClient(pool, spec.Config, &dyingTransport{Transport: httpTransport(), after: spec.DieAfterSends}, discardLogger())
-	if err != nil {
-		return err
-	}
-	if err := client.Start(ctx); err != nil {
+	if _, err := runRelay(ctx, pool, spec.Config, &dyingTransport{Transport: httpTransport(), after: spec.DieAfterSends}, discardLogger()); err != nil {
 		return err
 	}
 	time.Sleep(time.Minute) // the transport kills the process long before this
