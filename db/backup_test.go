@@ -94,15 +94,13 @@ func startRelay(t *testing.T, pool *pgxpool.Pool) (stop func()) {
 	relay, err := outbox.NewRelay(pool, cfg, &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
 		slog.New(slog.DiscardHandler), nil)
 	require.NoError(t, err)
-	client, err := relay.NewRiverClient()
-	require.NoError(t, err)
-	require.NoError(t, client.Start(context.Background()))
+	require.NoError(t, relay.Start(context.Background()))
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			require.NoError(t, client.StopAndCancel(ctx))
+			require.NoError(t, relay.Stop(ctx))
 		})
 	}
 	t.Cleanup(stop)

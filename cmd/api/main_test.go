@@ -124,6 +124,8 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"log format", map[string]string{"LOG_FORMAT": "xml"}, []string{"LOG_FORMAT"}},
 		{"allow private targets", map[string]string{"OUTBOX_ALLOW_PRIVATE_TARGETS": "maybe"}, []string{"OUTBOX_ALLOW_PRIVATE_TARGETS"}},
 		{"malformed database url", map[string]string{"DATABASE_URL": "postgres://%zz"}, []string{"DATABASE_URL"}},
+		// A production process never guesses a database (cmd/dev does).
+		{"no database url", map[string]string{"DATABASE_URL": ""}, []string{"DATABASE_URL: required"}},
 		{"every problem at once", map[string]string{"LOG_FORMAT": "xml", "OUTBOX_ALLOW_PRIVATE_TARGETS": "maybe"},
 			[]string{"LOG_FORMAT", "OUTBOX_ALLOW_PRIVATE_TARGETS"}},
 	}

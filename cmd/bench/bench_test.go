@@ -48,7 +48,8 @@ func TestSmoke(t *testing.T) {
 	}
 	doc := string(b)
 	for _, want := range []string{"## Targets", "## 1. Write path", "## 2. Drain", "## 3. Latency",
-		"## 4. History does not slow the claim", "## 5. Scale-out", "## 6. Prune under load", "## 7. Knobs", "Index Scan"} {
+		"## 4. History does not slow the claim", "## 5. Scale-out", "## 6. Prune under load", "## 7. Knobs",
+		"## 8. Head-of-line isolation at the defaults", "## 9. Recovery after SIGKILL", "Index Scan"} {
 		if !strings.Contains(doc, want) {
 			t.Errorf("report lacks %q", want)
 		}
@@ -128,9 +129,13 @@ func BenchmarkClaim(b *testing.B) {
 	if err := preloadPending(ctx, pool, 20_000); err != nil {
 		b.Fatal(err)
 	}
+	l, err := leaseOne(ctx, pool)
+	if err != nil {
+		b.Fatal(err)
+	}
 	b.ResetTimer()
 	for b.Loop() {
-		if _, err := claimOnce(ctx, pool); err != nil {
+		if _, err := claimOnce(ctx, pool, l); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -15,16 +15,29 @@ import (
 	"github.com/outboxkit/orders/internal/outbox"
 )
 
-// claimOnce times the relay's claim statement (batch 100) in a transaction
-// that is then rolled back, so every sample sees the same backlog.
-func claimOnce(ctx context.Context, pool *pgxpool.Pool) (time.Duration, error) {
+// leased is the destination whose lease the claims use, as a deliver job
+// holds it.
+type leased struct{ destination, token uuid.UUID }
+
+// leaseOne gives the first endpoint a lease for the timed claims.
+func leaseOne(ctx context.Context, pool *pgxpool.Pool) (leased, error) {
+	l := leased{token: uuid.New()}
+	err := pool.QueryRow(ctx, `UPDATE webhook_endpoints SET lease_token = $1
+		WHERE id = (SELECT id FROM webhook_endpoints ORDER BY id LIMIT 1) RETURNING id`, l.token).Scan(&l.destination)
+	return l, err
+}
+
+// claimOnce times the relay's claim statement (batch 100, one destination)
+// in a transaction that is then rolled back, so every sample sees the same
+// backlog.
+func claimOnce(ctx context.Context, pool *pgxpool.Pool, l leased) (time.Duration, error) {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return 0, err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck
 	start := time.Now()
-	rows, err := tx.Query(ctx, claimStmt(), 100, uuid.New())
+	rows, err := tx.Query(ctx, claimStmt(), 100, l.token, l.destination, uuid.New())
 	if err != nil {
 		return 0, err
 	}
@@ -50,7 +63,7 @@ type claimStats struct {
 
 // claimLatency times claims until stop returns true (at least min samples
 // unless stop is nil, then exactly samples), one every pace.
-func claimLatency(ctx context.Context, pool *pgxpool.Pool, samples int, pace time.Duration, stop func() bool) (claimStats, error) {
+func claimLatency(ctx context.Context, pool *pgxpool.Pool, l leased, samples int, pace time.Duration, stop func() bool) (claimStats, error) {
 	var lat []time.Duration
 	next := time.Now()
 	for {
@@ -64,7 +77,7 @@ func claimLatency(ctx context.Context, pool *pgxpool.Pool, samples int, pace tim
 			time.Sleep(wait)
 		}
 		next = next.Add(pace)
-		d, err := claimOnce(ctx, pool)
+		d, err := claimOnce(ctx, pool, l)
 		if err != nil {
 			return claimStats{}, err
 		}
@@ -74,10 +87,11 @@ func claimLatency(ctx context.Context, pool *pgxpool.Pool, samples int, pace tim
 	return claimStats{len(lat), percentile(lat, .5), percentile(lat, .99), lat[len(lat)-1]}, nil
 }
 
-func explainClaim(ctx context.Context, pool *pgxpool.Pool) (string, error) {
+func explainClaim(ctx context.Context, pool *pgxpool.Pool, l leased) (string, error) {
 	var out []string
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		stmt := replaceAll(claimSQL, map[string]string{"@batch_size": "100", "@claim_token": "'" + uuid.NewString() + "'"})
+		stmt := replaceAll(claimSQL, map[string]string{"@batch_size": "100", "@claim_token": "'" + l.token.String() + "'",
+			"@destination": "'" + l.destination.String() + "'", "@relay_id": "'" + uuid.NewString() + "'"})
 		rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+stmt)
 		if err != nil {
 			return err
@@ -135,15 +149,19 @@ func scenarioHistory(ctx context.Context, cfg config, rep *report) error {
 	if err := preloadPending(ctx, pool, backlog); err != nil {
 		return err
 	}
-	// Warm the plan cache and the buffers.
-	if _, err := claimLatency(ctx, pool, 20, 0, nil); err != nil {
-		return err
-	}
-	empty, err := claimLatency(ctx, pool, cfg.ClaimSamples, 0, nil)
+	l, err := leaseOne(ctx, pool)
 	if err != nil {
 		return err
 	}
-	explainEmpty, err := explainClaim(ctx, pool)
+	// Warm the plan cache and the buffers.
+	if _, err := claimLatency(ctx, pool, l, 20, 0, nil); err != nil {
+		return err
+	}
+	empty, err := claimLatency(ctx, pool, l, cfg.ClaimSamples, 0, nil)
+	if err != nil {
+		return err
+	}
+	explainEmpty, err := explainClaim(ctx, pool, l)
 	if err != nil {
 		return err
 	}
@@ -156,14 +174,14 @@ func scenarioHistory(ctx context.Context, cfg config, rep *report) error {
 	}
 	loadTook := time.Since(t)
 	logf("  loaded %d delivered rows in %s", cfg.History, loadTook.Round(time.Second))
-	if _, err := claimLatency(ctx, pool, 20, 0, nil); err != nil {
+	if _, err := claimLatency(ctx, pool, l, 20, 0, nil); err != nil {
 		return err
 	}
-	full, err := claimLatency(ctx, pool, cfg.ClaimSamples, 0, nil)
+	full, err := claimLatency(ctx, pool, l, cfg.ClaimSamples, 0, nil)
 	if err != nil {
 		return err
 	}
-	explainFull, err := explainClaim(ctx, pool)
+	explainFull, err := explainClaim(ctx, pool, l)
 	if err != nil {
 		return err
 	}
@@ -196,7 +214,7 @@ func scenarioHistory(ctx context.Context, cfg config, rep *report) error {
 		baseWindow = 300 * time.Millisecond
 	}
 	baseEnd := time.Now().Add(baseWindow)
-	base, err := claimLatency(ctx, pool, 0, pace, func() bool { return time.Now().After(baseEnd) })
+	base, err := claimLatency(ctx, pool, l, 0, pace, func() bool { return time.Now().After(baseEnd) })
 	if err != nil {
 		return err
 	}
@@ -214,7 +232,7 @@ func scenarioHistory(ctx context.Context, cfg config, rep *report) error {
 		pruneTook = time.Since(pruneStart)
 		once.Do(func() { close(pruneDone) })
 	}()
-	during, err := claimLatency(ctx, pool, 0, pace, func() bool {
+	during, err := claimLatency(ctx, pool, l, 0, pace, func() bool {
 		select {
 		case <-pruneDone:
 			return true
@@ -232,9 +250,9 @@ func scenarioHistory(ctx context.Context, cfg config, rep *report) error {
 	logf("  prune %d rows in %s: claim p99 %s → %s", pruned, pruneTook.Round(time.Millisecond), ms(base.p99), ms(during.p99))
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "The relay's claim statement (`MessageClaim`, batch 100) timed on its own, %d times back to back, in a transaction rolled back after each claim so every sample sees the same backlog of %s pending messages; then %s delivered rows (each with its `outbox_attempts` record, delivered 30 days ago) are added in bulk (%s) and `VACUUM ANALYZE` runs, as autovacuum would have, and the claim is timed again. "+
+	fmt.Fprintf(&b, "The relay's claim statement (`MessageClaim`, batch 100, for one of the %d destinations under its lease, as a deliver job runs it) timed on its own, %d times back to back, in a transaction rolled back after each claim so every sample sees the same backlog of %s pending messages; then %s delivered rows (each with its `outbox_attempts` record, delivered 30 days ago) are added in bulk (%s) and `VACUUM ANALYZE` runs, as autovacuum would have, and the claim is timed again. "+
 		"With the history: `outbox_messages` %s in total, `outbox_attempts` %s; the partial pending index stays %s.\n\n",
-		cfg.ClaimSamples, commas(int64(backlog)), commas(int64(cfg.History)), loadTook.Round(time.Second), tableSize, attemptsSize, pendingIdx)
+		cfg.Endpoints, cfg.ClaimSamples, commas(int64(backlog)), commas(int64(cfg.History)), loadTook.Round(time.Second), tableSize, attemptsSize, pendingIdx)
 	b.WriteString("| delivered rows retained | claims | p50 | p99 | max |\n|---:|---:|---:|---:|---:|\n")
 	fmt.Fprintf(&b, "| 0 | %d | %s | %s | %s |\n", empty.n, msf(empty.p50)+" ms", msf(empty.p99)+" ms", ms(empty.max))
 	fmt.Fprintf(&b, "| %s | %d | %s | %s | %s |\n", commas(int64(cfg.History)), full.n, msf(full.p50)+" ms", msf(full.p99)+" ms", ms(full.max))

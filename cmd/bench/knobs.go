@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/outboxkit/orders/internal/outbox"
 )
@@ -26,27 +25,11 @@ func knobs() []knob {
 		return knobValue{label, func(s *relaySetup) { f(&s.Config) }}
 	}
 	return []knob{
-		{"BatchSize (`OUTBOX_BATCH_SIZE`)", "messages per claim statement", []knobValue{
-			cfgv("100", func(c *outbox.RelayConfig) { c.BatchSize = 100 }),
-			cfgv(fmt.Sprintf("%d (default)", def.BatchSize), func(*outbox.RelayConfig) {}),
-			cfgv("2000", func(c *outbox.RelayConfig) { c.BatchSize = 2000 }),
-		}},
-		{"DeliverBatch (`OUTBOX_DELIVER_BATCH`)", "messages per deliver job (one River job, one load, one recording transaction)", []knobValue{
-			cfgv("10", func(c *outbox.RelayConfig) { c.DeliverBatch = 10 }),
-			cfgv("50", func(c *outbox.RelayConfig) { c.DeliverBatch = 50 }),
-			cfgv("200", func(c *outbox.RelayConfig) { c.DeliverBatch = 200 }),
-			cfgv("400", func(c *outbox.RelayConfig) { c.DeliverBatch = 400 }),
-		}},
-		{"DeliverWorkers (`OUTBOX_DELIVER_WORKERS`)", "deliver jobs one process runs at once", []knobValue{
-			cfgv("10", func(c *outbox.RelayConfig) { c.DeliverWorkers = 10 }),
-			cfgv("25", func(c *outbox.RelayConfig) { c.DeliverWorkers = 25 }),
-			cfgv("50", func(c *outbox.RelayConfig) { c.DeliverWorkers = 50 }),
-			cfgv("100", func(c *outbox.RelayConfig) { c.DeliverWorkers = 100 }),
-		}},
-		{"River FetchCooldown (set in `Relay.NewRiverClient`, 10 ms)", "minimum time between two fetches of a River producer", []knobValue{
-			{"1 ms", func(s *relaySetup) { s.FetchCooldown = time.Millisecond }},
-			{"10 ms (relay's)", func(s *relaySetup) { s.FetchCooldown = 10 * time.Millisecond }},
-			{"100 ms (River's default)", func(s *relaySetup) { s.FetchCooldown = 100 * time.Millisecond }},
+		{"DestinationConcurrency (`OUTBOX_DESTINATION_CONCURRENCY`)", "requests in flight per destination; with the no-op transport, how many messages one claim takes", []knobValue{
+			cfgv("4", func(c *outbox.RelayConfig) { c.DestinationConcurrency = 4 }),
+			cfgv(fmt.Sprintf("%d (default)", def.DestinationConcurrency), func(*outbox.RelayConfig) {}),
+			cfgv("64", func(c *outbox.RelayConfig) { c.DestinationConcurrency = 64 }),
+			cfgv("256", func(c *outbox.RelayConfig) { c.DestinationConcurrency = 256 }),
 		}},
 		{"Pool size (`cmd/worker`: 20)", "connections in the relay's pgx pool, shared by River and the relay", []knobValue{
 			{"5", func(s *relaySetup) { s.PoolSize = 5 }},
@@ -68,7 +51,7 @@ func scenarioKnobs(ctx context.Context, cfg config, rep *report) error {
 	only := os.Getenv("BENCH_KNOBS") // for exploring one knob
 	var b strings.Builder
 	fmt.Fprintf(&b, "Each setting changed alone from `DefaultRelayConfig()`; drain of %s pending messages over %d endpoints with the no-op transport (the relay's own cost), median of %d run(s), runs of one knob interleaved. "+
-		"DeliverConcurrency, which matters only when receivers take time, is measured in section 2 (d); PollInterval, which matters only when the relay is idle, in section 3.\n\n",
+		"DestinationConcurrency with a receiver that takes time is measured in section 2 (d); PollInterval, which matters only when the relay is idle, in section 3.\n\n",
 		commas(int64(cfg.KnobDrain)), cfg.Endpoints, cfg.Reps)
 	for _, k := range knobs() {
 		if only != "" && !strings.Contains(k.name, only) {

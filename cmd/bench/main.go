@@ -55,6 +55,10 @@ type config struct {
 	ScaleDrain int
 	ScaleReps  int
 
+	IsolationRate     int
+	IsolationDuration time.Duration
+	RecoveryReps      int
+
 	CPUProfile string
 
 	command string
@@ -70,6 +74,8 @@ var scenarios = []struct {
 	{"history", scenarioHistory},
 	{"scaleout", scenarioScaleOut},
 	{"knobs", scenarioKnobs},
+	{"isolation", scenarioIsolation},
+	{"recovery", scenarioRecovery},
 }
 
 func defaultConfig() config {
@@ -81,6 +87,7 @@ func defaultConfig() config {
 		LatencyRates: []int{200, 1000}, LatencyDuration: 10 * time.Second, IdleWindow: 5 * time.Second,
 		History: 1_000_000, ClaimSamples: 500, PruneRows: 1_000_000,
 		Relays: []int{1, 2, 4}, RelayProcs: true, ScaleDrain: 100_000, ScaleReps: 2,
+		IsolationRate: 50, IsolationDuration: 20 * time.Second, RecoveryReps: 3,
 	}
 }
 
@@ -94,6 +101,7 @@ func smokeConfig(c config) config {
 	c.LatencyRates, c.LatencyDuration, c.IdleWindow = []int{50}, time.Second, 300*time.Millisecond
 	c.History, c.ClaimSamples, c.PruneRows = 10_000, 20, 10_000
 	c.Relays, c.ScaleDrain, c.ScaleReps = []int{1, 2}, 2_000, 1
+	c.IsolationDuration, c.RecoveryReps = time.Second, 1
 	return c
 }
 
@@ -141,6 +149,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.ScaleDrain, "scale-drain", c.ScaleDrain, "scale-out: pending messages preloaded")
 	fs.IntVar(&c.ScaleReps, "scale-reps", c.ScaleReps, "scale-out: repetitions")
 	relays := fs.String("relays", "1,2,4", "scale-out: relay counts")
+	fs.IntVar(&c.IsolationRate, "isolation-rate", c.IsolationRate, "isolation: orders per second")
+	fs.DurationVar(&c.IsolationDuration, "isolation-duration", c.IsolationDuration, "isolation: length of each row")
+	fs.IntVar(&c.RecoveryReps, "recovery-reps", c.RecoveryReps, "recovery: SIGKILLs measured")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	fs.BoolVar(&c.RelayProcs, "relay-procs", c.RelayProcs, "scale-out: run each relay as a separate process (else River clients in this process)")
 	if err := fs.Parse(args); err != nil {

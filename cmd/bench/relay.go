@@ -2,42 +2,27 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"log/slog"
 	"os"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/outbox"
 )
 
-// relaySetup is one relay as cmd/worker wires it: a pool of its own, the
-// relay, and its River client.
+// relaySetup is one relay as cmd/worker wires it: a pool of its own and the
+// relay (its River client, dispatch and heartbeat) started on it.
 type relaySetup struct {
 	Config    outbox.RelayConfig
 	Transport outbox.Transport
 	PoolSize  int32 // 0: 20, as cmd/worker
-	// FetchCooldown, when set, builds the River client here with this
-	// cooldown instead of relay.NewRiverClient (which uses 10 ms): the knob
-	// study only.
-	FetchCooldown time.Duration
-	// FetchPollInterval, when set, likewise overrides River's fetch poll
-	// (relay.NewRiverClient sets it to the poll interval).
-	FetchPollInterval time.Duration
 }
 
 type runningRelay struct {
 	pool   *pgxpool.Pool
-	client *river.Client[pgx.Tx]
 	relay  *outbox.Relay
 	tracer *stmtTracer
-
-	stopTicks func()
 }
 
 func startRelay(ctx context.Context, url string, s relaySetup) (*runningRelay, error) {
@@ -63,60 +48,17 @@ func startRelay(ctx context.Context, url string, s relaySetup) (*runningRelay, e
 		pool.Close()
 		return nil, err
 	}
-	var client *river.Client[pgx.Tx]
-	if s.FetchCooldown > 0 || s.FetchPollInterval > 0 {
-		client, err = customRiverClient(relay, pool, s.FetchCooldown, s.FetchPollInterval)
-	} else {
-		client, err = relay.NewRiverClient()
-	}
-	if err != nil {
+	if err := relay.Start(ctx); err != nil {
 		pool.Close()
 		return nil, err
 	}
-	if err := client.Start(ctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("starting river: %w", err)
-	}
-	// As cmd/worker: the poll loop that starts claim jobs runs beside the
-	// River client, in every relay process.
-	tickCtx, stopTicks := context.WithCancel(context.WithoutCancel(ctx))
-	ticked := make(chan struct{})
-	go func() { defer close(ticked); relay.TickClaims(tickCtx, client) }()
-	return &runningRelay{pool: pool, client: client, relay: relay, tracer: tracer,
-		stopTicks: func() { stopTicks(); <-ticked }}, nil
-}
-
-// customRiverClient mirrors outbox.Relay.NewRiverClient with another
-// FetchCooldown.
-func customRiverClient(relay *outbox.Relay, pool *pgxpool.Pool, cooldown, fetchPoll time.Duration) (*river.Client[pgx.Tx], error) {
-	workers := river.NewWorkers()
-	relay.AddWorkers(workers)
-	c := relay.Config()
-	if cooldown == 0 {
-		cooldown = 10 * time.Millisecond
-	}
-	if fetchPoll == 0 {
-		fetchPoll = max(c.PollInterval, cooldown)
-	}
-	return river.NewClient(riverpgxv5.New(pool), &river.Config{
-		Logger:                      slog.New(slog.DiscardHandler),
-		Queues:                      relay.Queues(),
-		Workers:                     workers,
-		PeriodicJobs:                relay.PeriodicJobs(),
-		FetchCooldown:               cooldown,
-		FetchPollInterval:           fetchPoll,
-		RescueStuckJobsAfter:        c.ClaimTimeout + time.Minute,
-		CompletedJobRetentionPeriod: time.Hour,
-	})
+	return &runningRelay{pool: pool, relay: relay, tracer: tracer}, nil
 }
 
 func (r *runningRelay) stop() {
-	r.stopTicks()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := r.client.Stop(ctx); err != nil {
-		_ = r.client.StopAndCancel(context.Background())
-	}
+	_ = r.relay.Stop(ctx)
 	r.pool.Close()
 	if r.tracer != nil {
 		r.tracer.print()
@@ -151,23 +93,47 @@ func drainLimit(n int) time.Duration { return 30*time.Second + time.Duration(n/5
 // The claim statement of db/queries/outbox/messages.sql (MessageClaim),
 // copied because its sqlc package is internal to the outbox module. The
 // smoke test checks that the copy still matches the file.
-const claimSQL = `WITH due AS (
-    SELECT id FROM outbox_messages
-    WHERE status = 'pending' AND next_attempt_at <= now()
-    ORDER BY next_attempt_at, id
+const claimSQL = `WITH lease AS (
+    SELECT e.url, e.secret,
+           COALESCE(CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END, '')::text AS previous_secret
+    FROM webhook_endpoints e
+    WHERE e.id = @destination::uuid AND e.lease_token = @claim_token::uuid AND e.enabled
+), due AS (
+    SELECT p.id FROM outbox_messages p
+    WHERE p.destination = @destination::uuid AND p.status = 'pending' AND p.next_attempt_at <= now()
+      AND EXISTS (SELECT 1 FROM lease)
+    ORDER BY p.next_attempt_at, p.id
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
 )
 UPDATE outbox_messages m
-SET status = 'claimed', claim_token = @claim_token::uuid, claimed_at = now(), attempts = m.attempts + 1
+SET status = 'claimed', claim_token = @claim_token::uuid, claimed_by = @relay_id::uuid, claimed_at = now()
+FROM due, lease
+WHERE m.id = due.id
+RETURNING m.id, m.type, m.payload, m.attempts, m.created_at, m.trace_context,
+          lease.url AS endpoint_url, lease.secret AS endpoint_secret, lease.previous_secret AS endpoint_previous_secret;`
+
+// claimStmt is claimSQL with positional parameters: $1 batch size, $2 the
+// destination's lease token, $3 the destination, $4 a relay id.
+func claimStmt() string {
+	return replaceAll(claimSQL, map[string]string{"@batch_size": "$1", "@claim_token": "$2", "@destination": "$3", "@relay_id": "$4"})
+}
+
+// rawClaimSQL is the raw loop's claim: the oldest due messages, whatever
+// their destination, in one statement with SKIP LOCKED and no lease. It is
+// the floor of what claiming costs, not the relay's statement.
+const rawClaimSQL = `WITH due AS (
+    SELECT id FROM outbox_messages
+    WHERE status = 'pending' AND next_attempt_at <= now()
+    ORDER BY destination, next_attempt_at, id
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox_messages m
+SET status = 'claimed', claim_token = $2::uuid, claimed_at = now()
 FROM due
 WHERE m.id = due.id
-RETURNING m.id, m.destination;`
-
-// claimStmt is claimSQL with positional parameters ($1 batch size, $2 token).
-func claimStmt() string {
-	return replaceAll(claimSQL, map[string]string{"@batch_size": "$1", "@claim_token": "$2"})
-}
+RETURNING m.id, m.destination, m.type, m.payload, m.created_at`
 
 const markDeliveredSQL = `UPDATE outbox_messages
 SET status = 'delivered', delivered_at = now(), claim_token = NULL, claimed_at = NULL

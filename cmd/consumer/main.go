@@ -55,12 +55,6 @@ func parseConfig(getenv func(string) string) (config, error) {
 		addr:        env.String("CONSUMER_ADDR", "127.0.0.1:8090"),
 		logFormat:   env.OneOf("LOG_FORMAT", "", "", "text", "json"),
 	}
-	if c.databaseURL == "" {
-		// A separate service with its own database: borrowing the orders
-		// service's development database by default would blur exactly
-		// the boundary this command exists to show.
-		env.Fail("DATABASE_URL", errors.New("required: the consumer's own database"))
-	}
 	var secrets []string
 	for s := range strings.SplitSeq(getenv("WEBHOOK_SECRETS"), ",") {
 		if s = strings.TrimSpace(s); s != "" {

@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
@@ -53,7 +54,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	logFormat := env.OneOf("LOG_FORMAT", "", "", "text", "json")
 	receiverAddr := env.String("DEV_RECEIVER_ADDR", "127.0.0.1:8082")
 	withReceiver := env.Bool("DEV_RECEIVER", true)
-	databaseURL := env.DatabaseURL()
+	databaseURL := env.OptionalDatabaseURL()
 	if err := env.Err(); err != nil {
 		return err
 	}
@@ -113,8 +114,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 }
 
 // registerReceiver subscribes the demo receiver to every event the service
-// emits, replacing an earlier registration of the same URL, and returns a
-// handler that verifies and logs each delivery.
+// emits and returns a handler that verifies and logs each delivery. An
+// earlier registration of the same URL is kept, with a new secret, so the
+// events it still waits for are delivered to this run.
 func registerReceiver(ctx context.Context, pool *pgxpool.Pool, addr string, logger *slog.Logger) (http.Handler, error) {
 	admin := outbox.NewAdmin(pool, netguard.Guard{AllowPrivate: true}, logger)
 	url := "http://" + addr + "/webhooks"
@@ -122,16 +124,24 @@ func registerReceiver(ctx context.Context, pool *pgxpool.Pool, addr string, logg
 	if err != nil {
 		return nil, err
 	}
-	for _, ep := range existing {
-		if ep.URL == url {
-			if err := admin.DeleteEndpoint(ctx, ep.ID); err != nil {
-				return nil, err
+	var ep outbox.Endpoint
+	for _, e := range existing {
+		if e.URL == url {
+			if ep, err = admin.RotateSecret(ctx, e.ID, 0); err != nil {
+				return nil, fmt.Errorf("renewing the demo receiver's secret: %w", err)
 			}
+			if !ep.Enabled {
+				if _, err := admin.SetEndpointEnabled(ctx, e.ID, true); err != nil {
+					return nil, err
+				}
+			}
+			break
 		}
 	}
-	ep, err := admin.CreateEndpoint(ctx, url, []string{orders.EventPlaced, orders.EventCancelled})
-	if err != nil {
-		return nil, fmt.Errorf("registering demo receiver: %w", err)
+	if ep.ID == uuid.Nil {
+		if ep, err = admin.CreateEndpoint(ctx, url, []string{orders.EventPlaced, orders.EventCancelled}); err != nil {
+			return nil, fmt.Errorf("registering demo receiver: %w", err)
+		}
 	}
 	verifier, err := webhook.NewVerifier(ep.Secret)
 	if err != nil {

@@ -383,9 +383,17 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"delivery timeout without unit", map[string]string{"OUTBOX_DELIVERY_TIMEOUT": "10"}, []string{"OUTBOX_DELIVERY_TIMEOUT"}},
 		{"retention not a duration", map[string]string{"OUTBOX_RETENTION": "x"}, []string{"OUTBOX_RETENTION"}},
 		{"zero prune interval", map[string]string{"OUTBOX_PRUNE_INTERVAL": "0s"}, []string{"OUTBOX_PRUNE_INTERVAL"}},
-		{"claim timeout shorter than a deliver job", map[string]string{"OUTBOX_CLAIM_TIMEOUT": "1s"}, []string{"OUTBOX_CLAIM_TIMEOUT"}},
+		{"claim timeout within a request", map[string]string{"OUTBOX_CLAIM_TIMEOUT": "1s"}, []string{"OUTBOX_CLAIM_TIMEOUT"}},
+		{"retry schedule entry not a duration", map[string]string{"OUTBOX_RETRY_SCHEDULE": "5s,soon"}, []string{"OUTBOX_RETRY_SCHEDULE"}},
+		{"schedule and exponential backoff at once", map[string]string{"OUTBOX_RETRY_SCHEDULE": "5s,1m", "OUTBOX_BACKOFF_BASE": "1s"},
+			[]string{"OUTBOX_BACKOFF_BASE"}},
+		{"relay timeout under a second", map[string]string{"OUTBOX_RELAY_TIMEOUT": "500ms"}, []string{"OUTBOX_RELAY_TIMEOUT"}},
+		{"zero destination concurrency", map[string]string{"OUTBOX_DESTINATION_CONCURRENCY": "0"}, []string{"OUTBOX_DESTINATION_CONCURRENCY"}},
+		{"circuit threshold not a number", map[string]string{"OUTBOX_CIRCUIT_THRESHOLD": "five"}, []string{"OUTBOX_CIRCUIT_THRESHOLD"}},
 		{"backoff max below base", map[string]string{"OUTBOX_BACKOFF_BASE": "1m", "OUTBOX_BACKOFF_MAX": "1s"}, []string{"OUTBOX_BACKOFF_MAX"}},
 		{"malformed database url", map[string]string{"DATABASE_URL": "postgres://%zz"}, []string{"DATABASE_URL"}},
+		// A production process never guesses a database (cmd/dev does).
+		{"no database url", map[string]string{"DATABASE_URL": ""}, []string{"DATABASE_URL: required"}},
 		{"log format", map[string]string{"LOG_FORMAT": "xml"}, []string{"LOG_FORMAT"}},
 		{"allow private targets", map[string]string{"OUTBOX_ALLOW_PRIVATE_TARGETS": "maybe"}, []string{"OUTBOX_ALLOW_PRIVATE_TARGETS"}},
 		{"every problem at once", map[string]string{"OUTBOX_POLL_INTERVAL": "fast", "OUTBOX_MAX_ATTEMPTS": "abc", "OUTBOX_RETENTION": "x"},
@@ -424,6 +432,19 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		t.Parallel()
 		err := run(context.Background(), []string{"migrate"}, proctest.Getenv(map[string]string{"DATABASE_URL": closedDB}), io.Discard)
 		require.ErrorContains(t, err, "unexpected arguments")
+	})
+
+	// A setting that is no longer read is said, not silently ignored, and
+	// does not stop the worker.
+	t.Run("retired settings", func(t *testing.T) {
+		t.Parallel()
+		env := map[string]string{"DATABASE_URL": closedDB, "WORKER_ADDR": "127.0.0.1:0", "LOG_FORMAT": "json",
+			"OUTBOX_DELIVER_CONCURRENCY": "16", "OUTBOX_MAX_IN_FLIGHT": "5000"}
+		var out proctest.Output
+		err := run(context.Background(), nil, proctest.Getenv(env), &out)
+		require.ErrorContains(t, err, "connecting to database")
+		require.Contains(t, out.String(), "OUTBOX_DELIVER_CONCURRENCY is no longer read: use OUTBOX_DESTINATION_CONCURRENCY")
+		require.Contains(t, out.String(), "OUTBOX_MAX_IN_FLIGHT is no longer read")
 	})
 }
 
@@ -542,7 +563,9 @@ func TestEndToEnd(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, metrics, "outbox_deliveries_total")
 	require.Contains(t, metrics, `outbox_deliveries_total{outcome="delivered"}`)
-	require.Contains(t, metrics, "outbox_claim_runs_total")
+	require.Contains(t, metrics, "outbox_deliver_jobs_total")
+	require.Contains(t, metrics, `outbox_destinations{state="healthy"} 1`)
+	require.Contains(t, metrics, "outbox_relays 1")
 	require.Contains(t, metrics, "outbox_messages")
 
 	// SIGTERM to both: each stops gracefully, in time, without error.

@@ -188,18 +188,14 @@ func (l *lab) endpoint(url string, eventTypes ...string) (outbox.Endpoint, error
 }
 
 // labRelayConfig is the relay's configuration for labs: the product's
-// relay, with timers shortened from minutes to seconds.
+// relay at its defaults, with retries in milliseconds instead of the
+// default schedule's minutes to hours, and a one-second delivery timeout.
 func labRelayConfig() outbox.RelayConfig {
 	return outbox.RelayConfig{
-		PollInterval:       50 * time.Millisecond,
-		BatchSize:          100,
-		MaxAttempts:        5,
-		BackoffBase:        20 * time.Millisecond,
-		BackoffMax:         200 * time.Millisecond,
-		ClaimTimeout:       4 * time.Second,
-		DeliveryTimeout:    time.Second,
-		DeliverBatch:       10,
-		DeliverConcurrency: 10,
+		MaxAttempts:     5,
+		BackoffBase:     20 * time.Millisecond,
+		BackoffMax:      200 * time.Millisecond,
+		DeliveryTimeout: time.Second,
 	}
 }
 
@@ -207,9 +203,8 @@ func httpTransport() outbox.Transport {
 	return &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()}
 }
 
-// startRelay runs a real outbox relay in this process, as cmd/worker does:
-// a River client and the claim poller beside it, until stop is called or the
-// lab ends.
+// startRelay runs a real outbox relay in this process, as cmd/worker does,
+// until stop is called or the lab ends.
 func (l *lab) startRelay(cfg outbox.RelayConfig, transport outbox.Transport) (stop func(), err error) {
 	stopRelay, err := runRelay(l.ctx, l.pool, cfg, transport, l.logger)
 	if err != nil {
@@ -221,10 +216,8 @@ func (l *lab) startRelay(cfg outbox.RelayConfig, transport outbox.Transport) (st
 	return stop, nil
 }
 
-// runRelay starts a River client with the relay's workers and the relay's
-// claim poller (Relay.TickClaims), and returns what stops both. The poller
-// is what lets a relay started right after another was killed claim at
-// once, without waiting out the dead process's River leadership.
+// runRelay starts the relay (its River client, dispatch and heartbeat) and
+// returns what stops it, as a worker stops at SIGTERM.
 func runRelay(ctx context.Context, pool *pgxpool.Pool, cfg outbox.RelayConfig, transport outbox.Transport, logger *slog.Logger) (stop func(), err error) {
 	if transport == nil {
 		transport = httpTransport()
@@ -233,20 +226,13 @@ func runRelay(ctx context.Context, pool *pgxpool.Pool, cfg outbox.RelayConfig, t
 	if err != nil {
 		return nil, err
 	}
-	client, err := relay.NewRiverClient()
-	if err != nil {
-		return nil, err
-	}
-	if err := client.Start(ctx); err != nil {
+	if err := relay.Start(ctx); err != nil {
 		return nil, fmt.Errorf("starting relay: %w", err)
 	}
-	tickCtx, stopTicking := context.WithCancel(ctx)
-	go relay.TickClaims(tickCtx, client)
 	return func() {
-		stopTicking()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_ = client.StopAndCancel(ctx)
+		_ = relay.Stop(ctx)
 	}, nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/orders/internal/consumer"
+	"github.com/outboxkit/orders/internal/outbox"
 	"github.com/outboxkit/orders/internal/webhook"
 )
 
@@ -267,7 +268,7 @@ func lab3(l *lab) (*Report, error) {
 	// The relay that dies sends one webhook at a time, so "sent before the
 	// kill" is exact: each was answered, and applied, by the consumer.
 	crashCfg := cfg
-	crashCfg.DeliverBatch, crashCfg.DeliverConcurrency, crashCfg.DeliverWorkers = 1, 1, 1
+	crashCfg.DestinationConcurrency = 1
 	killed, err := l.spawn("relay", relaySpec{DatabaseURL: l.url, Config: crashCfg, DieAfterSends: after}, func(line string) {
 		if strings.HasPrefix(line, "sent ") {
 			reported++
@@ -292,7 +293,8 @@ func lab3(l *lab) (*Report, error) {
 		return nil, err
 	}
 
-	l.p.Step("starting a healthy relay: it delivers the rest and, after the claim timeout (%s), what the dead relay held", seconds(cfg.ClaimTimeout))
+	l.p.Step("starting a healthy relay: once the dead relay's heartbeat is %s old it is declared dead, and what it held is delivered with the rest",
+		seconds(outbox.DefaultRelayConfig().RelayTimeout))
 	if _, err := l.startRelay(cfg, nil); err != nil {
 		return nil, err
 	}
@@ -328,7 +330,7 @@ func lab3(l *lab) (*Report, error) {
 	r.Count("relay_killed", "relay process killed", 1, "after sending, before recording (SIGKILL)")
 	r.Count("sent_by_dead", "webhooks it sent", sentBeforeKill, "the consumer applied each one")
 	r.Count("recorded_by_dead", "of which it recorded", recorded, "marked delivered before the kill; the rest were not")
-	r.Count("held_by_dead", "messages it held claimed", heldClaims, "another relay finishes them: its queued jobs, or the claim timeout")
+	r.Count("held_by_dead", "messages it held claimed", heldClaims, "released when the dead relay's heartbeat is 5 s old")
 	r.Count("received", "webhooks received in all", requests.Load(), "")
 	r.Count("duplicates", "duplicates", cs.Duplicates, "same webhook-id again; the consumer's inbox skipped them")
 	r.Section("outcome")

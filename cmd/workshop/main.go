@@ -38,7 +38,7 @@ var labs = []labDef{
 	{"Commit, then publish", lab2},
 	{"The outbox", lab3},
 	{"Two relays without a claim, and with one", lab4},
-	{"A stuck claim", lab5},
+	{"A relay dies holding claims", lab5},
 	{"A poison message", lab6},
 	{"Growth and pruning", lab7},
 	{"Head-of-line blocking", lab8},

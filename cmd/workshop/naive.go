@@ -179,7 +179,8 @@ func runWriterChild(ctx context.Context, raw []byte) error {
 
 // relaySpec configures a relay child: the real outbox relay, which kills
 // itself after DieAfterSends webhooks went out (before their outcome is
-// recorded), or, when DieAfterSends is 0, after claiming and before sending.
+// recorded), or, when DieAfterSends is 0, after claiming and before its
+// first request.
 type relaySpec struct {
 	DatabaseURL   string
 	Config        outbox.RelayConfig

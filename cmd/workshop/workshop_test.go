@@ -52,7 +52,7 @@ func TestLabs(t *testing.T) {
 			want(t, c["claim.duplicates"] == 0 && c["claim.unique"] == 200, "none with the claim", c)
 		}},
 		{5, options{N: 20}, func(t *testing.T, c map[string]int64, _ map[string]string) {
-			want(t, c["claimed"] == 20 && c["released"] == 20 && c["delivered"] == 20, "stuck, released, delivered", c)
+			want(t, c["claimed"] > 0 && c["released"] == c["claimed"] && c["delivered"] == 20, "held, released, delivered", c)
 			want(t, c["lost"] == 0 && c["duplicates"] == 0, "nothing lost or doubled", c)
 		}},
 		{6, options{N: 20}, func(t *testing.T, c map[string]int64, x map[string]string) {

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/outboxkit/orders/db"
-	"github.com/outboxkit/orders/internal/devdb"
 	"github.com/outboxkit/orders/internal/httpjson"
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/ops"
@@ -63,12 +62,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	logger := process.NewLogger(stdout, cfg.logFormat)
 
-	database, err := devdb.Ensure(ctx, devdb.Options{URL: cfg.databaseURL, Logger: logger})
-	if err != nil {
-		return err
-	}
-	defer database.Close()
-	pool, err := process.OpenPool(ctx, database.URL, 0)
+	pool, err := process.OpenPool(ctx, cfg.databaseURL, 0)
 	if err != nil {
 		return err
 	}

@@ -152,6 +152,25 @@ func (s *service) supervise(restartDelay func() time.Duration) error {
 	return nil
 }
 
+// start launches the program once, without a supervisor: a kill is final.
+func (s *service) start() error {
+	if err := s.launch(); err != nil {
+		return err
+	}
+	close(s.supervised)
+	return nil
+}
+
+// pid is the running instance's process id.
+func (s *service) pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil || s.cmd.Process == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
 // kill SIGKILLs the running instance, which the supervisor then restarts,
 // and waits until it is gone. It reports whether there was one to kill.
 func (s *service) kill() bool {

@@ -12,6 +12,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -23,6 +24,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/orders/db"
@@ -32,10 +34,27 @@ import (
 const DefaultURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 
 var (
-	templateOnce sync.Once
+	templateMu   sync.Mutex
 	templateName string
-	templateErr  error
 )
+
+// template returns the current template's name, building it if needed.
+// stale names a template that turned out to be gone: another test binary
+// built a template of a different schema (the scaffold's tests do) and
+// dropped this one as stale, so it is built again.
+func template(stale string) (string, error) {
+	templateMu.Lock()
+	defer templateMu.Unlock()
+	if templateName != "" && templateName != stale {
+		return templateName, nil
+	}
+	name, err := ensureTemplate()
+	if err != nil {
+		return "", err
+	}
+	templateName = name
+	return name, nil
+}
 
 // ServerURL returns the URL of the server tests run against.
 func ServerURL() string {
@@ -67,9 +86,9 @@ func URL(t testing.TB) string {
 // that drops it. Tests use URL; Create serves examples and benchmarks,
 // which have no testing.T.
 func Create(ctx context.Context) (string, func() error, error) {
-	templateOnce.Do(func() { templateName, templateErr = ensureTemplate() })
-	if templateErr != nil {
-		return "", nil, fmt.Errorf("preparing template database: %w", templateErr)
+	tmpl, err := template("")
+	if err != nil {
+		return "", nil, fmt.Errorf("preparing template database: %w", err)
 	}
 	conn, err := pgx.Connect(ctx, ServerURL())
 	if err != nil {
@@ -77,7 +96,15 @@ func Create(ctx context.Context) (string, func() error, error) {
 	}
 	defer conn.Close(ctx)
 	name := "test_" + randomHex(8)
-	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s", name, templateName)); err != nil {
+	_, err = conn.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s", name, tmpl))
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "3D000" {
+		// The template was dropped under us: build it again, once.
+		if tmpl, err = template(tmpl); err != nil {
+			return "", nil, fmt.Errorf("preparing template database: %w", err)
+		}
+		_, err = conn.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s", name, tmpl))
+	}
+	if err != nil {
 		return "", nil, fmt.Errorf("creating test database: %w", err)
 	}
 	drop := func() error {

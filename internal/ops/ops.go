@@ -331,9 +331,9 @@ func notice(q url.Values) string {
 		}
 		return n + " failed messages requeued."
 	case "disabled":
-		return "Endpoint disabled: its messages wait until it is enabled again."
+		return "Endpoint paused: its messages wait until it is resumed."
 	case "enabled":
-		return "Endpoint enabled."
+		return "Endpoint resumed: the relay sends what waited for it."
 	}
 	return ""
 }

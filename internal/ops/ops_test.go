@@ -417,14 +417,15 @@ func TestOverviewNumbersMatchTheDatabase(t *testing.T) {
 		j := strings.Index(body[i:], "</tr>")
 		return body[i : i+j]
 	}
-	require.Contains(t, row(good.ID), `data-health="delivering"`)
+	require.Contains(t, row(good.ID), `data-health="healthy"`)
 	require.Contains(t, row(good.ID), `data-waiting="2"`)
-	require.Contains(t, row(bad.ID), `data-health="backing off"`)
+	require.Contains(t, row(bad.ID), `data-health="healthy"`, "single messages retrying on their schedule")
+	require.Contains(t, row(bad.ID), "1 retrying")
 	require.Contains(t, row(bad.ID), `data-waiting="1"`)
 	require.Contains(t, row(bad.ID), `data-failed="2"`)
 	require.Contains(t, row(bad.ID), "503 Service Unavailable")
 	require.Contains(t, row(bad.ID), "retry-failed")
-	require.Contains(t, row(off.ID), `data-health="disabled"`)
+	require.Contains(t, row(off.ID), `data-health="paused"`)
 	require.Contains(t, row(off.ID), "/enable")
 
 	// Failed messages, each with its error and a Retry form.
@@ -510,9 +511,9 @@ func TestDisableAndEnableAnEndpoint(t *testing.T) {
 	require.False(t, got.Enabled)
 	require.Equal(t, "disabled by an operator", got.DisabledReason)
 	_, body := get(t, c, e.srv.URL+"/ops")
-	require.Contains(t, body, `data-health="disabled"`)
+	require.Contains(t, body, `data-health="paused"`)
 	require.Contains(t, body, "/ops/endpoints/"+ep.ID.String()+"/enable")
-	require.Empty(t, e.enqueue(t, "order.placed", 1), "a disabled endpoint gets no new messages")
+	require.Len(t, e.enqueue(t, "order.placed", 1), 1, "a paused endpoint's messages are kept")
 
 	res = post(t, c, base+"/enable", url.Values{"csrf": {csrf}, "confirm": {"yes"}})
 	require.Equal(t, http.StatusSeeOther, res.StatusCode)

@@ -323,14 +323,18 @@ func (h *Handler) handleSetEnabled(enabled bool) http.HandlerFunc {
 			return
 		}
 		if !confirmed(r) {
-			p := confirmPage{Layout: h.layout(r, "Disable endpoint?"), Action: r.URL.Path, Return: returnPath(r),
+			p := confirmPage{Layout: h.layout(r, "Pause endpoint?"), Action: r.URL.Path, Return: returnPath(r),
 				Details: []fact{{"Endpoint", ep.URL}, {"Events", strings.Join(ep.EventTypes, ", ")}}}
-			if enabled {
-				p.Title, p.Button = "Enable endpoint?", "Enable endpoint"
-				p.Question = "Resume deliveries to this endpoint? New events are queued for it again, and the relay sends what waits."
-			} else {
-				p.Button, p.Danger = "Disable endpoint", true
-				p.Question = "Stop deliveries to this endpoint? New events are no longer queued for it, and messages already waiting end failed (\"endpoint disabled\") when the relay reaches them; you can retry them after enabling it again."
+			switch {
+			case enabled && ep.Enabled:
+				p.Title, p.Button = "Probe endpoint now?", "Probe now"
+				p.Question = "This endpoint is backing off after repeated failures. Send one message to it now instead of at its next probe? If it gets an answer, deliveries resume."
+			case enabled:
+				p.Title, p.Button = "Resume endpoint?", "Resume endpoint"
+				p.Question = "Resume deliveries to this endpoint? The relay sends what waited for it, oldest first."
+			default:
+				p.Button, p.Danger = "Pause endpoint", true
+				p.Question = "Pause deliveries to this endpoint? Events committed while it is paused are kept and wait, spending no attempts; they are delivered when you resume it."
 			}
 			h.render(w, r, http.StatusOK, "confirm", p)
 			return
@@ -364,7 +368,7 @@ func (h *Handler) handleRetryEndpoint(w http.ResponseWriter, r *http.Request) {
 		}
 		details := []fact{{"Endpoint", ep.URL}, {"Failed messages", strconv.FormatInt(failed, 10)}}
 		if !ep.Enabled {
-			details = append(details, fact{"Note", "The endpoint is disabled: enable it first, or the retried messages fail again."})
+			details = append(details, fact{"Note", "The endpoint is paused: the retried messages wait until it is resumed."})
 		}
 		h.render(w, r, http.StatusOK, "confirm", confirmPage{
 			Layout:   h.layout(r, "Retry all failed messages?"),

@@ -120,13 +120,11 @@ func TestTraceSpansRequestCommitAndDelivery(t *testing.T) {
 	relay, err := outbox.NewRelay(pool, outbox.RelayConfig{PollInterval: 50 * time.Millisecond, TracerProvider: tp},
 		&outbox.HTTPTransport{Client: guard.Client()}, logger, nil)
 	require.NoError(t, err)
-	client, err := relay.NewRiverClient()
-	require.NoError(t, err)
-	require.NoError(t, client.Start(ctx))
+	require.NoError(t, relay.Start(ctx))
 	t.Cleanup(func() {
-		stop, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		stop, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_ = client.StopAndCancel(stop)
+		_ = relay.Stop(stop)
 	})
 
 	var tracedH, untracedH http.Header

@@ -38,6 +38,20 @@ type Endpoint struct {
 	DisabledReason string    `json:"disabled_reason,omitempty"`
 	CreatedAt      time.Time `json:"created_at"`
 	Secret         string    `json:"secret,omitempty"`
+	// State is HealthHealthy, HealthBackingOff or HealthPaused; StateSince
+	// when it began (unknown for an endpoint healthy since its creation),
+	// StateReason why (the failure that made it back off, or why it was
+	// paused).
+	State       string     `json:"state"`
+	StateSince  *time.Time `json:"state_since,omitempty"`
+	StateReason string     `json:"state_reason,omitempty"`
+	// ConsecutiveFailures counts its endpoint-wide failures in a row.
+	ConsecutiveFailures int `json:"consecutive_failures"`
+	// NextProbeAt, while backing off, is when one message will try it again.
+	NextProbeAt *time.Time `json:"next_probe_at,omitempty"`
+	// ThrottledUntil, while healthy, is the end of a wait the receiver asked
+	// for with Retry-After.
+	ThrottledUntil *time.Time `json:"throttled_until,omitempty"`
 }
 
 // Message is an outbox row as the admin surface shows it.
@@ -61,6 +75,7 @@ type Stats struct {
 	Claimed                 int64   `json:"claimed"`
 	Delivered               int64   `json:"delivered"`
 	Failed                  int64   `json:"failed"`
+	Discarded               int64   `json:"discarded"`
 	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
 }
 
@@ -129,21 +144,39 @@ func (a *Admin) Endpoint(ctx context.Context, id uuid.UUID) (Endpoint, error) {
 	return toEndpoint(row), nil
 }
 
-// DeleteEndpoint removes an endpoint. Its undelivered messages end failed
-// ("endpoint deleted") when the relay reaches them; history is kept.
-func (a *Admin) DeleteEndpoint(ctx context.Context, id uuid.UUID) error {
-	n, err := outboxdb.New(a.pool).EndpointDelete(ctx, id)
+// DeleteEndpoint removes an endpoint and stops its deliveries for good: in
+// the same transaction every message of it not yet delivered (pending,
+// claimed or failed) is settled as discarded, with the reason, and is never
+// sent or retried. It returns how many it discarded. Delivered history is
+// kept for its retention.
+func (a *Admin) DeleteEndpoint(ctx context.Context, id uuid.UUID) (int64, error) {
+	var discarded int64
+	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+		q := outboxdb.New(tx)
+		n, err := q.EndpointDelete(ctx, id)
+		if err != nil {
+			return fmt.Errorf("deleting endpoint: %w", err)
+		}
+		if n == 0 {
+			return fmt.Errorf("deleting endpoint: %w", ErrNotFound)
+		}
+		discarded, err = q.MessagesDiscardForDestination(ctx, "endpoint deleted", id)
+		if err != nil {
+			return fmt.Errorf("discarding the endpoint's messages: %w", err)
+		}
+		return nil
+	})
 	if err != nil {
-		return fmt.Errorf("deleting endpoint: %w", err)
+		return 0, err
 	}
-	if n == 0 {
-		return fmt.Errorf("deleting endpoint: %w", ErrNotFound)
-	}
-	a.logger.InfoContext(ctx, "webhook endpoint deleted", slog.String("endpoint_id", id.String()))
-	return nil
+	a.logger.InfoContext(ctx, "webhook endpoint deleted; its undelivered messages were discarded",
+		slog.String("endpoint_id", id.String()), slog.Int64("discarded", discarded))
+	return discarded, nil
 }
 
-// SetEndpointEnabled enables or disables an endpoint by hand.
+// SetEndpointEnabled pauses (disables) or resumes (enables) an endpoint by
+// hand. A paused endpoint's messages are kept and wait; resuming delivers
+// them, and resuming an endpoint that is backing off probes it at once.
 func (a *Admin) SetEndpointEnabled(ctx context.Context, id uuid.UUID, enabled bool) (Endpoint, error) {
 	reason := "disabled by an operator"
 	row, err := outboxdb.New(a.pool).EndpointSetEnabled(ctx, enabled, &reason, id)
@@ -183,11 +216,11 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 		return Stats{}, fmt.Errorf("reading outbox stats: %w", err)
 	}
 	return Stats{Pending: s.Pending, Claimed: s.Claimed, Delivered: s.Delivered, Failed: s.Failed,
-		OldestPendingAgeSeconds: s.OldestPendingAgeSeconds}, nil
+		Discarded: s.Discarded, OldestPendingAgeSeconds: s.OldestPendingAgeSeconds}, nil
 }
 
-// ErrInvalidStatus is returned for a status filter that is not one of the four.
-var ErrInvalidStatus = errors.New("outbox: status must be pending, claimed, delivered or failed")
+// ErrInvalidStatus is returned for a status filter that is not a status.
+var ErrInvalidStatus = errors.New("outbox: status must be pending, claimed, delivered, failed or discarded")
 
 // Attempt is one delivery attempt of a message.
 type Attempt struct {
@@ -225,7 +258,7 @@ func (a *Admin) Messages(ctx context.Context, f MessageFilter) ([]Message, *uuid
 	p := outboxdb.MessageListParams{Destination: f.Destination, CreatedFrom: f.CreatedFrom, CreatedTo: f.CreatedTo,
 		BeforeID: f.Before, MaxRows: int32(cmp.Or(f.Limit, 50))}
 	if f.Status != "" {
-		if !slices.Contains([]string{StatusPending, StatusClaimed, StatusDelivered, StatusFailed}, f.Status) {
+		if !slices.Contains([]string{StatusPending, StatusClaimed, StatusDelivered, StatusFailed, StatusDiscarded}, f.Status) {
 			return nil, nil, ErrInvalidStatus
 		}
 		p.Status = &f.Status
@@ -274,17 +307,22 @@ func (a *Admin) Message(ctx context.Context, id uuid.UUID) (MessageDetail, error
 }
 
 // Retry requeues a failed message (failed → pending) with a fresh attempt
-// budget. Retrying a message that has not failed is ErrConflict.
+// budget. Retrying a message that has not failed, or whose endpoint was
+// deleted, is ErrConflict.
 func (a *Admin) Retry(ctx context.Context, id uuid.UUID) (Message, error) {
 	var msg Message
 	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
 		q := outboxdb.New(tx)
 		row, err := q.MessageRetry(ctx, id)
 		if errors.Is(err, pgx.ErrNoRows) {
-			if _, err := q.MessageGet(ctx, id); err != nil {
+			m, err := q.MessageGet(ctx, id)
+			if err != nil {
 				return notFound("getting message", err)
 			}
-			return fmt.Errorf("retrying message: %w: only failed messages can be retried", ErrConflict)
+			if m.Status == StatusFailed {
+				return fmt.Errorf("retrying message: %w: its endpoint was deleted", ErrConflict)
+			}
+			return fmt.Errorf("retrying message: %w: it is %s; only failed messages can be retried", ErrConflict, m.Status)
 		}
 		if err != nil {
 			return fmt.Errorf("retrying message: %w", err)
@@ -307,9 +345,22 @@ func notFound(action string, err error) error {
 }
 
 func toEndpoint(r outboxdb.WebhookEndpoint) Endpoint {
-	ep := Endpoint{ID: r.ID, URL: r.Url, EventTypes: r.EventTypes, Enabled: r.Enabled, CreatedAt: r.CreatedAt}
-	if r.DisabledReason != nil {
-		ep.DisabledReason = *r.DisabledReason
+	ep := Endpoint{ID: r.ID, URL: r.Url, EventTypes: r.EventTypes, Enabled: r.Enabled, CreatedAt: r.CreatedAt,
+		State: r.Health, StateSince: r.HealthChangedAt, ConsecutiveFailures: int(r.ConsecutiveFailures)}
+	if r.HealthReason != nil {
+		ep.StateReason = *r.HealthReason
+	}
+	switch {
+	case !r.Enabled:
+		ep.State, ep.StateSince, ep.StateReason = HealthPaused, &r.UpdatedAt, ""
+		if r.DisabledReason != nil {
+			ep.DisabledReason = *r.DisabledReason
+			ep.StateReason = *r.DisabledReason
+		}
+	case r.Health == HealthBackingOff:
+		ep.NextProbeAt = r.BackoffUntil
+	case r.BackoffUntil != nil && r.BackoffUntil.After(time.Now()):
+		ep.ThrottledUntil = r.BackoffUntil
 	}
 	return ep
 }

@@ -2,11 +2,15 @@ package outbox
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/dbtest"
@@ -19,8 +23,16 @@ func TestClaimPartitionsRowsBetweenConcurrentClaimers(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.Pool(t)
 	ctx := context.Background()
+	// One destination whose lease all four hold: in the relay only one job
+	// claims for a destination at a time, and SKIP LOCKED is what keeps even
+	// a race between two (a lease taken over from a relay declared dead)
+	// from sending a message twice.
+	lease := uuid.New()
+	var dest uuid.UUID
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO webhook_endpoints (url, secret, event_types, lease_token)
+		VALUES ('http://127.0.0.1:1/', 'whsec_AAAA', '{order.placed}', $1) RETURNING id`, lease).Scan(&dest))
 	_, err := pool.Exec(ctx, `INSERT INTO outbox_messages (type, destination, payload)
-		SELECT 'order.placed', gen_random_uuid(), '{}' FROM generate_series(1, 5000)`)
+		SELECT 'order.placed', $1, '{}' FROM generate_series(1, 5000)`, dest)
 	require.NoError(t, err)
 
 	const claimers = 4
@@ -32,7 +44,8 @@ func TestClaimPartitionsRowsBetweenConcurrentClaimers(t *testing.T) {
 			for {
 				var rows []outboxdb.MessageClaimRow
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
-					rows, err = outboxdb.New(tx).MessageClaim(ctx, uuid.New(), 50)
+					rows, err = outboxdb.New(tx).MessageClaim(ctx, outboxdb.MessageClaimParams{
+						ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 50})
 					return err
 				})
 				if !assertNoErr(t, err) || len(rows) == 0 {
@@ -64,12 +77,167 @@ func assertNoErr(t *testing.T, err error) bool {
 
 func TestBackoffGrowsWithJitterUpToTheCap(t *testing.T) {
 	t.Parallel()
-	cfg := RelayConfig{BackoffBase: 100_000_000, BackoffMax: 1_000_000_000}.withDefaults() // 100ms, 1s
-	for attempt, want := range map[int]int64{1: 100_000_000, 2: 200_000_000, 3: 400_000_000, 4: 800_000_000, 5: 1_000_000_000, 30: 1_000_000_000} {
+	cfg := RelayConfig{BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second}.withDefaults()
+	for attempt, want := range map[int]time.Duration{1: 100 * time.Millisecond, 2: 200 * time.Millisecond,
+		3: 400 * time.Millisecond, 4: 800 * time.Millisecond, 5: time.Second, 30: time.Second} {
 		for range 50 {
-			d := int64(cfg.backoff(attempt))
+			d := cfg.retryDelay(attempt)
 			require.GreaterOrEqual(t, d, want/2, "attempt %d", attempt)
 			require.LessOrEqual(t, d, want, "attempt %d", attempt)
 		}
+	}
+}
+
+// The default schedule keeps a message for more than a day before it fails,
+// even with every delay at the short end of its jitter: a receiver down for
+// a day loses nothing.
+func TestDefaultRetryScheduleOutlastsADayLongOutage(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultRelayConfig()
+	require.Equal(t, 8, cfg.MaxAttempts)
+	var shortest, longest time.Duration
+	// MaxAttempts-1 waits separate the first attempt from the last.
+	for attempt := 1; attempt < cfg.MaxAttempts; attempt++ {
+		want := cfg.RetrySchedule[attempt-1]
+		lo, hi := want, want
+		for range 200 {
+			d := cfg.retryDelay(attempt)
+			lo, hi = min(lo, d), max(hi, d)
+		}
+		require.GreaterOrEqual(t, lo, want*9/10, "attempt %d: at most 10%% early", attempt)
+		require.LessOrEqual(t, hi, want*11/10, "attempt %d: at most 10%% late", attempt)
+		require.NotEqual(t, lo, hi, "attempt %d: jittered", attempt)
+		shortest += want * 9 / 10
+		longest += want * 11 / 10
+	}
+	require.Greater(t, shortest, 24*time.Hour, "the first and the last attempt are more than a day apart")
+	t.Logf("the default schedule's %d attempts span %s to %s", cfg.MaxAttempts, shortest, longest)
+
+	// Past its end the schedule repeats its last entry; BackoffMax caps it.
+	require.InDelta(t, float64(10*time.Hour), float64(cfg.retryDelay(20)), float64(time.Hour))
+	cfg.BackoffMax = time.Minute
+	require.LessOrEqual(t, cfg.retryDelay(5), time.Minute*11/10)
+}
+
+func TestProbeDelayDoublesUpToItsCap(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultRelayConfig()
+	for n, want := range map[int]time.Duration{0: 5 * time.Second, 1: 10 * time.Second, 2: 20 * time.Second,
+		3: 40 * time.Second, 4: time.Minute, 50: time.Minute} {
+		d := cfg.probeDelay(n)
+		require.InDelta(t, float64(want), float64(d), float64(want)/10+1, "failed probes %d", n)
+	}
+}
+
+// statements records the SQL and arguments of every query run through a
+// pool, so a test can EXPLAIN the very statements the relay runs.
+type statements struct {
+	mu   sync.Mutex
+	last map[string][]any // SQL → its latest arguments
+}
+
+func (s *statements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if sql := strings.ToLower(d.SQL); sql == "begin" || sql == "commit" || sql == "rollback" {
+		return ctx
+	}
+	s.mu.Lock()
+	if s.last != nil {
+		s.last[d.SQL] = d.Args
+	}
+	s.mu.Unlock()
+	return ctx
+}
+
+func (s *statements) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// explain runs EXPLAIN (ANALYZE, BUFFERS) of the statement that run issued,
+// with its arguments, in a transaction rolled back afterwards.
+func (s *statements) explain(t *testing.T, pool *pgxpool.Pool, run func(q *outboxdb.Queries) error) string {
+	t.Helper()
+	ctx := context.Background()
+	s.mu.Lock()
+	s.last = map[string][]any{}
+	s.mu.Unlock()
+	var plan []string
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		require.NoError(t, run(outboxdb.New(tx)))
+		s.mu.Lock()
+		require.Len(t, s.last, 1, "one statement")
+		var sql string
+		var args []any
+		for sql, args = range s.last {
+		}
+		s.mu.Unlock()
+		rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+sql, args...)
+		require.NoError(t, err)
+		for rows.Next() {
+			var line string
+			require.NoError(t, rows.Scan(&line))
+			plan = append(plan, line)
+		}
+		require.NoError(t, rows.Err())
+		return errRollback
+	})
+	require.ErrorIs(t, err, errRollback)
+	return strings.Join(plan, "\n")
+}
+
+var errRollback = errors.New("rollback")
+
+// The relay's statements stay on indexes whatever the delivered history and
+// however many destinations there are: with 1,000 endpoints, 200,000
+// delivered rows, 20 endpoints with due messages and 50 backing off with a
+// backlog each, neither the claim nor finding the due destinations nor the
+// stall check reads outbox_messages but through an index.
+func TestRelayStatementsStayOnIndexesWith1000Endpoints(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
+	require.NoError(t, err)
+	trace := &statements{}
+	cfg.ConnConfig.Tracer = trace
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = pool.Exec(ctx, `
+		INSERT INTO webhook_endpoints (url, secret, event_types)
+		SELECT 'http://127.0.0.1:9/' || g, 'whsec_AAAA', '{order.placed}' FROM generate_series(1, 1000) g;
+		INSERT INTO outbox_messages (type, destination, payload, status, delivered_at)
+		SELECT 'order.placed', e.id, '{"n":1}', 'delivered', now() - interval '1 day'
+		FROM (SELECT id FROM webhook_endpoints ORDER BY id LIMIT 100) e, generate_series(1, 2000);
+		INSERT INTO outbox_messages (type, destination, payload)
+		SELECT 'order.placed', e.id, '{"n":1}' FROM (SELECT id FROM webhook_endpoints ORDER BY id LIMIT 20) e, generate_series(1, 500);
+		WITH off AS (
+			UPDATE webhook_endpoints SET health = 'backing_off', consecutive_failures = 5, backoff_until = now() + interval '1 hour'
+			WHERE id IN (SELECT id FROM webhook_endpoints ORDER BY id DESC LIMIT 50) RETURNING id)
+		INSERT INTO outbox_messages (type, destination, payload)
+		SELECT 'order.placed', off.id, '{"n":1}' FROM off, generate_series(1, 1000);
+		ANALYZE;`)
+	require.NoError(t, err)
+	var dest, token uuid.UUID
+	token = uuid.New()
+	require.NoError(t, pool.QueryRow(ctx, `UPDATE webhook_endpoints SET lease_token = $1
+		WHERE id = (SELECT id FROM webhook_endpoints ORDER BY id LIMIT 1) RETURNING id`, token).Scan(&dest))
+
+	for name, run := range map[string]func(q *outboxdb.Queries) error{
+		"claim": func(q *outboxdb.Queries) error {
+			rows, err := q.MessageClaim(ctx, outboxdb.MessageClaimParams{ClaimToken: token, RelayID: uuid.New(), Destination: dest, BatchSize: 16})
+			require.Len(t, rows, 16)
+			return err
+		},
+		"dispatch": func(q *outboxdb.Queries) error {
+			ids, err := q.DestinationsDispatch(ctx, 5, 5, 100)
+			require.Len(t, ids, 20, "the 20 endpoints with due messages, not the ones backing off")
+			return err
+		},
+		"overdue": func(q *outboxdb.Queries) error {
+			_, err := q.MessageOverdue(ctx)
+			return err
+		},
+	} {
+		plan := trace.explain(t, pool, run)
+		t.Logf("%s:\n%s", name, plan)
+		require.NotRegexp(t, `Seq Scan on outbox_messages`, plan, "%s reads the history", name)
+		require.Contains(t, plan, "outbox_messages_pending_idx", name)
 	}
 }

@@ -8,8 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -21,22 +19,19 @@ import (
 	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
 )
 
-// DeliverArgs is one deliver job: messages for one endpoint, claimed together
-// under one claim token.
-type DeliverArgs struct {
-	ClaimToken  uuid.UUID   `json:"claim_token"`
-	Destination uuid.UUID   `json:"destination"`
-	MessageIDs  []uuid.UUID `json:"message_ids"`
+// deliverArgs is one deliver job: a turn at serving one destination.
+type deliverArgs struct {
+	Destination uuid.UUID `json:"destination"`
 }
 
 // Kind implements river.JobArgs.
-func (DeliverArgs) Kind() string { return "outbox_deliver" }
+func (deliverArgs) Kind() string { return "outbox_deliver" }
 
-// InsertOpts implements river.JobArgsWithInsertOpts. River retries a job only
-// when recording its outcome failed (the database was unreachable); the
-// outbox's own claim timeout is the backstop after that.
-func (DeliverArgs) InsertOpts() river.InsertOpts {
-	return river.InsertOpts{Queue: QueueDeliver, MaxAttempts: 3}
+// InsertOpts implements river.JobArgsWithInsertOpts. River retries a job
+// only when it failed to reach the database; a retry takes the lease again,
+// or finds it held and does nothing.
+func (deliverArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{Queue: queueDeliver, MaxAttempts: 3}
 }
 
 // Delivery is one webhook request to make.
@@ -95,13 +90,109 @@ func webhookBody(id uuid.UUID, typ string, createdAt time.Time, data json.RawMes
 	return b, nil
 }
 
+// Tuning of a deliver job that is not worth a setting.
+const (
+	// deliverSlice is how long one job serves its destination before making
+	// way: it queues the next job for it behind those already waiting, so
+	// when destinations outnumber workers each gets its turn.
+	deliverSlice = 5 * time.Second
+	// idlePolls is how many polls in a row may find nothing due before the
+	// job ends: a destination with steady traffic keeps its job, an idle
+	// one frees the worker within a fraction of a second.
+	idlePolls = 4
+	// flushSize is how many outcomes are recorded in one statement at most;
+	// fewer are recorded at every poll interval, so none waits longer.
+	flushSize = 64
+	// settleTimeout bounds a job's final writes, which run even after its
+	// context was cancelled.
+	settleTimeout = 10 * time.Second
+)
+
+// jobTimeout is how long a deliver job may run: its slice, a last request,
+// and its final writes.
+func (c RelayConfig) jobTimeout() time.Duration {
+	return deliverSlice + c.DeliveryTimeout + settleTimeout + 5*time.Second
+}
+
 type deliverWorker struct {
-	river.WorkerDefaults[DeliverArgs]
+	river.WorkerDefaults[deliverArgs]
 	relay *Relay
 }
 
-func (w *deliverWorker) Timeout(job *river.Job[DeliverArgs]) time.Duration {
-	return w.relay.cfg.deliverJobTimeout(len(job.Args.MessageIDs))
+func (w *deliverWorker) Timeout(*river.Job[deliverArgs]) time.Duration {
+	return w.relay.cfg.jobTimeout()
+}
+
+func (w *deliverWorker) Work(ctx context.Context, job *river.Job[deliverArgs]) error {
+	r := w.relay
+	dest := job.Args.Destination
+	q := outboxdb.New(r.pool)
+	if r.draining() {
+		// Stopping: hand the destination back to the other relays now rather
+		// than after the redispatch delay.
+		if err := q.DestinationUndispatch(ctx, dest); err != nil {
+			return fmt.Errorf("handing back destination: %w", err)
+		}
+		return nil
+	}
+	token := uuid.New()
+	lease, err := q.DestinationLease(ctx, outboxdb.DestinationLeaseParams{
+		ID: dest, LeaseToken: token, RelayID: r.id, RelayTimeoutSeconds: r.cfg.RelayTimeout.Seconds(),
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Served by a live job already, paused, backing off or deleted.
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("leasing destination: %w", err)
+	}
+	r.metrics.deliverJobs.Inc()
+	s := &session{
+		r: r, job: job, dest: dest, token: token, ep: lease,
+		health: lease.Health, failures: int(lease.ConsecutiveFailures),
+		probing: lease.Health == HealthBackingOff,
+		results: make(chan sent, r.cfg.DestinationConcurrency),
+	}
+	return s.run(ctx)
+}
+
+// session is one deliver job's turn at its destination.
+type session struct {
+	r     *Relay
+	job   *river.Job[deliverArgs]
+	dest  uuid.UUID
+	token uuid.UUID
+	ep    outboxdb.DestinationLeaseRow
+
+	// The destination's health as stored (health), and as this job sees it.
+	health      string
+	failures    int    // endpoint-wide failures in a row
+	lastFailure string // the latest of them
+	// probing: the destination was backing off, so one message at a time
+	// is sent until one gets an answer; probeFailed: one did not.
+	probing, probeFailed bool
+	// retryAfter is when the receiver asked the whole destination to wait
+	// until (429 or 503 with Retry-After); gone that it answered 410.
+	retryAfter time.Time
+	gone       bool
+
+	results  chan sent
+	inFlight int
+	outcomes []outcome   // not yet recorded
+	unsent   []uuid.UUID // claimed, never sent: released without an attempt
+}
+
+// sent is one request's end.
+type sent struct {
+	row      outboxdb.MessageClaimRow
+	res      Result
+	span     trace.Span
+	started  time.Time
+	finished time.Time
+	// notSent: the job was cancelled before the request began.
+	notSent bool
+	// interrupted: the job was cancelled while the request was in flight.
+	interrupted bool
 }
 
 // outcome is what the relay records for one message and its attempt.
@@ -111,119 +202,254 @@ type outcome struct {
 	status   string
 	delay    time.Duration
 	err      string
-	gone     bool // the endpoint answered 410: disable it
 	label    string
 	code     int
 	started  time.Time
 	finished time.Time
+	// What the answer says about the destination as a whole.
+	endpointFailure bool
+	retryAfter      time.Duration
+	gone            bool
 }
 
-func (w *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) error {
-	r := w.relay
-	rows, err := outboxdb.New(r.pool).MessagesForDelivery(ctx, job.Args.MessageIDs, job.Args.ClaimToken)
-	if err != nil {
-		return fmt.Errorf("loading claimed messages: %w", err)
-	}
-	if len(rows) == 0 {
-		// Every row was re-claimed or settled since: a stale job, nothing to do.
-		return nil
-	}
-
-	outcomes := make([]outcome, len(rows))
-	// unreachable short-circuits the rest of the job once the endpoint cannot
-	// be reached at all: its messages back off without each waiting out a
-	// timeout, and the job frees its worker for healthy endpoints.
-	var unreachable atomic.Pointer[string]
-	sem := make(chan struct{}, r.cfg.DeliverConcurrency)
-	var wg sync.WaitGroup
-	for i, row := range rows {
-		if reason := r.undeliverable(row); reason != "" {
-			now := time.Now()
-			outcomes[i] = outcome{id: row.ID, attempt: int(row.Attempts), status: StatusFailed, err: reason,
-				label: "undeliverable", started: now, finished: now}
-			continue
-		}
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			start := time.Now()
-			if why := unreachable.Load(); why != nil {
-				outcomes[i] = r.judge(row, Result{Err: errors.New("skipped: " + *why)}, start, start)
-				return
-			}
-			res := r.send(ctx, row)
-			outcomes[i] = r.judge(row, res.Result, start, time.Now())
-			endDeliverSpan(res.span, res.Result, outcomes[i])
-			if res.Err != nil {
-				msg := res.Err.Error()
-				unreachable.CompareAndSwap(nil, &msg)
-			}
-		}()
-	}
-	wg.Wait()
-
-	if err := r.record(ctx, job, outcomes); err != nil {
-		return err
-	}
-	for _, o := range outcomes {
-		r.metrics.deliveries.WithLabelValues(o.label).Inc()
-		if elapsed := o.finished.Sub(o.started); elapsed > 0 {
-			r.metrics.deliveryDuration.WithLabelValues(o.label).Observe(elapsed.Seconds())
-		}
-		if o.status == StatusFailed {
-			r.logger.WarnContext(ctx, "message failed", slog.String("message_id", o.id.String()),
-				slog.String("destination", job.Args.Destination.String()), slog.String("error", o.err))
-		}
-	}
-	return nil
-}
-
-// undeliverable names why a message cannot be sent at all, or returns "".
-func (r *Relay) undeliverable(row outboxdb.MessagesForDeliveryRow) string {
+// stopClaiming reports whether the session must claim nothing more.
+func (s *session) stopClaiming() bool {
 	switch {
-	case row.EndpointUrl == nil:
-		return "endpoint deleted"
-	case row.EndpointEnabled == nil || !*row.EndpointEnabled:
-		return "endpoint disabled"
+	case s.gone, !s.retryAfter.IsZero():
+		return true
+	case s.probing:
+		return s.probeFailed
+	default:
+		return s.failures >= s.r.cfg.CircuitThreshold
 	}
-	return ""
 }
 
-// sent is a receiver's answer and the span of the attempt, still open.
-type sent struct {
-	Result
-	span trace.Span
+// room is how many messages may be claimed now.
+func (s *session) room() int {
+	limit := s.r.cfg.DestinationConcurrency
+	if s.probing {
+		limit = 1
+	}
+	return min(limit-s.inFlight, s.r.cfg.BatchSize)
 }
 
-func (r *Relay) send(ctx context.Context, row outboxdb.MessagesForDeliveryRow) sent {
-	ctx, span, header := r.startDeliverSpan(ctx, row)
+func (s *session) run(ctx context.Context) error {
+	r := s.r
+	// Requests run on their own context: a hard stop cancels them, and
+	// their outcomes are still recorded on the job's.
+	sendCtx, cancelSends := context.WithCancel(ctx)
+	defer cancelSends()
+	poll := time.NewTicker(r.cfg.PollInterval)
+	defer poll.Stop()
+	sliceEnds := time.Now().Add(deliverSlice)
+
+	var (
+		stopping   bool // the relay is stopping or the slice is over
+		cancelled  bool // the job's context is done: cancel what is in flight
+		dueLeft    = true
+		idle       int
+		lastClaim  time.Time
+		claimFails int
+		// Closed channels fire at every select: each is waited on once.
+		drain, done = r.drain, ctx.Done()
+	)
+	for {
+		if !stopping && (r.draining() || time.Now().After(sliceEnds)) {
+			stopping = true
+		}
+		if !stopping && !cancelled && dueLeft && !s.stopClaiming() {
+			room := s.room()
+			// Claim when a quarter of the slots are free, or nothing is in
+			// flight, or a poll interval has passed: few, fuller claims for
+			// a fast receiver; a slow one's free slots refilled within a poll.
+			if room > 0 && (s.inFlight == 0 || 4*room >= r.cfg.DestinationConcurrency ||
+				time.Since(lastClaim) >= r.cfg.PollInterval) {
+				rows, err := s.claim(ctx, room)
+				lastClaim = time.Now()
+				switch {
+				case err != nil:
+					claimFails++
+					if claimFails >= 3 && ctx.Err() == nil {
+						r.logger.WarnContext(ctx, "claiming messages", slog.String("destination", s.dest.String()), slog.Any("error", err))
+						stopping = true
+					}
+				case len(rows) < room:
+					dueLeft = false // nothing more is due now; look again at the next poll
+					claimFails = 0
+				default:
+					claimFails = 0
+				}
+				if len(rows) > 0 {
+					idle = 0
+				}
+				for _, row := range rows {
+					s.inFlight++
+					go s.send(sendCtx, row)
+				}
+			}
+		}
+		if s.inFlight == 0 && (stopping || cancelled || s.stopClaiming() || idle >= idlePolls) {
+			break
+		}
+		select {
+		case res := <-s.results:
+			s.handle(ctx, res)
+			// Take every other result already waiting before deciding
+			// whether to claim: fewer, fuller claims.
+			for more := true; more; {
+				select {
+				case res := <-s.results:
+					s.handle(ctx, res)
+				default:
+					more = false
+				}
+			}
+			if len(s.outcomes) >= flushSize {
+				s.flush(ctx)
+			}
+		case <-poll.C:
+			s.flush(ctx)
+			if !dueLeft && s.inFlight == 0 {
+				idle++
+			}
+			dueLeft = true
+		case <-drain:
+			drain, stopping = nil, true
+		case <-done:
+			done, cancelled = nil, true
+			cancelSends()
+		}
+	}
+	return s.settle(ctx)
+}
+
+// claim claims up to n of the destination's due messages.
+func (s *session) claim(ctx context.Context, n int) ([]outboxdb.MessageClaimRow, error) {
+	rows, err := outboxdb.New(s.r.pool).MessageClaim(ctx, outboxdb.MessageClaimParams{
+		ClaimToken: s.token, RelayID: s.r.id, Destination: s.dest, BatchSize: int32(n),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claiming messages: %w", err)
+	}
+	if len(rows) > 0 {
+		s.r.metrics.claimed.Add(float64(len(rows)))
+		s.r.progressAt.Store(time.Now().UnixNano())
+	}
+	return rows, nil
+}
+
+// send makes one request and reports its end on s.results.
+func (s *session) send(ctx context.Context, row outboxdb.MessageClaimRow) {
+	r := s.r
+	if ctx.Err() != nil {
+		s.results <- sent{row: row, notSent: true}
+		return
+	}
+	started := time.Now()
+	spanCtx, span, header := r.startDeliverSpan(ctx, s.dest, row)
 	body, err := webhookBody(row.ID, row.Type, row.CreatedAt, row.Payload)
 	if err != nil {
-		return sent{Result{Err: fmt.Errorf("encoding body: %w", err)}, span}
+		s.results <- sent{row: row, res: Result{Err: fmt.Errorf("encoding body: %w", err)}, span: span, started: started, finished: time.Now()}
+		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.DeliveryTimeout)
-	defer cancel()
-	return sent{r.transport.Deliver(ctx, Delivery{
-		MessageID: row.ID, Type: row.Type, URL: *row.EndpointUrl, Secret: *row.EndpointSecret, Body: body,
-		PreviousSecret: row.EndpointPreviousSecret,
-		Header:         header,
-	}), span}
+	reqCtx, cancel := context.WithTimeout(spanCtx, r.cfg.DeliveryTimeout)
+	res := r.transport.Deliver(reqCtx, Delivery{
+		MessageID: row.ID, Type: row.Type, URL: row.EndpointUrl, Secret: row.EndpointSecret,
+		PreviousSecret: row.EndpointPreviousSecret, Body: body, Header: header,
+	})
+	cancel()
+	s.results <- sent{row: row, res: res, span: span, started: started, finished: time.Now(),
+		interrupted: res.Err != nil && ctx.Err() != nil}
 }
 
-// judge turns a receiver's answer into the row's next state.
-func (r *Relay) judge(row outboxdb.MessagesForDeliveryRow, res Result, started, finished time.Time) outcome {
-	attempts := int(row.Attempts)
+// handle takes one request's end into the session: its outcome to record,
+// and what it says about the destination's health.
+func (s *session) handle(ctx context.Context, res sent) {
+	s.inFlight--
+	if res.notSent {
+		s.unsent = append(s.unsent, res.row.ID)
+		return
+	}
+	o := s.r.judge(res)
+	endDeliverSpan(res.span, res.res, o)
+	s.outcomes = append(s.outcomes, o)
+	switch {
+	case o.label == labelInterrupted:
+		// Says nothing about the destination.
+	case o.gone:
+		s.gone = true
+	case o.endpointFailure:
+		s.failures++
+		s.lastFailure = o.err
+		if s.probing {
+			s.probeFailed = true
+		}
+		if o.retryAfter > 0 {
+			s.retryAfter = maxTime(s.retryAfter, o.finished.Add(o.retryAfter))
+		}
+	default:
+		// The receiver answered (it may still have refused this message):
+		// the destination is reachable.
+		s.failures = 0
+		if s.probing {
+			s.recovered(ctx)
+		}
+	}
+}
+
+// recovered marks a destination that was backing off healthy again, at
+// once, so the ops page and the other relays see it while this job goes on.
+func (s *session) recovered(ctx context.Context) {
+	r := s.r
+	s.probing = false
+	ctx = context.WithoutCancel(ctx)
+	if err := outboxdb.New(r.pool).DestinationHealthy(ctx, s.dest, s.token); err != nil {
+		// Settle stores it anyway.
+		r.logger.WarnContext(ctx, "recording destination recovered", slog.String("destination", s.dest.String()), slog.Any("error", err))
+		return
+	}
+	s.health = HealthHealthy
+	r.metrics.stateChanges.WithLabelValues(HealthHealthy).Inc()
+	attrs := []any{slog.String("destination", s.dest.String()), slog.String("url", s.ep.Url)}
+	if s.ep.HealthChangedAt != nil {
+		attrs = append(attrs, slog.Duration("backed_off_for", time.Since(*s.ep.HealthChangedAt).Round(time.Second)))
+	}
+	r.logger.InfoContext(ctx, "destination recovered", attrs...)
+}
+
+// Attempt outcomes, as outbox_attempts and the metrics name them.
+const (
+	labelDelivered   = "delivered"
+	labelRetry       = "retry"
+	labelFailed      = "failed"
+	labelGone        = "gone"
+	labelInterrupted = "interrupted"
+)
+
+// judge turns a request's end into the message's next state.
+func (r *Relay) judge(s sent) outcome {
+	res := s.res
+	attempt := int(s.row.Attempts) + 1
 	code := res.StatusCode
-	o := outcome{id: row.ID, attempt: attempts, code: code, started: started, finished: finished}
+	o := outcome{id: s.row.ID, attempt: attempt, code: code, started: s.started, finished: s.finished}
 	switch {
 	case res.Err == nil && code >= 200 && code < 300:
-		o.status, o.label = StatusDelivered, "delivered"
+		o.status, o.label = StatusDelivered, labelDelivered
+		return o
+	case s.interrupted:
+		// Cut off by a stop: it may have reached the receiver, so it is an
+		// attempt, but it says nothing of the receiver and is due again now.
+		o.status, o.label = StatusPending, labelInterrupted
+		o.err = "interrupted: the relay stopped during the request"
 		return o
 	case code == http.StatusGone:
-		o.status, o.label, o.gone = StatusFailed, "gone", true
-		o.err = "410 Gone: endpoint disabled"
+		// The receiver says it is gone: the endpoint is paused, and this
+		// message waits with the others until a person enables it again.
+		o.status, o.label, o.gone = StatusPending, labelGone, true
+		o.err = "410 Gone: endpoint paused"
 		return o
+	case errors.Is(res.Err, context.DeadlineExceeded):
+		o.err = fmt.Sprintf("no answer within the delivery timeout (%s)", r.cfg.DeliveryTimeout)
 	case res.Err != nil:
 		o.err = res.Err.Error()
 	default:
@@ -232,27 +458,45 @@ func (r *Relay) judge(row outboxdb.MessagesForDeliveryRow, res Result, started, 
 			o.err += ": " + res.Detail
 		}
 	}
-	if attempts >= r.cfg.MaxAttempts {
-		o.status, o.label = StatusFailed, "failed"
-		o.err = fmt.Sprintf("attempt %d of %d: %s", attempts, r.cfg.MaxAttempts, o.err)
+	// Refused, timed out, 408, 429 and 5xx are the destination's trouble;
+	// any other answer is about this message alone.
+	o.endpointFailure = res.Err != nil || code == http.StatusRequestTimeout ||
+		code == http.StatusTooManyRequests || code >= 500
+	if (code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable) && res.RetryAfter > 0 {
+		o.retryAfter = min(res.RetryAfter, 24*time.Hour)
+	}
+	if attempt >= r.cfg.MaxAttempts {
+		o.status, o.label = StatusFailed, labelFailed
+		o.err = fmt.Sprintf("attempt %d of %d: %s", attempt, r.cfg.MaxAttempts, o.err)
 		return o
 	}
-	o.status, o.label = StatusPending, "retry"
-	o.delay = r.cfg.backoff(attempts)
-	if (code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable) && res.RetryAfter > 0 {
-		o.delay = min(res.RetryAfter, 24*time.Hour)
+	o.status, o.label = StatusPending, labelRetry
+	o.delay = r.cfg.retryDelay(attempt)
+	if o.retryAfter > 0 {
+		o.delay = o.retryAfter
 	}
 	return o
 }
 
-// record writes every outcome and completes the River job in one
-// transaction, only where this job's claim token still holds. Sending came
-// first: a crash before this commit means the messages are sent again later
-// (at-least-once), never that a message is marked without being sent.
-func (r *Relay) record(ctx context.Context, job *river.Job[DeliverArgs], outcomes []outcome) error {
-	p := outboxdb.MessagesRecordOutcomesParams{ClaimToken: job.Args.ClaimToken}
-	var gone []uuid.UUID
-	for _, o := range outcomes {
+// flush records the outcomes gathered so far. A failure keeps them for the
+// next flush or the settle.
+func (s *session) flush(ctx context.Context) {
+	if len(s.outcomes) == 0 {
+		return
+	}
+	if _, err := outboxdb.New(s.r.pool).MessagesRecordOutcomes(ctx, s.recordParams()); err != nil {
+		if ctx.Err() == nil {
+			s.r.logger.WarnContext(ctx, "recording delivery outcomes", slog.String("destination", s.dest.String()), slog.Any("error", err))
+		}
+		return
+	}
+	s.counted(s.outcomes)
+	s.outcomes = s.outcomes[:0]
+}
+
+func (s *session) recordParams() outboxdb.MessagesRecordOutcomesParams {
+	p := outboxdb.MessagesRecordOutcomesParams{ClaimToken: s.token}
+	for _, o := range s.outcomes {
 		p.Ids = append(p.Ids, o.id)
 		p.Statuses = append(p.Statuses, o.status)
 		p.DelaysSeconds = append(p.DelaysSeconds, o.delay.Seconds())
@@ -262,26 +506,144 @@ func (r *Relay) record(ctx context.Context, job *river.Job[DeliverArgs], outcome
 		p.StartedAts = append(p.StartedAts, o.started)
 		p.FinishedAts = append(p.FinishedAts, o.finished)
 		p.StatusCodes = append(p.StatusCodes, int32(o.code))
-		if o.gone {
-			gone = append(gone, job.Args.Destination)
+	}
+	return p
+}
+
+// counted updates the metrics and logs for recorded outcomes.
+func (s *session) counted(outcomes []outcome) {
+	r := s.r
+	for _, o := range outcomes {
+		r.metrics.deliveries.WithLabelValues(o.label).Inc()
+		if elapsed := o.finished.Sub(o.started); elapsed > 0 {
+			r.metrics.deliveryDuration.WithLabelValues(o.label).Observe(elapsed.Seconds())
+		}
+		if o.status == StatusFailed {
+			r.logger.Warn("message failed", slog.String("message_id", o.id.String()),
+				slog.String("destination", s.dest.String()), slog.String("error", o.err))
 		}
 	}
-	return pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+}
+
+// settle ends the job: in one transaction it records the last outcomes,
+// releases what was claimed and never sent, stores the destination's health
+// and frees its lease, queues the next job when due work remains, and
+// completes this River job. It runs even when the job's context was
+// cancelled. If the database cannot be reached, the relay retries the same
+// writes at its next heartbeats.
+func (s *session) settle(ctx context.Context) error {
+	r := s.r
+	ctx = context.WithoutCancel(ctx)
+	health, backoffUntil, reason := s.verdict()
+	var redispatch bool
+	write := func(ctx context.Context, tx pgx.Tx) error {
 		q := outboxdb.New(tx)
-		if _, err := q.MessagesRecordOutcomes(ctx, p); err != nil {
-			return fmt.Errorf("recording delivery outcomes: %w", err)
-		}
-		if len(gone) > 0 {
-			reason := "receiver answered 410 Gone"
-			if err := q.EndpointsDisable(ctx, &reason, gone[:1]); err != nil {
-				return fmt.Errorf("disabling gone endpoint: %w", err)
+		if len(s.outcomes) > 0 {
+			if _, err := q.MessagesRecordOutcomes(ctx, s.recordParams()); err != nil {
+				return fmt.Errorf("recording delivery outcomes: %w", err)
 			}
 		}
-		if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job); err != nil {
+		if len(s.unsent) > 0 {
+			if _, err := q.MessagesRelease(ctx, s.unsent, s.token); err != nil {
+				return fmt.Errorf("releasing unsent messages: %w", err)
+			}
+		}
+		var err error
+		redispatch, err = q.DestinationSettle(ctx, outboxdb.DestinationSettleParams{
+			ID: s.dest, LeaseToken: s.token, Health: health, HealthReason: reason,
+			ConsecutiveFailures: int32(s.failures), BackoffUntil: backoffUntil, Gone: s.gone,
+		})
+		if errors.Is(err, pgx.ErrNoRows) {
+			// The lease is no longer ours (this relay was declared dead,
+			// or the endpoint deleted): whoever holds it now decides.
+			err, redispatch = nil, false
+		}
+		if err != nil {
+			return fmt.Errorf("settling destination: %w", err)
+		}
+		if redispatch {
+			if _, err := r.client.InsertTx(ctx, tx, deliverArgs{Destination: s.dest}, nil); err != nil {
+				return fmt.Errorf("queueing the next deliver job: %w", err)
+			}
+		}
+		return nil
+	}
+	settleCtx, cancel := context.WithTimeout(ctx, settleTimeout)
+	defer cancel()
+	err := pgx.BeginFunc(settleCtx, r.pool, func(tx pgx.Tx) error {
+		if err := write(settleCtx, tx); err != nil {
+			return err
+		}
+		if _, err := river.JobCompleteTx[*riverpgxv5.Driver](settleCtx, tx, s.job); err != nil {
 			return fmt.Errorf("completing deliver job: %w", err)
 		}
 		return nil
 	})
+	if err != nil {
+		// Retried by the heartbeat loop until it succeeds; the River job is
+		// left to River's retry, which finds the lease and does nothing.
+		r.deferSettle(func(ctx context.Context) error {
+			return pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error { return write(ctx, tx) })
+		})
+		return fmt.Errorf("settling deliver job for %s: %w", s.dest, err)
+	}
+	s.counted(s.outcomes)
+	s.announce(health, backoffUntil)
+	return nil
+}
+
+// verdict is the destination's health as the job leaves it: backing off
+// when endpoint-wide failures reached the threshold (then backoffUntil is
+// the next probe), else healthy (then backoffUntil is the end of a
+// Retry-After, if the receiver sent one).
+func (s *session) verdict() (health string, backoffUntil *time.Time, reason *string) {
+	cfg := s.r.cfg
+	if s.failures >= cfg.CircuitThreshold {
+		if s.probing && !s.probeFailed {
+			// No probe was made (nothing was due): nothing has changed.
+			return HealthBackingOff, s.ep.BackoffUntil, s.ep.HealthReason
+		}
+		if !s.probing {
+			// It starts backing off now. The streak is stored as the
+			// threshold, so each failed probe after this adds one and
+			// doubles the wait before the next.
+			s.failures = cfg.CircuitThreshold
+		}
+		until := time.Now().Add(cfg.probeDelay(s.failures - cfg.CircuitThreshold))
+		until = maxTime(until, s.retryAfter)
+		why := truncate(s.lastFailure, 500)
+		return HealthBackingOff, &until, &why
+	}
+	if !s.retryAfter.IsZero() {
+		return HealthHealthy, &s.retryAfter, nil
+	}
+	return HealthHealthy, nil, nil
+}
+
+// announce logs and counts the destination's state changes, once each:
+// healthy to backing off here, backing off to healthy in recovered.
+func (s *session) announce(health string, backoffUntil *time.Time) {
+	r := s.r
+	ctx := context.Background()
+	dest := slog.String("destination", s.dest.String())
+	if health == HealthBackingOff && s.health != HealthBackingOff {
+		r.metrics.stateChanges.WithLabelValues(HealthBackingOff).Inc()
+		r.logger.WarnContext(ctx, "destination failing: backing off as a whole", dest, slog.String("url", s.ep.Url),
+			slog.String("error", s.lastFailure), slog.Int("consecutive_failures", s.failures),
+			slog.Time("next_probe_at", *backoffUntil))
+	}
+	if s.gone {
+		r.metrics.stateChanges.WithLabelValues(HealthPaused).Inc()
+		r.logger.WarnContext(ctx, "destination paused: the receiver answered 410 Gone; its messages wait until it is enabled again",
+			dest, slog.String("url", s.ep.Url))
+	}
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 func truncate(s string, n int) string {

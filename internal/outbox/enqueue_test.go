@@ -64,7 +64,9 @@ func TestEnqueueRejectsInvalidEvents(t *testing.T) {
 	}
 }
 
-func TestEnqueueFansOutToSubscribedEnabledEndpoints(t *testing.T) {
+// One row per subscribed endpoint, paused ones included: disabled means
+// paused, and their rows wait to be delivered after they are enabled.
+func TestEnqueueFansOutToSubscribedEndpoints(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
@@ -77,7 +79,7 @@ func TestEnqueueFansOutToSubscribedEnabledEndpoints(t *testing.T) {
 	require.NoError(t, err)
 
 	ids := f.enqueue(t, "order.placed", map[string]string{"order": "o-1"})
-	require.Len(t, ids, 2, "one row per subscribed, enabled endpoint")
+	require.Len(t, ids, 3, "one row per subscribed endpoint, the paused one included")
 	dests := map[string]bool{}
 	for _, id := range ids {
 		m := f.message(t, id)
@@ -85,7 +87,7 @@ func TestEnqueueFansOutToSubscribedEnabledEndpoints(t *testing.T) {
 		require.JSONEq(t, `{"order":"o-1"}`, string(m.Payload))
 		dests[m.Destination.String()] = true
 	}
-	require.Equal(t, map[string]bool{epA.ID.String(): true, epB.ID.String(): true}, dests)
+	require.Equal(t, map[string]bool{epA.ID.String(): true, epB.ID.String(): true, epD.ID.String(): true}, dests)
 
 	require.Empty(t, f.enqueue(t, "customer.created", 1), "nobody subscribes: nothing to send")
 }

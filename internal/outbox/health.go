@@ -19,25 +19,27 @@ import (
 // Every read here is bounded by a window or a partial index, so none of it
 // grows with the delivered history kept for the retention period.
 
-// Endpoint health states, as a person reads them.
+// Endpoint states, as the API, the ops page and the metrics name them.
 const (
-	// HealthDelivering: enabled, and its latest attempt (if any) succeeded.
-	HealthDelivering = "delivering"
-	// HealthBackingOff: enabled, but its latest attempt failed or messages
-	// wait for their next retry.
-	HealthBackingOff = "backing off"
-	// HealthDisabled: disabled by an operator or by a 410 Gone.
-	HealthDisabled = "disabled"
+	// HealthHealthy: enabled and delivering; single messages may be
+	// retrying on their own schedules.
+	HealthHealthy = "healthy"
+	// HealthBackingOff: enabled, but failing as a whole (refused, timed out,
+	// 5xx, 429 several times in a row): nothing is sent to it until its next
+	// probe, when one message tries it. Waiting costs no message an attempt.
+	HealthBackingOff = "backing_off"
+	// HealthPaused: disabled by a person or by a 410 Gone. Its messages are
+	// still written, and wait to be delivered when it is enabled again.
+	HealthPaused = "paused"
 )
 
 // EndpointHealth is an endpoint with what waits for it and how its recent
 // attempts went.
 type EndpointHealth struct {
 	Endpoint
-	// Health is HealthDelivering, HealthBackingOff or HealthDisabled.
-	Health string `json:"health"`
 	// Waiting counts its pending and claimed messages; BackingOff those of
-	// them waiting for a retry; Failed those that gave up.
+	// them waiting for a retry on their own schedule; Failed those that
+	// gave up.
 	Waiting    int64 `json:"waiting"`
 	BackingOff int64 `json:"backing_off"`
 	Failed     int64 `json:"failed"`
@@ -52,8 +54,8 @@ type EndpointHealth struct {
 	LastAttemptOutcome  string     `json:"last_attempt_outcome,omitempty"`
 }
 
-// EndpointsHealth returns every endpoint with its health, judged from its
-// messages and its attempts within window (the last hour, say).
+// EndpointsHealth returns every endpoint with its state, what waits for it,
+// and its attempts within window (the last hour, say).
 func (a *Admin) EndpointsHealth(ctx context.Context, window time.Duration) ([]EndpointHealth, error) {
 	rows, err := outboxdb.New(a.pool).OpsEndpointHealth(ctx, window.Seconds())
 	if err != nil {
@@ -63,7 +65,9 @@ func (a *Admin) EndpointsHealth(ctx context.Context, window time.Duration) ([]En
 	for i, r := range rows {
 		h := EndpointHealth{
 			Endpoint: toEndpoint(outboxdb.WebhookEndpoint{ID: r.ID, Url: r.Url, EventTypes: r.EventTypes,
-				Enabled: r.Enabled, DisabledReason: r.DisabledReason, CreatedAt: r.CreatedAt}),
+				Enabled: r.Enabled, DisabledReason: r.DisabledReason, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
+				Health: r.Health, HealthReason: r.HealthReason, HealthChangedAt: r.HealthChangedAt,
+				ConsecutiveFailures: r.ConsecutiveFailures, BackoffUntil: r.BackoffUntil}),
 			Waiting: r.Waiting, BackingOff: r.BackingOff, Failed: r.Failed, NextRetryAt: r.NextRetryAt,
 			LastSuccessAt: r.LastSuccessAt, LastErrorAt: r.LastErrorAt, LastAttemptAt: r.LastAttemptAt,
 		}
@@ -76,14 +80,6 @@ func (a *Admin) EndpointsHealth(ctx context.Context, window time.Duration) ([]En
 		if r.LastAttemptOutcome != nil {
 			h.LastAttemptOutcome = *r.LastAttemptOutcome
 		}
-		switch {
-		case !h.Enabled:
-			h.Health = HealthDisabled
-		case h.BackingOff > 0 || (h.LastAttemptOutcome != "" && h.LastAttemptOutcome != "delivered"):
-			h.Health = HealthBackingOff
-		default:
-			h.Health = HealthDelivering
-		}
 		out[i] = h
 	}
 	return out, nil
@@ -94,9 +90,9 @@ type MinuteActivity struct {
 	// Minute is the start of the minute.
 	Minute time.Time `json:"minute"`
 	// Attempts finished in the minute, by what came of them: delivered;
-	// retried (a failed attempt that will be tried again, or a claim that
-	// timed out); failed (the message gave up: attempts exhausted, 410 Gone,
-	// or undeliverable).
+	// retried (a failed attempt that will be tried again: an error, a claim
+	// that timed out, a request cut off by a stop, a 410 that paused the
+	// endpoint); failed (the message gave up at its attempt cap).
 	Delivered int64 `json:"delivered"`
 	Retried   int64 `json:"retried"`
 	Failed    int64 `json:"failed"`
@@ -170,9 +166,9 @@ func (a *Admin) Activity(ctx context.Context, now time.Time, minutes int) (Activ
 		case "delivered":
 			m.Delivered += r.Attempts
 			settled[i] += r.Attempts
-		case "retry", "timeout":
+		case "retry", "timeout", "interrupted", "gone":
 			m.Retried += r.Attempts
-		default: // failed, gone, undeliverable: the message gave up
+		default: // failed: the message gave up
 			m.Failed += r.Attempts
 			settled[i] += r.Attempts
 		}

@@ -77,10 +77,14 @@ func (a *Admin) handleDeleteEndpoint(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if err := a.DeleteEndpoint(r.Context(), id); err != nil {
+	discarded, err := a.DeleteEndpoint(r.Context(), id)
+	if err != nil {
 		a.writeError(w, r, err)
 		return
 	}
+	// Deleting stops the endpoint's deliveries for good; say how many
+	// messages that settled.
+	w.Header().Set("Discarded-Messages", strconv.FormatInt(discarded, 10))
 	w.WriteHeader(http.StatusNoContent)
 }
 

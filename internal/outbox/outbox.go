@@ -32,6 +32,9 @@ const (
 	StatusClaimed   = "claimed"
 	StatusDelivered = "delivered"
 	StatusFailed    = "failed"
+	// StatusDiscarded settles the messages of a deleted endpoint: never
+	// sent, never retried, and unlike failed ones waiting for nobody.
+	StatusDiscarded = "discarded"
 )
 
 var (
@@ -64,10 +67,11 @@ type Event struct {
 	Data any
 }
 
-// Enqueue writes the event in tx, as one pending row per enabled endpoint
-// subscribed to ev.Type, and returns the new messages' ids (none when nobody
-// subscribes). It never opens a transaction of its own: the rows commit or
-// roll back with the caller's.
+// Enqueue writes the event in tx, as one pending row per endpoint subscribed
+// to ev.Type, and returns the new messages' ids (none when nobody
+// subscribes). A paused (disabled) endpoint gets its row too, delivered when
+// it is enabled again. Enqueue never opens a transaction of its own: the
+// rows commit or roll back with the caller's.
 //
 // When ctx holds a valid OpenTelemetry span, its trace context (from the
 // process's propagator) is stored with the messages, and their deliveries

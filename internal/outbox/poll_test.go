@@ -27,7 +27,7 @@ func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
 }
 
 // An idle relay polls every interval (its heartbeat rises) but starts no
-// River job for it; the first due message starts a claim at once.
+// River job for it; the first due message starts a deliver job at once.
 func TestIdleRelayPollsWithoutStartingJobs(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
@@ -38,33 +38,23 @@ func TestIdleRelayPollsWithoutStartingJobs(t *testing.T) {
 	metrics := outbox.NewMetrics()
 	reg := prometheus.NewRegistry()
 	require.NoError(t, metrics.Register(reg))
-	cfg := fastConfig()
-	cfg.PollInterval = 20 * time.Millisecond
-	relay, err := outbox.NewRelay(f.pool, cfg,
+	relay, err := outbox.NewRelay(f.pool, outbox.RelayConfig{},
 		&outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()}, discardLogger(), metrics)
 	require.NoError(t, err)
-	client, err := relay.NewRiverClient()
-	require.NoError(t, err)
-	require.NoError(t, client.Start(ctx))
-	tickCtx, stop := context.WithCancel(ctx)
-	go relay.TickClaims(tickCtx, client)
+	require.NoError(t, relay.Start(ctx))
 	t.Cleanup(func() {
-		stop()
-		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_ = client.StopAndCancel(c)
+		_ = relay.Stop(c)
 	})
 
-	start := time.Now()
 	require.Eventually(t, func() bool { return counter(t, reg, "outbox_polls_total") >= 25 },
 		10*time.Second, 10*time.Millisecond, "the heartbeat rises while idle")
-	var claimJobs int
-	require.NoError(t, f.pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE kind = 'outbox_claim'").Scan(&claimJobs))
-	// Only the leader's once-a-second safety net inserts claim jobs while idle.
-	require.LessOrEqual(t, claimJobs, int(time.Since(start)/time.Second)+2,
-		"25 polls of an idle relay started no claim job of their own")
+	var jobs int
+	require.NoError(t, f.pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE kind = 'outbox_deliver'").Scan(&jobs))
+	require.Zero(t, jobs, "25 polls of an idle relay started no job")
 
 	id := f.enqueue(t, "order.placed", 1)[0]
 	require.Eventually(t, func() bool { return f.status(t, id) == outbox.StatusDelivered },
-		5*time.Second, 5*time.Millisecond, "a due message starts a claim")
+		5*time.Second, 5*time.Millisecond, "a due message starts a deliver job")
 }

@@ -2,7 +2,6 @@ package outbox_test
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -51,39 +50,4 @@ func TestPruneDeletesOnlyOldDeliveredRows(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	require.Equal(t, []string{"claimed", "failed", "pending", "recent"}, kept)
-}
-
-// The claim's plan reads the partial index on pending rows, so a long
-// delivered history does not make it slower.
-func TestClaimUsesThePendingIndexWhateverTheHistory(t *testing.T) {
-	t.Parallel()
-	f := setup(t)
-	ctx := context.Background()
-	rc := newReceiver(t)
-	f.endpoint(t, rc, "order.placed")
-	_, err := f.pool.Exec(ctx, `
-		INSERT INTO outbox_messages (type, destination, payload, status, delivered_at)
-		SELECT 'order.placed', e.id, '{}', 'delivered', now() FROM webhook_endpoints e, generate_series(1, 50000);
-		INSERT INTO outbox_messages (type, destination, payload)
-		SELECT 'order.placed', e.id, '{}' FROM webhook_endpoints e, generate_series(1, 10);
-		ANALYZE outbox_messages;`)
-	require.NoError(t, err)
-
-	rows, err := f.pool.Query(ctx, `EXPLAIN (ANALYZE, BUFFERS)
-		WITH due AS (
-			SELECT id FROM outbox_messages
-			WHERE status = 'pending' AND next_attempt_at <= now()
-			ORDER BY next_attempt_at, id LIMIT 100 FOR UPDATE SKIP LOCKED)
-		SELECT count(*) FROM due`)
-	require.NoError(t, err)
-	var plan []string
-	for rows.Next() {
-		var line string
-		require.NoError(t, rows.Scan(&line))
-		plan = append(plan, line)
-	}
-	require.NoError(t, rows.Err())
-	text := strings.Join(plan, "\n")
-	require.Contains(t, text, "outbox_messages_pending_idx", text)
-	require.NotContains(t, text, "Seq Scan", text)
 }

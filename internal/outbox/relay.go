@@ -5,7 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
+	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,167 +22,33 @@ import (
 	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
 )
 
-// River queues the relay uses. Claims and maintenance have their own queues
-// so a flood of deliveries never delays the next claim or prune.
+// River queues the relay uses: deliveries, and the prune on its own so a
+// flood of deliveries never delays it.
 const (
-	QueueClaim   = "outbox_claim"
-	QueueDeliver = "outbox_deliver"
-	QueuePrune   = "outbox_prune"
+	queueDeliver = "outbox_deliver"
+	queuePrune   = "outbox_prune"
 )
 
-// RelayConfig tunes the relay. The zero value of a field means its default.
-type RelayConfig struct {
-	// PollInterval is how often a claim job looks for due messages when the
-	// relay is idle; a backlog is drained without waiting for it.
-	PollInterval time.Duration
-	// BatchSize bounds how many messages one claim statement takes.
-	BatchSize int
-	// MaxAttempts is the cap after which a message is marked failed.
-	MaxAttempts int
-	// BackoffBase and BackoffMax shape the exponential backoff between attempts.
-	BackoffBase time.Duration
-	BackoffMax  time.Duration
-	// ClaimTimeout is how long a claim may stay unsettled before it is taken
-	// to mean its relay died, and the message is returned to pending.
-	ClaimTimeout time.Duration
-	// DeliveryTimeout bounds one webhook request.
-	DeliveryTimeout time.Duration
-	// Retention is how long delivered rows are kept as the audit record.
-	Retention time.Duration
-	// PruneInterval is how often the prune job runs.
-	PruneInterval time.Duration
-	// MaxInFlight bounds claimed-but-unsettled messages across all relays, so
-	// claims never run so far ahead of delivery that they time out.
-	MaxInFlight int
-	// DeliverBatch is how many messages for one endpoint go in one deliver job.
-	DeliverBatch int
-	// DeliverConcurrency is how many requests one deliver job has in flight.
-	DeliverConcurrency int
-	// DeliverWorkers is how many deliver jobs one worker process runs at once.
-	DeliverWorkers int
-	// TracerProvider, when set, traces the relay: a span per delivery, in the
-	// trace of the request that enqueued the message, and River's jobs
-	// (otelriver). Nil means tracing off; a message that carries a trace
-	// context still passes it on to its receiver.
-	TracerProvider trace.TracerProvider
-}
-
-// DefaultRelayConfig returns the defaults, chosen for webhook delivery on a
-// small machine: sub-second latency when idle, seconds-to-minutes of backoff,
-// and a week of audit history.
-func DefaultRelayConfig() RelayConfig {
-	return RelayConfig{
-		PollInterval:       50 * time.Millisecond, // was 200 ms: p50 110 → 29 ms at 200 orders/s (docs/PERFORMANCE.md)
-		BatchSize:          500,
-		MaxAttempts:        10,
-		BackoffBase:        time.Second,
-		BackoffMax:         time.Hour,
-		ClaimTimeout:       5 * time.Minute,
-		DeliveryTimeout:    10 * time.Second,
-		Retention:          7 * 24 * time.Hour,
-		PruneInterval:      time.Hour,
-		MaxInFlight:        5000,
-		DeliverBatch:       200, // was 50: −27 % CPU per message (docs/PERFORMANCE.md, knobs)
-		DeliverConcurrency: 16,
-		DeliverWorkers:     50,
-	}
-}
-
-// withDefaults fills zero fields from DefaultRelayConfig.
-func (c RelayConfig) withDefaults() RelayConfig {
-	d := DefaultRelayConfig()
-	or := func(v *time.Duration, def time.Duration) {
-		if *v == 0 {
-			*v = def
-		}
-	}
-	ori := func(v *int, def int) {
-		if *v == 0 {
-			*v = def
-		}
-	}
-	or(&c.PollInterval, d.PollInterval)
-	or(&c.BackoffBase, d.BackoffBase)
-	or(&c.BackoffMax, d.BackoffMax)
-	or(&c.ClaimTimeout, d.ClaimTimeout)
-	or(&c.DeliveryTimeout, d.DeliveryTimeout)
-	or(&c.Retention, d.Retention)
-	or(&c.PruneInterval, d.PruneInterval)
-	ori(&c.BatchSize, d.BatchSize)
-	ori(&c.MaxAttempts, d.MaxAttempts)
-	ori(&c.MaxInFlight, d.MaxInFlight)
-	ori(&c.DeliverBatch, d.DeliverBatch)
-	ori(&c.DeliverConcurrency, d.DeliverConcurrency)
-	ori(&c.DeliverWorkers, d.DeliverWorkers)
-	return c
-}
-
-// FieldError is a RelayConfig problem, naming the field it is about so a
-// caller can name its own setting (an environment variable, a flag).
-type FieldError struct {
-	Field string
-	Msg   string
-}
-
-// Error implements error.
-func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
-
-// Validate reports settings that cannot work together, as *FieldError values
-// joined with errors.Join.
-func (c RelayConfig) Validate() error {
-	c = c.withDefaults()
-	var errs []error
-	fail := func(field, format string, args ...any) {
-		errs = append(errs, &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)})
-	}
-	if c.BackoffMax < c.BackoffBase {
-		fail("BackoffMax", "%s is below the backoff base %s", c.BackoffMax, c.BackoffBase)
-	}
-	// A claim must outlive the longest deliver job, or a healthy but slow job
-	// would see its rows re-claimed under it and every message sent twice.
-	if longest := c.deliverJobTimeout(c.DeliverBatch); c.ClaimTimeout <= longest {
-		fail("ClaimTimeout", "%s must exceed the longest deliver job, %s (delivery timeout %s x (deliver batch %d / concurrency %d + 1) + 1s)",
-			c.ClaimTimeout, longest, c.DeliveryTimeout, c.DeliverBatch, c.DeliverConcurrency)
-	}
-	for field, v := range map[string]int{"BatchSize": c.BatchSize, "MaxAttempts": c.MaxAttempts, "MaxInFlight": c.MaxInFlight,
-		"DeliverBatch": c.DeliverBatch, "DeliverConcurrency": c.DeliverConcurrency, "DeliverWorkers": c.DeliverWorkers} {
-		if v < 0 {
-			fail(field, "must be positive, got %d", v)
-		}
-	}
-	for field, v := range map[string]time.Duration{"PollInterval": c.PollInterval, "BackoffBase": c.BackoffBase,
-		"ClaimTimeout": c.ClaimTimeout, "DeliveryTimeout": c.DeliveryTimeout, "Retention": c.Retention, "PruneInterval": c.PruneInterval} {
-		if v < 0 {
-			fail(field, "must be positive, got %s", v)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// deliverJobTimeout is how long a deliver job of n messages may run: its
-// requests in rounds of DeliverConcurrency, plus a margin for loading the
-// rows and recording the outcome.
-func (c RelayConfig) deliverJobTimeout(n int) time.Duration {
-	rounds := (n + c.DeliverConcurrency - 1) / c.DeliverConcurrency
-	return time.Duration(rounds+1)*c.DeliveryTimeout + time.Second
-}
-
-// backoff is the delay before attempt+1: exponential from BackoffBase, capped
-// at BackoffMax, with "equal jitter" (half fixed, half random) so a burst of
-// failures against one endpoint does not come back as one burst.
-func (c RelayConfig) backoff(attempt int) time.Duration {
-	d := c.BackoffBase
-	for i := 1; i < attempt && d < c.BackoffMax; i++ {
-		d *= 2
-	}
-	d = min(d, c.BackoffMax)
-	half := d / 2
-	return half + rand.N(half+1)
-}
-
-// Relay claims, delivers and prunes outbox messages as River jobs. Register
-// its workers and periodic jobs on a River client (see cmd/worker); any number
-// of processes may run one against the same database.
+// Relay delivers committed outbox messages. Any number of relay processes may
+// run against one database; together they serve every destination, each
+// destination by one deliver job at a time:
+//
+//   - Every relay looks every poll interval for destinations with due
+//     messages that no live job serves, and inserts a River deliver job for
+//     each (Relay.dispatch).
+//   - The deliver job takes the destination's lease, then claims its due
+//     messages a few at a time, sends them with at most
+//     DestinationConcurrency requests in flight, records outcomes as they
+//     come, and after a time slice makes way for the next job (deliver.go).
+//     A destination that fails as a whole backs off as a whole (the circuit
+//     breaker) and is probed with one message before it is served again.
+//   - Every relay heartbeats; a relay that stops is declared dead by the
+//     others within RelayTimeout, its claims go back to pending and its
+//     destinations are free (liveness.go).
+//
+// So a slow, hanging or failing destination holds at most one River worker
+// and DestinationConcurrency requests, never the others' share, and a
+// message's attempts count only requests that were made.
 type Relay struct {
 	pool      *pgxpool.Pool
 	cfg       RelayConfig
@@ -189,9 +56,24 @@ type Relay struct {
 	logger    *slog.Logger
 	metrics   *Metrics
 	tracer    trace.Tracer
+	// id names this relay process in outbox_relays and on its claims.
+	id uuid.UUID
 	// progressAt is when this relay last claimed something (Unix nanos),
 	// or when it started.
 	progressAt atomic.Int64
+
+	client *river.Client[pgx.Tx]
+	// drain is closed when Stop begins: deliver jobs stop claiming, finish
+	// what they have in flight and settle.
+	drain chan struct{}
+	// stopDispatch and stopKeepAlive end the two loops Start runs.
+	stopDispatch, stopKeepAlive context.CancelFunc
+	loops                       sync.WaitGroup
+
+	mu sync.Mutex
+	// unsettled holds the final writes of jobs that could not reach the
+	// database as they ended; the heartbeat loop retries them.
+	unsettled []func(context.Context) error
 }
 
 // NewRelay returns a relay delivering through transport. metrics may be nil.
@@ -202,9 +84,201 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig, transport Transport, logger *
 	if metrics == nil {
 		metrics = NewMetrics()
 	}
-	r := &Relay{pool: pool, cfg: cfg.withDefaults(), transport: transport, logger: logger, metrics: metrics, tracer: cfg.tracer()}
+	r := &Relay{pool: pool, cfg: cfg.withDefaults(), transport: transport, logger: logger, metrics: metrics,
+		tracer: cfg.tracer(), id: uuid.New(), drain: make(chan struct{})}
 	r.progressAt.Store(time.Now().UnixNano())
 	return r, nil
+}
+
+// Config returns the relay's effective settings.
+func (r *Relay) Config() RelayConfig { return r.cfg }
+
+// ID returns the relay's id, as outbox_relays and claimed messages show it.
+func (r *Relay) ID() uuid.UUID { return r.id }
+
+// Start registers the relay, starts its River client and its two loops
+// (dispatch and heartbeat), and returns. The relay runs until Stop; ctx
+// only bounds starting (its values, such as a logger's, are kept).
+func (r *Relay) Start(ctx context.Context) error {
+	if r.client != nil {
+		return errors.New("outbox: relay already started")
+	}
+	host, _ := os.Hostname()
+	if err := outboxdb.New(r.pool).RelayRegister(ctx, r.id, host, int32(os.Getpid())); err != nil {
+		return fmt.Errorf("registering relay: %w", err)
+	}
+	client, err := r.newRiverClient()
+	if err != nil {
+		return err
+	}
+	// River hard-stops (cancels running jobs) when its start context is
+	// cancelled, which would cut off in-flight deliveries and skip the
+	// grace period; Stop does the stopping instead.
+	if err := client.Start(context.WithoutCancel(ctx)); err != nil {
+		return fmt.Errorf("starting river: %w", err)
+	}
+	r.client = client
+	base := context.WithoutCancel(ctx)
+	dispatchCtx, stopDispatch := context.WithCancel(base)
+	keepAliveCtx, stopKeepAlive := context.WithCancel(base)
+	r.stopDispatch, r.stopKeepAlive = stopDispatch, stopKeepAlive
+	r.loops.Go(func() { r.dispatchLoop(dispatchCtx) })
+	r.loops.Go(func() { r.keepAlive(keepAliveCtx) })
+	r.logger.InfoContext(ctx, "relay started", slog.String("relay_id", r.id.String()),
+		slog.Duration("poll_interval", r.cfg.PollInterval),
+		slog.Int("destination_concurrency", r.cfg.DestinationConcurrency),
+		slog.Int("max_attempts", r.cfg.MaxAttempts))
+	return nil
+}
+
+// Stop stops the relay gracefully: it stops dispatching, lets deliver jobs
+// finish the requests they have in flight (claiming nothing new) until ctx
+// is done, then cancels the rest. Either way every job records what it sent
+// and returns what it did not send to pending before Stop returns, and the
+// relay leaves outbox_relays, so no claim of it waits for a timeout.
+func (r *Relay) Stop(ctx context.Context) error {
+	if r.client == nil {
+		return nil
+	}
+	r.stopDispatch()
+	close(r.drain)
+	var errs []error
+	if err := r.client.Stop(ctx); err != nil {
+		r.logger.WarnContext(ctx, "relay did not stop in time; cancelling deliveries in flight")
+		hardCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := r.client.StopAndCancel(hardCtx); err != nil {
+			errs = append(errs, fmt.Errorf("stopping river: %w", err))
+		}
+	}
+	r.stopKeepAlive()
+	r.loops.Wait()
+	cleanCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := r.leave(cleanCtx); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		r.logger.InfoContext(ctx, "relay stopped", slog.String("relay_id", r.id.String()))
+	}
+	return errors.Join(errs...)
+}
+
+// draining reports whether Stop has begun.
+func (r *Relay) draining() bool {
+	select {
+	case <-r.drain:
+		return true
+	default:
+		return false
+	}
+}
+
+func (r *Relay) newRiverClient() (*river.Client[pgx.Tx], error) {
+	workers := river.NewWorkers()
+	river.AddWorker(workers, &deliverWorker{relay: r})
+	river.AddWorker(workers, &pruneWorker{relay: r})
+	var middleware []rivertype.Middleware
+	if r.cfg.TracerProvider != nil {
+		// A span per job; tracing off costs the jobs nothing.
+		middleware = []rivertype.Middleware{otelriver.NewMiddleware(&otelriver.MiddlewareConfig{
+			TracerProvider:              r.cfg.TracerProvider,
+			EnableTracePropagation:      true,
+			EnableWorkSpanJobKindSuffix: true,
+		})}
+	}
+	client, err := river.NewClient(riverpgxv5.New(r.pool), &river.Config{
+		Middleware: middleware,
+		// River reports routine progress at info every few seconds; the
+		// relay's own metrics say that better, so River speaks up only for
+		// warnings and errors.
+		Logger: slog.New(minLevel{r.logger.Handler(), slog.LevelWarn}).With(slog.String("component", "river")),
+		Queues: map[string]river.QueueConfig{
+			queueDeliver: {MaxWorkers: r.cfg.DeliverWorkers},
+			queuePrune:   {MaxWorkers: 1},
+		},
+		Workers: workers,
+		// The prune comes from River's elected leader: one however many
+		// relays run, and a late prune costs nothing.
+		PeriodicJobs: []*river.PeriodicJob{
+			river.NewPeriodicJob(river.PeriodicInterval(r.cfg.PruneInterval),
+				func() (river.JobArgs, *river.InsertOpts) {
+					// Unique while waiting or running: a long prune covers
+					// the ticks that pass meanwhile.
+					return pruneArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByState: []rivertype.JobState{
+						rivertype.JobStateAvailable, rivertype.JobStatePending,
+						rivertype.JobStateRunning, rivertype.JobStateScheduled,
+					}}}
+				}, &river.PeriodicJobOpts{RunOnStart: true}),
+		},
+		// Deliver jobs should start as soon as they are inserted.
+		FetchCooldown:     10 * time.Millisecond,
+		FetchPollInterval: r.cfg.PollInterval,
+		// A job stuck in a dead process is rescued only after the longest
+		// any job may run; recovering a dead relay's deliveries does not
+		// wait for this (liveness.go does it within RelayTimeout).
+		RescueStuckJobsAfter:        pruneTimeout + time.Minute,
+		CompletedJobRetentionPeriod: time.Hour,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating river client: %w", err)
+	}
+	return client, nil
+}
+
+// redispatchAfter is how long a dispatched destination waits for its job to
+// take the lease before it is dispatched again (its job may have been lost
+// with a relay that fetched it and died before running it).
+const redispatchAfter = 5 * time.Second
+
+// dispatchLoop dispatches due destinations every poll interval until ctx is
+// done. It runs in every relay, not as a periodic job of River's leader: a
+// leader killed without resigning keeps its lease for about 15 seconds, and
+// with it every dispatch would stop cluster-wide.
+func (r *Relay) dispatchLoop(ctx context.Context) {
+	ticker := time.NewTicker(r.cfg.PollInterval)
+	defer ticker.Stop()
+	var warned time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		r.metrics.polls.Inc()
+		if _, err := r.dispatch(ctx); err != nil && ctx.Err() == nil && time.Since(warned) > 30*time.Second {
+			// The database is unreachable: say so, but not every tick.
+			warned = time.Now()
+			r.logger.WarnContext(ctx, "dispatching due destinations", slog.Any("error", err))
+		}
+	}
+}
+
+// dispatch finds destinations with due messages that no live job serves and
+// inserts a deliver job for each, in one transaction: either a destination
+// is marked dispatched and has its job, or neither.
+func (r *Relay) dispatch(ctx context.Context) (int, error) {
+	var n int
+	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		ids, err := outboxdb.New(tx).DestinationsDispatch(ctx, redispatchAfter.Seconds(),
+			r.cfg.RelayTimeout.Seconds(), int32(r.cfg.DeliverWorkers))
+		if err != nil {
+			return fmt.Errorf("finding due destinations: %w", err)
+		}
+		if len(ids) == 0 {
+			return nil
+		}
+		params := make([]river.InsertManyParams, len(ids))
+		for i, id := range ids {
+			params[i] = river.InsertManyParams{Args: deliverArgs{Destination: id}}
+		}
+		if _, err := r.client.InsertManyTx(ctx, tx, params); err != nil {
+			return fmt.Errorf("inserting deliver jobs: %w", err)
+		}
+		n = len(ids)
+		return nil
+	})
+	return n, err
 }
 
 // ErrStalled is returned by CheckStalled when due messages wait while the
@@ -212,9 +286,10 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig, transport Transport, logger *
 var ErrStalled = errors.New("outbox: relay stalled")
 
 // CheckStalled reports a relay that is running but not moving: the oldest
-// due message has waited longer than threshold past its due time, and this
-// relay has claimed nothing for as long. A backlog that is draining, or
-// messages backing off for a down endpoint, are not a stall.
+// deliverable message has waited longer than threshold past its due time,
+// and this relay has claimed nothing for as long. A backlog that is
+// draining, messages backing off, and endpoints paused or backing off as a
+// whole are not a stall.
 func (r *Relay) CheckStalled(ctx context.Context, threshold time.Duration) error {
 	overdue, err := outboxdb.New(r.pool).MessageOverdue(ctx)
 	if err != nil {
@@ -228,273 +303,55 @@ func (r *Relay) CheckStalled(ctx context.Context, threshold time.Duration) error
 	return nil
 }
 
-// Config returns the relay's effective settings.
-func (r *Relay) Config() RelayConfig { return r.cfg }
-
-// AddWorkers registers the claim, deliver and prune workers.
-func (r *Relay) AddWorkers(workers *river.Workers) {
-	river.AddWorker(workers, &claimWorker{relay: r})
-	river.AddWorker(workers, &deliverWorker{relay: r})
-	river.AddWorker(workers, &pruneWorker{relay: r})
-}
-
-// Queues returns the River queues the relay needs, sized from its config.
-func (r *Relay) Queues() map[string]river.QueueConfig {
-	return map[string]river.QueueConfig{
-		QueueClaim:   {MaxWorkers: 1},
-		QueueDeliver: {MaxWorkers: r.cfg.DeliverWorkers},
-		QueuePrune:   {MaxWorkers: 1},
-	}
-}
-
-// PeriodicJobs returns the timers River's leader runs: the prune, and a
-// slow claim as a safety net for a process that runs the River client
-// without TickClaims (the fast path). There is one of each however many
-// workers run.
-func (r *Relay) PeriodicJobs() []*river.PeriodicJob {
-	// Unique while waiting or running: a long prune covers the ticks that
-	// pass meanwhile.
-	once := river.UniqueOpts{ByState: []rivertype.JobState{
-		rivertype.JobStateAvailable, rivertype.JobStatePending,
-		rivertype.JobStateRunning, rivertype.JobStateScheduled,
-	}}
-	return []*river.PeriodicJob{
-		river.NewPeriodicJob(river.PeriodicInterval(max(r.cfg.PollInterval, claimSafetyNet)),
-			func() (river.JobArgs, *river.InsertOpts) { return ClaimArgs{}, nil },
-			&river.PeriodicJobOpts{RunOnStart: true}),
-		river.NewPeriodicJob(river.PeriodicInterval(r.cfg.PruneInterval),
-			func() (river.JobArgs, *river.InsertOpts) {
-				return PruneArgs{}, &river.InsertOpts{UniqueOpts: once}
-			}, &river.PeriodicJobOpts{RunOnStart: true}),
-	}
-}
-
-// claimSafetyNet is the leader's claim interval: slow, because TickClaims in
-// every worker is what keeps latency at the poll interval.
-const claimSafetyNet = time.Second
-
-// NewRiverClient returns a River client that runs this relay's jobs; run
-// TickClaims beside it to start claims. River's
-// timers are set against the outbox's: a deliver job stuck in a dead process
-// is rescued only after the claim timeout has released its rows, so the
-// rescued job finds a stale token and does nothing.
-func (r *Relay) NewRiverClient() (*river.Client[pgx.Tx], error) {
-	workers := river.NewWorkers()
-	r.AddWorkers(workers)
-	client, err := river.NewClient(riverpgxv5.New(r.pool), &river.Config{
-		Middleware: r.Middleware(),
-		// River reports routine progress at info every few seconds; the
-		// relay's own metrics say that better, so River speaks up only for
-		// warnings and errors.
-		Logger:       slog.New(minLevel{r.logger.Handler(), slog.LevelWarn}).With(slog.String("component", "river")),
-		Queues:       r.Queues(),
-		Workers:      workers,
-		PeriodicJobs: r.PeriodicJobs(),
-		// Deliver jobs inserted by a claim should start at once.
-		FetchCooldown:               10 * time.Millisecond,
-		FetchPollInterval:           r.cfg.PollInterval,
-		RescueStuckJobsAfter:        r.cfg.ClaimTimeout + time.Minute,
-		CompletedJobRetentionPeriod: time.Hour,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("creating river client: %w", err)
-	}
-	return client, nil
-}
-
-// Middleware returns the River middleware the relay's client runs: River's
-// OpenTelemetry middleware when tracing is on (a span per job, and the claim
-// job's context carried to the deliver jobs it inserts as a link), else none,
-// so tracing off costs the jobs nothing.
-func (r *Relay) Middleware() []rivertype.Middleware {
-	if r.cfg.TracerProvider == nil {
-		return nil
-	}
-	return []rivertype.Middleware{otelriver.NewMiddleware(&otelriver.MiddlewareConfig{
-		TracerProvider:              r.cfg.TracerProvider,
-		EnableTracePropagation:      true,
-		EnableWorkSpanJobKindSuffix: true,
-	})}
-}
-
-// TickClaims looks for work every poll interval until ctx is done, and
-// inserts a claim job when there is some: a due message, or a claim past the
-// claim timeout. Run it beside the River client, in every worker.
-//
-// Two reasons it is not a River periodic job. River inserts those from its
-// elected leader only, and a leader killed without resigning keeps its lease
-// for about 15 seconds: with the leader's timer alone, a SIGKILL would stop
-// every claim (and every stale-claim release) cluster-wide for that long.
-// And an idle relay then costs one two-probe query per tick, not a River job
-// inserted, fetched and completed per tick.
-func (r *Relay) TickClaims(ctx context.Context, client *river.Client[pgx.Tx]) {
-	ticker := time.NewTicker(r.cfg.PollInterval)
-	defer ticker.Stop()
-	q := outboxdb.New(r.pool)
-	var warned time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-		}
-		r.metrics.polls.Inc()
-		due, err := q.MessageWorkDue(ctx, r.cfg.ClaimTimeout.Seconds())
-		if err == nil && due {
-			_, err = client.Insert(ctx, ClaimArgs{}, nil)
-		}
-		if err != nil && ctx.Err() == nil && time.Since(warned) > 30*time.Second {
-			// The database is unreachable: say so, but not every tick.
-			warned = time.Now()
-			r.logger.WarnContext(ctx, "looking for due messages", slog.Any("error", err))
-		}
-	}
-}
-
-// ClaimArgs starts one claim: release stale claims, then claim due messages
-// batch after batch until none are left or in-flight work is at its bound.
-type ClaimArgs struct{}
+// pruneArgs starts one prune of settled rows past the retention.
+type pruneArgs struct{}
 
 // Kind implements river.JobArgs.
-func (ClaimArgs) Kind() string { return "outbox_claim" }
+func (pruneArgs) Kind() string { return "outbox_prune" }
 
 // InsertOpts implements river.JobArgsWithInsertOpts.
-func (ClaimArgs) InsertOpts() river.InsertOpts {
-	return river.InsertOpts{Queue: QueueClaim, MaxAttempts: 1}
-}
-
-type claimWorker struct {
-	river.WorkerDefaults[ClaimArgs]
-	relay *Relay
-}
-
-// claimBudget bounds one claim job's drain loop, so a worker shutting down
-// or a leader change never waits on an endless job; the next tick goes on.
-const claimBudget = 10 * time.Second
-
-func (w *claimWorker) Timeout(*river.Job[ClaimArgs]) time.Duration {
-	return claimBudget + 30*time.Second
-}
-
-func (w *claimWorker) Work(ctx context.Context, job *river.Job[ClaimArgs]) error {
-	r := w.relay
-	r.metrics.claimRuns.Inc()
-	q := outboxdb.New(r.pool)
-	released, err := q.MessageReleaseStale(ctx, r.cfg.ClaimTimeout.Seconds(), int32(r.cfg.MaxAttempts))
-	if err != nil {
-		return fmt.Errorf("releasing stale claims: %w", err)
-	}
-	if released > 0 {
-		r.metrics.released.Add(float64(released))
-		r.logger.WarnContext(ctx, "released stale claims", slog.Int64("count", released),
-			slog.Duration("claim_timeout", r.cfg.ClaimTimeout))
-	}
-
-	deadline := time.Now().Add(claimBudget)
-	for time.Now().Before(deadline) {
-		inFlight, err := q.MessageClaimedCount(ctx)
-		if err != nil {
-			return fmt.Errorf("counting claimed messages: %w", err)
-		}
-		room := min(r.cfg.BatchSize, r.cfg.MaxInFlight-int(inFlight))
-		if room <= 0 {
-			return nil
-		}
-		n, err := r.claimBatch(ctx, room)
-		if err != nil {
-			return err
-		}
-		if n < room {
-			return nil // caught up; the next tick looks again
-		}
-	}
-	return nil
-}
-
-// claimBatch claims up to limit messages and, in the same transaction,
-// inserts the deliver jobs for them: either both happen or neither, so no
-// claimed row is ever left without a job to deliver it.
-func (r *Relay) claimBatch(ctx context.Context, limit int) (int, error) {
-	token := uuid.New()
-	var claimed int
-	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-		rows, err := outboxdb.New(tx).MessageClaim(ctx, token, int32(limit))
-		if err != nil {
-			return fmt.Errorf("claiming messages: %w", err)
-		}
-		claimed = len(rows)
-		if claimed == 0 {
-			return nil
-		}
-		// One job per endpoint and chunk: a slow or dead endpoint's job
-		// never holds up another endpoint's messages.
-		byDest := map[uuid.UUID][]uuid.UUID{}
-		var order []uuid.UUID
-		for _, row := range rows {
-			if _, ok := byDest[row.Destination]; !ok {
-				order = append(order, row.Destination)
-			}
-			byDest[row.Destination] = append(byDest[row.Destination], row.ID)
-		}
-		var params []river.InsertManyParams
-		for _, dest := range order {
-			ids := byDest[dest]
-			for len(ids) > 0 {
-				n := min(len(ids), r.cfg.DeliverBatch)
-				params = append(params, river.InsertManyParams{Args: DeliverArgs{
-					ClaimToken: token, Destination: dest, MessageIDs: ids[:n:n],
-				}})
-				ids = ids[n:]
-			}
-		}
-		if _, err := river.ClientFromContext[pgx.Tx](ctx).InsertManyTx(ctx, tx, params); err != nil {
-			return fmt.Errorf("inserting deliver jobs: %w", err)
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, err
-	}
-	r.metrics.claimed.Add(float64(claimed))
-	if claimed > 0 {
-		r.progressAt.Store(time.Now().UnixNano())
-	}
-	return claimed, nil
-}
-
-// PruneArgs starts one prune of delivered rows past the retention.
-type PruneArgs struct{}
-
-// Kind implements river.JobArgs.
-func (PruneArgs) Kind() string { return "outbox_prune" }
-
-// InsertOpts implements river.JobArgsWithInsertOpts.
-func (PruneArgs) InsertOpts() river.InsertOpts {
-	return river.InsertOpts{Queue: QueuePrune, MaxAttempts: 1}
+func (pruneArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{Queue: queuePrune, MaxAttempts: 1}
 }
 
 type pruneWorker struct {
-	river.WorkerDefaults[PruneArgs]
+	river.WorkerDefaults[pruneArgs]
 	relay *Relay
 }
 
 // pruneBatch keeps each delete short, so its locks and WAL never stall the
-// claim or the order transactions running beside it.
+// claims or the order transactions running beside it.
 const pruneBatch = 5000
 
-func (w *pruneWorker) Timeout(*river.Job[PruneArgs]) time.Duration { return 30 * time.Minute }
+// pruneTimeout bounds one prune job; an unfinished prune goes on at the
+// next interval.
+const pruneTimeout = 10 * time.Minute
 
-func (w *pruneWorker) Work(ctx context.Context, job *river.Job[PruneArgs]) error {
-	n, err := w.relay.Prune(ctx, time.Now().Add(-w.relay.cfg.Retention))
+func (w *pruneWorker) Timeout(*river.Job[pruneArgs]) time.Duration { return pruneTimeout }
+
+func (w *pruneWorker) Work(ctx context.Context, job *river.Job[pruneArgs]) error {
+	r := w.relay
+	n, err := r.Prune(ctx, time.Now().Add(-r.cfg.Retention))
 	if n > 0 {
-		w.relay.logger.InfoContext(ctx, "pruned delivered messages", slog.Int64("count", n),
-			slog.Duration("retention", w.relay.cfg.Retention))
+		r.logger.InfoContext(ctx, "pruned settled messages", slog.Int64("count", n),
+			slog.Duration("retention", r.cfg.Retention))
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	orphans, err := outboxdb.New(r.pool).MessagesDiscardOrphans(ctx)
+	if err != nil {
+		return fmt.Errorf("discarding messages of deleted endpoints: %w", err)
+	}
+	if orphans > 0 {
+		r.logger.InfoContext(ctx, "discarded messages of deleted endpoints", slog.Int64("count", orphans))
+	}
+	return nil
 }
 
-// Prune deletes delivered messages delivered before cutoff, in batches, and
-// returns how many it deleted. Pending, claimed and failed rows are kept.
+// Prune deletes delivered messages delivered, and discarded messages
+// discarded, before cutoff, in batches, and returns how many it deleted.
+// Pending, claimed and failed rows are kept.
 func (r *Relay) Prune(ctx context.Context, cutoff time.Time) (int64, error) {
 	q := outboxdb.New(r.pool)
 	var total int64
@@ -503,9 +360,9 @@ func (r *Relay) Prune(ctx context.Context, cutoff time.Time) (int64, error) {
 		total += n
 		r.metrics.pruned.Add(float64(n))
 		if err != nil {
-			return total, fmt.Errorf("pruning delivered messages: %w", err)
+			return total, fmt.Errorf("pruning settled messages: %w", err)
 		}
-		if n < pruneBatch {
+		if n == 0 {
 			return total, nil
 		}
 	}

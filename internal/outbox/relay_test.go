@@ -150,25 +150,20 @@ func fastConfig() outbox.RelayConfig {
 	}
 }
 
-// startRelay runs a real River client with the relay until the test ends.
+// startRelay runs a relay (a real River client, its dispatch and heartbeat)
+// until the test ends, when it stops as a worker does at SIGTERM.
 func (f fixture) startRelay(t *testing.T, cfg outbox.RelayConfig, transport outbox.Transport) *outbox.Relay {
 	t.Helper()
 	if transport == nil {
 		transport = &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()}
 	}
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	relay, err := outbox.NewRelay(f.pool, cfg, transport, logger, nil)
+	relay, err := outbox.NewRelay(f.pool, cfg, transport, discardLogger(), nil)
 	require.NoError(t, err)
-	client, err := relay.NewRiverClient()
-	require.NoError(t, err)
-	require.NoError(t, client.Start(context.Background()))
-	tickCtx, stopTicking := context.WithCancel(context.Background())
-	go relay.TickClaims(tickCtx, client)
+	require.NoError(t, relay.Start(context.Background()))
 	t.Cleanup(func() {
-		stopTicking()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_ = client.StopAndCancel(ctx)
+		_ = relay.Stop(ctx)
 	})
 	return relay
 }

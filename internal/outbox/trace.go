@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"net/http"
 
+	"github.com/google/uuid"
+
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -69,12 +71,12 @@ func (c RelayConfig) tracer() trace.Tracer {
 // enqueued outside a trace gets a span under the job's. The returned header
 // holds the W3C fields to send, only for a message that carries a trace
 // context: a message enqueued outside any trace is sent exactly as before.
-func (r *Relay) startDeliverSpan(ctx context.Context, row outboxdb.MessagesForDeliveryRow) (context.Context, trace.Span, http.Header) {
+func (r *Relay) startDeliverSpan(ctx context.Context, destination uuid.UUID, row outboxdb.MessageClaimRow) (context.Context, trace.Span, http.Header) {
 	attrs := trace.WithAttributes(
 		attribute.String("outbox.message_id", row.ID.String()),
 		attribute.String("outbox.event_type", row.Type),
-		attribute.String("outbox.destination", row.Destination.String()),
-		attribute.Int("outbox.attempt", int(row.Attempts)),
+		attribute.String("outbox.destination", destination.String()),
+		attribute.Int("outbox.attempt", int(row.Attempts)+1),
 	)
 	origin := remoteContext(ctx, row.TraceContext)
 	if origin == nil {

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -56,6 +57,25 @@ func (e *Env) Duration(name string, def time.Duration) time.Duration {
 	return d
 }
 
+// Durations parses a comma-separated list of positive Go durations (such as
+// 5s,5m,30m).
+func (e *Env) Durations(name string, def []time.Duration) []time.Duration {
+	v := e.getenv(name)
+	if v == "" {
+		return def
+	}
+	var out []time.Duration
+	for _, part := range strings.Split(v, ",") {
+		d, err := time.ParseDuration(strings.TrimSpace(part))
+		if err != nil || d <= 0 {
+			e.errs = append(e.errs, fmt.Errorf("%s: want comma-separated positive Go durations such as 5s,5m,30m, got %q", name, v))
+			return def
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
 // Int parses a positive integer.
 func (e *Env) Int(name string, def int) int {
 	v := e.getenv(name)
@@ -96,8 +116,20 @@ func (e *Env) OneOf(name, def string, allowed ...string) string {
 	return def
 }
 
-// DatabaseURL returns DATABASE_URL, checked to parse, or "" when unset.
+// DatabaseURL returns DATABASE_URL, which is required and must parse. A
+// production process never guesses a database: only cmd/dev falls back to
+// a local or throwaway one (OptionalDatabaseURL), and passes it on.
 func (e *Env) DatabaseURL() string {
+	if e.getenv("DATABASE_URL") == "" {
+		e.errs = append(e.errs, errors.New("DATABASE_URL: required, a PostgreSQL URL such as postgres://user@host:5432/orders (go run ./cmd/dev starts a local database for development)"))
+		return ""
+	}
+	return e.OptionalDatabaseURL()
+}
+
+// OptionalDatabaseURL returns DATABASE_URL, checked to parse, or "" when
+// unset.
+func (e *Env) OptionalDatabaseURL() string {
 	v := e.getenv("DATABASE_URL")
 	if v == "" {
 		return ""

@@ -12,16 +12,14 @@ SELECT * FROM webhook_endpoints ORDER BY created_at, id;
 -- name: EndpointDelete :execrows
 DELETE FROM webhook_endpoints WHERE id = @id;
 
--- name: EndpointsDisable :exec
--- Disables endpoints that told us they are gone (410); a person re-enables.
-UPDATE webhook_endpoints
-SET enabled = false, disabled_reason = @reason, updated_at = now()
-WHERE id = ANY (@ids::uuid[]) AND enabled;
-
 -- name: EndpointSetEnabled :one
+-- Pauses or resumes an endpoint. Messages for a paused endpoint are written
+-- and wait; resuming an endpoint that is backing off also probes it at once,
+-- instead of at its next scheduled probe.
 UPDATE webhook_endpoints
 SET enabled = @enabled,
     disabled_reason = CASE WHEN @enabled::boolean THEN NULL ELSE @reason END,
+    backoff_until = CASE WHEN @enabled::boolean AND backoff_until > now() THEN now() ELSE backoff_until END,
     updated_at = now()
 WHERE id = @id
 RETURNING *;
@@ -36,3 +34,11 @@ SET previous_secret = secret,
     updated_at = now()
 WHERE id = @id
 RETURNING *;
+
+-- name: EndpointStates :one
+-- Endpoints by state, as the API names them: paused when disabled, else
+-- their health.
+SELECT count(*) FILTER (WHERE enabled AND health = 'healthy')     AS healthy,
+       count(*) FILTER (WHERE enabled AND health = 'backing_off') AS backing_off,
+       count(*) FILTER (WHERE NOT enabled)                        AS paused
+FROM webhook_endpoints;

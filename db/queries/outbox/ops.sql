@@ -57,6 +57,7 @@ WITH waiting AS (
     ORDER BY destination, finished_at DESC
 )
 SELECT e.id, e.url, e.event_types, e.enabled, e.disabled_reason, e.created_at,
+       e.health, e.health_reason, e.health_changed_at, e.consecutive_failures, e.backoff_until, e.updated_at,
        COALESCE(w.waiting, 0)::bigint     AS waiting,
        COALESCE(w.backing_off, 0)::bigint AS backing_off,
        w.next_retry_at,

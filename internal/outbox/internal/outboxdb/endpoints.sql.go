@@ -24,7 +24,7 @@ func (q *Queries) EndpointDelete(ctx context.Context, id uuid.UUID) (int64, erro
 }
 
 const endpointGet = `-- name: EndpointGet :one
-SELECT id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at FROM webhook_endpoints WHERE id = $1
+SELECT id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay FROM webhook_endpoints WHERE id = $1
 `
 
 func (q *Queries) EndpointGet(ctx context.Context, id uuid.UUID) (WebhookEndpoint, error) {
@@ -41,6 +41,14 @@ func (q *Queries) EndpointGet(ctx context.Context, id uuid.UUID) (WebhookEndpoin
 		&i.UpdatedAt,
 		&i.PreviousSecret,
 		&i.PreviousSecretExpiresAt,
+		&i.Health,
+		&i.HealthReason,
+		&i.HealthChangedAt,
+		&i.ConsecutiveFailures,
+		&i.BackoffUntil,
+		&i.DispatchedAt,
+		&i.LeaseToken,
+		&i.LeaseRelay,
 	)
 	return i, err
 }
@@ -48,7 +56,7 @@ func (q *Queries) EndpointGet(ctx context.Context, id uuid.UUID) (WebhookEndpoin
 const endpointInsert = `-- name: EndpointInsert :one
 INSERT INTO webhook_endpoints (url, secret, event_types)
 VALUES ($1, $2, $3)
-RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at
+RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay
 `
 
 func (q *Queries) EndpointInsert(ctx context.Context, url string, secret string, eventTypes []string) (WebhookEndpoint, error) {
@@ -65,12 +73,20 @@ func (q *Queries) EndpointInsert(ctx context.Context, url string, secret string,
 		&i.UpdatedAt,
 		&i.PreviousSecret,
 		&i.PreviousSecretExpiresAt,
+		&i.Health,
+		&i.HealthReason,
+		&i.HealthChangedAt,
+		&i.ConsecutiveFailures,
+		&i.BackoffUntil,
+		&i.DispatchedAt,
+		&i.LeaseToken,
+		&i.LeaseRelay,
 	)
 	return i, err
 }
 
 const endpointList = `-- name: EndpointList :many
-SELECT id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at FROM webhook_endpoints ORDER BY created_at, id
+SELECT id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay FROM webhook_endpoints ORDER BY created_at, id
 `
 
 func (q *Queries) EndpointList(ctx context.Context) ([]WebhookEndpoint, error) {
@@ -93,6 +109,14 @@ func (q *Queries) EndpointList(ctx context.Context) ([]WebhookEndpoint, error) {
 			&i.UpdatedAt,
 			&i.PreviousSecret,
 			&i.PreviousSecretExpiresAt,
+			&i.Health,
+			&i.HealthReason,
+			&i.HealthChangedAt,
+			&i.ConsecutiveFailures,
+			&i.BackoffUntil,
+			&i.DispatchedAt,
+			&i.LeaseToken,
+			&i.LeaseRelay,
 		); err != nil {
 			return nil, err
 		}
@@ -111,7 +135,7 @@ SET previous_secret = secret,
     secret = $2,
     updated_at = now()
 WHERE id = $3
-RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at
+RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay
 `
 
 // Replaces the signing secret, keeping the old one valid for @overlap_seconds:
@@ -130,6 +154,14 @@ func (q *Queries) EndpointRotateSecret(ctx context.Context, overlapSeconds float
 		&i.UpdatedAt,
 		&i.PreviousSecret,
 		&i.PreviousSecretExpiresAt,
+		&i.Health,
+		&i.HealthReason,
+		&i.HealthChangedAt,
+		&i.ConsecutiveFailures,
+		&i.BackoffUntil,
+		&i.DispatchedAt,
+		&i.LeaseToken,
+		&i.LeaseRelay,
 	)
 	return i, err
 }
@@ -138,11 +170,15 @@ const endpointSetEnabled = `-- name: EndpointSetEnabled :one
 UPDATE webhook_endpoints
 SET enabled = $1,
     disabled_reason = CASE WHEN $1::boolean THEN NULL ELSE $2 END,
+    backoff_until = CASE WHEN $1::boolean AND backoff_until > now() THEN now() ELSE backoff_until END,
     updated_at = now()
 WHERE id = $3
-RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at
+RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay
 `
 
+// Pauses or resumes an endpoint. Messages for a paused endpoint are written
+// and wait; resuming an endpoint that is backing off also probes it at once,
+// instead of at its next scheduled probe.
 func (q *Queries) EndpointSetEnabled(ctx context.Context, enabled bool, reason *string, iD uuid.UUID) (WebhookEndpoint, error) {
 	row := q.db.QueryRow(ctx, endpointSetEnabled, enabled, reason, iD)
 	var i WebhookEndpoint
@@ -157,18 +193,36 @@ func (q *Queries) EndpointSetEnabled(ctx context.Context, enabled bool, reason *
 		&i.UpdatedAt,
 		&i.PreviousSecret,
 		&i.PreviousSecretExpiresAt,
+		&i.Health,
+		&i.HealthReason,
+		&i.HealthChangedAt,
+		&i.ConsecutiveFailures,
+		&i.BackoffUntil,
+		&i.DispatchedAt,
+		&i.LeaseToken,
+		&i.LeaseRelay,
 	)
 	return i, err
 }
 
-const endpointsDisable = `-- name: EndpointsDisable :exec
-UPDATE webhook_endpoints
-SET enabled = false, disabled_reason = $1, updated_at = now()
-WHERE id = ANY ($2::uuid[]) AND enabled
+const endpointStates = `-- name: EndpointStates :one
+SELECT count(*) FILTER (WHERE enabled AND health = 'healthy')     AS healthy,
+       count(*) FILTER (WHERE enabled AND health = 'backing_off') AS backing_off,
+       count(*) FILTER (WHERE NOT enabled)                        AS paused
+FROM webhook_endpoints
 `
 
-// Disables endpoints that told us they are gone (410); a person re-enables.
-func (q *Queries) EndpointsDisable(ctx context.Context, reason *string, ids []uuid.UUID) error {
-	_, err := q.db.Exec(ctx, endpointsDisable, reason, ids)
-	return err
+type EndpointStatesRow struct {
+	Healthy    int64
+	BackingOff int64
+	Paused     int64
+}
+
+// Endpoints by state, as the API names them: paused when disabled, else
+// their health.
+func (q *Queries) EndpointStates(ctx context.Context) (EndpointStatesRow, error) {
+	row := q.db.QueryRow(ctx, endpointStates)
+	var i EndpointStatesRow
+	err := row.Scan(&i.Healthy, &i.BackingOff, &i.Paused)
+	return i, err
 }

@@ -52,11 +52,7 @@ SELECT
     (SELECT count(*) FROM outbox_messages WHERE status = 'failed')  AS failed,
     COALESCE(EXTRACT(epoch FROM now() - (
         SELECT min(created_at) FROM outbox_messages WHERE status = 'pending')), 0)::float8
-        AS oldest_pending_age_seconds,
-    COALESCE(EXTRACT(epoch FROM now() - (
-        SELECT min(next_attempt_at) FROM outbox_messages
-        WHERE status = 'pending' AND next_attempt_at <= now())), 0)::float8
-        AS oldest_due_overdue_seconds
+        AS oldest_pending_age_seconds
 `
 
 type MessageBacklogRow struct {
@@ -64,12 +60,9 @@ type MessageBacklogRow struct {
 	Claimed                 int64
 	Failed                  int64
 	OldestPendingAgeSeconds float64
-	OldestDueOverdueSeconds float64
 }
 
-// The monitoring numbers, without counting the delivered history. Overdue is
-// how long the oldest due message has waited past its due time: near the
-// poll interval when the relay keeps up, whatever is backing off.
+// The monitoring numbers, without counting the delivered history.
 func (q *Queries) MessageBacklog(ctx context.Context) (MessageBacklogRow, error) {
 	row := q.db.QueryRow(ctx, messageBacklog)
 	var i MessageBacklogRow
@@ -78,37 +71,68 @@ func (q *Queries) MessageBacklog(ctx context.Context) (MessageBacklogRow, error)
 		&i.Claimed,
 		&i.Failed,
 		&i.OldestPendingAgeSeconds,
-		&i.OldestDueOverdueSeconds,
 	)
 	return i, err
 }
 
 const messageClaim = `-- name: MessageClaim :many
-WITH due AS (
-    SELECT id FROM outbox_messages
-    WHERE status = 'pending' AND next_attempt_at <= now()
-    ORDER BY next_attempt_at, id
-    LIMIT $2
+WITH lease AS (
+    SELECT e.url, e.secret,
+           COALESCE(CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END, '')::text AS previous_secret
+    FROM webhook_endpoints e
+    WHERE e.id = $3::uuid AND e.lease_token = $1::uuid AND e.enabled
+), due AS (
+    SELECT p.id FROM outbox_messages p
+    WHERE p.destination = $3::uuid AND p.status = 'pending' AND p.next_attempt_at <= now()
+      AND EXISTS (SELECT 1 FROM lease)
+    ORDER BY p.next_attempt_at, p.id
+    LIMIT $4
     FOR UPDATE SKIP LOCKED
 )
 UPDATE outbox_messages m
-SET status = 'claimed', claim_token = $1::uuid, claimed_at = now(), attempts = m.attempts + 1
-FROM due
+SET status = 'claimed', claim_token = $1::uuid, claimed_by = $2::uuid, claimed_at = now()
+FROM due, lease
 WHERE m.id = due.id
-RETURNING m.id, m.destination
+RETURNING m.id, m.type, m.payload, m.attempts, m.created_at, m.trace_context,
+          lease.url AS endpoint_url, lease.secret AS endpoint_secret, lease.previous_secret AS endpoint_previous_secret
 `
 
-type MessageClaimRow struct {
-	ID          uuid.UUID
+type MessageClaimParams struct {
+	ClaimToken  uuid.UUID
+	RelayID     uuid.UUID
 	Destination uuid.UUID
+	BatchSize   int32
 }
 
-// Moves up to @batch_size due pending rows to claimed in ONE statement, oldest
-// due first. SKIP LOCKED makes concurrent claimers partition the rows rather
-// than wait for or duplicate each other. The claim counts as an attempt, so a
-// message whose delivery kills the relay still reaches the attempt cap.
-func (q *Queries) MessageClaim(ctx context.Context, claimToken uuid.UUID, batchSize int32) ([]MessageClaimRow, error) {
-	rows, err := q.db.Query(ctx, messageClaim, claimToken, batchSize)
+type MessageClaimRow struct {
+	ID                     uuid.UUID
+	Type                   string
+	Payload                json.RawMessage
+	Attempts               int32
+	CreatedAt              time.Time
+	TraceContext           []byte
+	EndpointUrl            string
+	EndpointSecret         string
+	EndpointPreviousSecret string
+}
+
+// Claims up to @batch_size of one destination's due messages, oldest due
+// first, for the deliver job holding the destination's lease, in ONE
+// statement. The job sends what it claims at once, so a claim's age is the
+// age of its request: a claim never waits in a queue. SKIP LOCKED keeps
+// concurrent claimers from waiting on or duplicating each other. If the
+// lease is no longer this job's (its relay was declared dead, or the
+// endpoint was disabled or deleted), nothing is claimed. Each row comes with
+// the endpoint's URL and secrets as they are now, so a rotated secret takes
+// effect at the next claim. The attempt is counted when its outcome is
+// recorded, not here.
+func (q *Queries) MessageClaim(ctx context.Context, arg MessageClaimParams) ([]MessageClaimRow, error) {
+	rows, err := q.db.Query(ctx, messageClaim,
+		arg.ClaimToken,
+		arg.RelayID,
+		arg.Destination,
+		arg.BatchSize,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -116,7 +140,17 @@ func (q *Queries) MessageClaim(ctx context.Context, claimToken uuid.UUID, batchS
 	var items []MessageClaimRow
 	for rows.Next() {
 		var i MessageClaimRow
-		if err := rows.Scan(&i.ID, &i.Destination); err != nil {
+		if err := rows.Scan(
+			&i.ID,
+			&i.Type,
+			&i.Payload,
+			&i.Attempts,
+			&i.CreatedAt,
+			&i.TraceContext,
+			&i.EndpointUrl,
+			&i.EndpointSecret,
+			&i.EndpointPreviousSecret,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -127,30 +161,19 @@ func (q *Queries) MessageClaim(ctx context.Context, claimToken uuid.UUID, batchS
 	return items, nil
 }
 
-const messageClaimedCount = `-- name: MessageClaimedCount :one
-SELECT count(*) FROM outbox_messages WHERE status = 'claimed'
-`
-
-// Rows claimed and not yet settled: the relay's work in flight, bounded so a
-// claim never runs further ahead of delivery than the claim timeout allows.
-func (q *Queries) MessageClaimedCount(ctx context.Context) (int64, error) {
-	row := q.db.QueryRow(ctx, messageClaimedCount)
-	var count int64
-	err := row.Scan(&count)
-	return count, err
-}
-
 const messageEnqueue = `-- name: MessageEnqueue :many
 INSERT INTO outbox_messages (type, destination, payload, trace_context)
 SELECT $1::text, e.id, $2::jsonb, $3::jsonb
 FROM webhook_endpoints e
-WHERE e.enabled AND $1::text = ANY (e.event_types)
+WHERE $1::text = ANY (e.event_types)
 RETURNING id
 `
 
-// Fans one event out to a row per subscribed, enabled endpoint, in the
-// caller's transaction. Reading the endpoints and writing the rows is one
-// statement: one round trip on the order's write path.
+// Fans one event out to a row per subscribed endpoint, in the caller's
+// transaction. Reading the endpoints and writing the rows is one statement:
+// one round trip on the order's write path. Disabled endpoints get their rows
+// too: disabled means paused, and the rows wait to be delivered after the
+// endpoint is enabled again.
 func (q *Queries) MessageEnqueue(ctx context.Context, type_ string, payload json.RawMessage, traceContext []byte) ([]uuid.UUID, error) {
 	rows, err := q.db.Query(ctx, messageEnqueue, type_, payload, traceContext)
 	if err != nil {
@@ -172,7 +195,7 @@ func (q *Queries) MessageEnqueue(ctx context.Context, type_ string, payload json
 }
 
 const messageGet = `-- name: MessageGet :one
-SELECT id, type, destination, payload, status, attempts, next_attempt_at, claim_token, claimed_at, delivered_at, last_error, created_at, trace_context, attempts_before FROM outbox_messages WHERE id = $1
+SELECT id, type, destination, payload, status, attempts, next_attempt_at, claim_token, claimed_at, delivered_at, last_error, created_at, trace_context, attempts_before, claimed_by, discarded_at FROM outbox_messages WHERE id = $1
 `
 
 func (q *Queries) MessageGet(ctx context.Context, id uuid.UUID) (OutboxMessage, error) {
@@ -193,12 +216,14 @@ func (q *Queries) MessageGet(ctx context.Context, id uuid.UUID) (OutboxMessage, 
 		&i.CreatedAt,
 		&i.TraceContext,
 		&i.AttemptsBefore,
+		&i.ClaimedBy,
+		&i.DiscardedAt,
 	)
 	return i, err
 }
 
 const messageList = `-- name: MessageList :many
-SELECT id, type, destination, payload, status, attempts, next_attempt_at, claim_token, claimed_at, delivered_at, last_error, created_at, trace_context, attempts_before FROM outbox_messages
+SELECT id, type, destination, payload, status, attempts, next_attempt_at, claim_token, claimed_at, delivered_at, last_error, created_at, trace_context, attempts_before, claimed_by, discarded_at FROM outbox_messages
 WHERE ($1::text IS NULL OR status = $1)
   AND ($2::text IS NULL OR type = $2)
   AND ($3::uuid IS NULL OR destination = $3)
@@ -253,6 +278,8 @@ func (q *Queries) MessageList(ctx context.Context, arg MessageListParams) ([]Out
 			&i.CreatedAt,
 			&i.TraceContext,
 			&i.AttemptsBefore,
+			&i.ClaimedBy,
+			&i.DiscardedAt,
 		); err != nil {
 			return nil, err
 		}
@@ -265,14 +292,29 @@ func (q *Queries) MessageList(ctx context.Context, arg MessageListParams) ([]Out
 }
 
 const messageOverdue = `-- name: MessageOverdue :one
-SELECT COALESCE(EXTRACT(epoch FROM now() - min(next_attempt_at)), 0)::float8
-FROM outbox_messages
-WHERE status = 'pending' AND next_attempt_at <= now()
+WITH RECURSIVE heads AS (
+    (SELECT destination, next_attempt_at FROM outbox_messages
+     WHERE status = 'pending' ORDER BY destination, next_attempt_at LIMIT 1)
+    UNION ALL
+    SELECT n.destination, n.next_attempt_at
+    FROM heads h, LATERAL (
+        SELECT m.destination, m.next_attempt_at FROM outbox_messages m
+        WHERE m.status = 'pending' AND m.destination > h.destination
+        ORDER BY m.destination, m.next_attempt_at LIMIT 1
+    ) n
+)
+SELECT COALESCE(EXTRACT(epoch FROM now() - min(GREATEST(h.next_attempt_at, e.backoff_until))), 0)::float8
+FROM heads h
+JOIN webhook_endpoints e ON e.id = h.destination
+WHERE e.enabled AND GREATEST(h.next_attempt_at, e.backoff_until) <= now()
 `
 
-// How long the oldest due pending message has waited past its due time: a
-// healthy relay keeps this near the poll interval, whatever the backlog of
-// messages that are backing off.
+// How long the oldest deliverable message has waited past its due time. A
+// message is deliverable when its endpoint is enabled and not backing off;
+// it is due from the later of its own next attempt and the end of its
+// endpoint's backoff. A healthy relay keeps this near the poll interval,
+// whatever waits for paused or failing endpoints. One index probe per
+// destination with pending messages (a skip scan), never a scan of them all.
 func (q *Queries) MessageOverdue(ctx context.Context) (float64, error) {
 	row := q.db.QueryRow(ctx, messageOverdue)
 	var column_1 float64
@@ -288,9 +330,11 @@ WITH stale AS (
     FOR UPDATE SKIP LOCKED
 ), released AS (
     UPDATE outbox_messages m
-    SET status = CASE WHEN m.attempts >= $2::integer THEN 'failed' ELSE 'pending' END,
+    SET status = CASE WHEN m.attempts + 1 >= $2::integer THEN 'failed' ELSE 'pending' END,
+        attempts = m.attempts + 1,
         claim_token = NULL,
         claimed_at = NULL,
+        claimed_by = NULL,
         next_attempt_at = now(),
         last_error = 'claim timed out: the relay did not record an outcome'
     FROM stale
@@ -298,15 +342,16 @@ WITH stale AS (
     RETURNING m.id
 )
 INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, error)
-SELECT s.id, s.attempts_before + s.attempts, 'timeout', s.claimed_at, now(), 'claim timed out: the relay did not record an outcome'
+SELECT s.id, s.attempts_before + s.attempts + 1, 'timeout', s.claimed_at, now(), 'claim timed out: the relay did not record an outcome'
 FROM stale s JOIN released r ON r.id = s.id
 ON CONFLICT DO NOTHING
 `
 
-// Returns claims older than the claim timeout (their relay died) to pending,
-// or to failed once the attempt cap is reached, and records the lost attempt.
-// Delivery may have happened before the crash: this is the at-least-once
-// window, by design.
+// The last resort: returns claims older than the claim timeout to pending
+// (or to failed at the attempt cap) and records the lost attempt, whatever
+// their relay. A claim lives as long as its request, so only a relay that is
+// alive but stuck leaves one this old; a dead relay's claims are released
+// within seconds by MessagesReleaseLost.
 func (q *Queries) MessageReleaseStale(ctx context.Context, claimTimeoutSeconds float64, maxAttempts int32) (int64, error) {
 	result, err := q.db.Exec(ctx, messageReleaseStale, claimTimeoutSeconds, maxAttempts)
 	if err != nil {
@@ -316,14 +361,16 @@ func (q *Queries) MessageReleaseStale(ctx context.Context, claimTimeoutSeconds f
 }
 
 const messageRetry = `-- name: MessageRetry :one
-UPDATE outbox_messages
+UPDATE outbox_messages m
 SET status = 'pending', attempts_before = attempts_before + attempts, attempts = 0, next_attempt_at = now()
-WHERE id = $1 AND status = 'failed'
-RETURNING id, type, destination, payload, status, attempts, next_attempt_at, claim_token, claimed_at, delivered_at, last_error, created_at, trace_context, attempts_before
+WHERE m.id = $1 AND m.status = 'failed'
+  AND EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = m.destination)
+RETURNING id, type, destination, payload, status, attempts, next_attempt_at, claim_token, claimed_at, delivered_at, last_error, created_at, trace_context, attempts_before, claimed_by, discarded_at
 `
 
 // A person's requeue of a failed message: back to pending, due now, with a
 // fresh attempt budget; attempts_before keeps the history's numbering going.
+// Only while its endpoint exists: a deleted endpoint's messages are settled.
 func (q *Queries) MessageRetry(ctx context.Context, id uuid.UUID) (OutboxMessage, error) {
 	row := q.db.QueryRow(ctx, messageRetry, id)
 	var i OutboxMessage
@@ -342,6 +389,8 @@ func (q *Queries) MessageRetry(ctx context.Context, id uuid.UUID) (OutboxMessage
 		&i.CreatedAt,
 		&i.TraceContext,
 		&i.AttemptsBefore,
+		&i.ClaimedBy,
+		&i.DiscardedAt,
 	)
 	return i, err
 }
@@ -352,6 +401,7 @@ SELECT
     (SELECT count(*) FROM outbox_messages WHERE status = 'claimed')   AS claimed,
     (SELECT count(*) FROM outbox_messages WHERE status = 'delivered') AS delivered,
     (SELECT count(*) FROM outbox_messages WHERE status = 'failed')    AS failed,
+    (SELECT count(*) FROM outbox_messages WHERE status = 'discarded') AS discarded,
     COALESCE(EXTRACT(epoch FROM now() - (
         SELECT min(created_at) FROM outbox_messages WHERE status = 'pending')), 0)::float8
         AS oldest_pending_age_seconds
@@ -362,6 +412,7 @@ type MessageStatsRow struct {
 	Claimed                 int64
 	Delivered               int64
 	Failed                  int64
+	Discarded               int64
 	OldestPendingAgeSeconds float64
 }
 
@@ -374,108 +425,88 @@ func (q *Queries) MessageStats(ctx context.Context) (MessageStatsRow, error) {
 		&i.Claimed,
 		&i.Delivered,
 		&i.Failed,
+		&i.Discarded,
 		&i.OldestPendingAgeSeconds,
 	)
 	return i, err
 }
 
-const messageWorkDue = `-- name: MessageWorkDue :one
-SELECT (EXISTS (
-            SELECT 1 FROM outbox_messages
-            WHERE status = 'pending' AND next_attempt_at <= now())
-        OR EXISTS (
-            SELECT 1 FROM outbox_messages
-            WHERE status = 'claimed'
-              AND claimed_at < now() - make_interval(secs => $1::float8)))::boolean
-       AS due
+const messagesDiscardForDestination = `-- name: MessagesDiscardForDestination :execrows
+UPDATE outbox_messages
+SET status = 'discarded', discarded_at = now(), last_error = $1::text,
+    claim_token = NULL, claimed_at = NULL, claimed_by = NULL
+WHERE id IN (
+    SELECT p.id FROM outbox_messages p WHERE p.destination = $2 AND p.status = 'pending'
+    UNION ALL
+    SELECT c.id FROM outbox_messages c WHERE c.destination = $2 AND c.status = 'claimed'
+    UNION ALL
+    SELECT f.id FROM outbox_messages f WHERE f.destination = $2 AND f.status = 'failed'
+)
 `
 
-// Whether a claim job has anything to do: a due pending message, or a claim
-// past the claim timeout. Two probes of partial indexes, so an idle relay
-// can look often for almost nothing.
-func (q *Queries) MessageWorkDue(ctx context.Context, claimTimeoutSeconds float64) (bool, error) {
-	row := q.db.QueryRow(ctx, messageWorkDue, claimTimeoutSeconds)
-	var due bool
-	err := row.Scan(&due)
-	return due, err
-}
-
-const messagesForDelivery = `-- name: MessagesForDelivery :many
-SELECT m.id, m.type, m.destination, m.payload, m.attempts, m.created_at, m.trace_context,
-       e.url AS endpoint_url, e.secret AS endpoint_secret, e.enabled AS endpoint_enabled,
-       COALESCE(CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END, '')::text AS endpoint_previous_secret
-FROM outbox_messages m
-LEFT JOIN webhook_endpoints e ON e.id = m.destination
-WHERE m.id = ANY ($1::uuid[]) AND m.claim_token = $2::uuid
-ORDER BY m.id
-`
-
-type MessagesForDeliveryRow struct {
-	ID                     uuid.UUID
-	Type                   string
-	Destination            uuid.UUID
-	Payload                json.RawMessage
-	Attempts               int32
-	CreatedAt              time.Time
-	TraceContext           []byte
-	EndpointUrl            *string
-	EndpointSecret         *string
-	EndpointEnabled        *bool
-	EndpointPreviousSecret string
-}
-
-// The rows a deliver job was given, only while its claim still holds. The
-// endpoint is joined at delivery so a rotated secret or URL takes effect.
-// The token alone identifies the claim (a CHECK ties claim_token to status
-// 'claimed'); a status filter here would let the planner scan the partial
-// claimed index, a cost that grows with every message in flight, instead of
-// looking each id up by primary key (docs/PERFORMANCE.md).
-func (q *Queries) MessagesForDelivery(ctx context.Context, ids []uuid.UUID, claimToken uuid.UUID) ([]MessagesForDeliveryRow, error) {
-	rows, err := q.db.Query(ctx, messagesForDelivery, ids, claimToken)
+// Settles every undelivered message of an endpoint being deleted, in the
+// deleting transaction: they will never be sent. Claimed ones lose their
+// claim, so the job sending them records nothing. Each status is found on
+// its own partial index, never by scanning the delivered history.
+func (q *Queries) MessagesDiscardForDestination(ctx context.Context, reason string, destination uuid.UUID) (int64, error) {
+	result, err := q.db.Exec(ctx, messagesDiscardForDestination, reason, destination)
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
-	defer rows.Close()
-	var items []MessagesForDeliveryRow
-	for rows.Next() {
-		var i MessagesForDeliveryRow
-		if err := rows.Scan(
-			&i.ID,
-			&i.Type,
-			&i.Destination,
-			&i.Payload,
-			&i.Attempts,
-			&i.CreatedAt,
-			&i.TraceContext,
-			&i.EndpointUrl,
-			&i.EndpointSecret,
-			&i.EndpointEnabled,
-			&i.EndpointPreviousSecret,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
+	return result.RowsAffected(), nil
+}
+
+const messagesDiscardOrphans = `-- name: MessagesDiscardOrphans :execrows
+WITH RECURSIVE heads AS (
+    (SELECT destination FROM outbox_messages
+     WHERE status = 'pending' ORDER BY destination LIMIT 1)
+    UNION ALL
+    SELECT n.destination
+    FROM heads h, LATERAL (
+        SELECT m.destination FROM outbox_messages m
+        WHERE m.status = 'pending' AND m.destination > h.destination
+        ORDER BY m.destination LIMIT 1
+    ) n
+)
+UPDATE outbox_messages m
+SET status = 'discarded', discarded_at = now(), last_error = 'endpoint deleted'
+FROM heads h
+WHERE m.destination = h.destination AND m.status = 'pending'
+  AND NOT EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = h.destination)
+`
+
+// Discards pending messages whose endpoint no longer exists: rows an order
+// transaction wrote while their endpoint was being deleted, which the
+// deletion's own discard could not see. A skip scan finds the destinations
+// with pending messages, one index probe each.
+func (q *Queries) MessagesDiscardOrphans(ctx context.Context) (int64, error) {
+	result, err := q.db.Exec(ctx, messagesDiscardOrphans)
+	if err != nil {
+		return 0, err
 	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
+	return result.RowsAffected(), nil
 }
 
 const messagesPrune = `-- name: MessagesPrune :execrows
 DELETE FROM outbox_messages
 WHERE id IN (
-    SELECT p.id FROM outbox_messages p
-    WHERE p.status = 'delivered' AND p.delivered_at < $1::timestamptz
-    ORDER BY p.delivered_at
-    LIMIT $2
+    (SELECT p.id FROM outbox_messages p
+     WHERE p.status = 'delivered' AND p.delivered_at < $1::timestamptz
+     ORDER BY p.delivered_at
+     LIMIT $2)
+    UNION ALL
+    (SELECT p.id FROM outbox_messages p
+     WHERE p.status = 'discarded' AND p.discarded_at < $1::timestamptz
+     ORDER BY p.discarded_at
+     LIMIT $2)
 )
 `
 
-// Deletes one bounded batch of delivered rows older than the retention; the
-// caller loops. Pending, claimed and failed rows are never touched.
-func (q *Queries) MessagesPrune(ctx context.Context, deliveredBefore time.Time, batchSize int32) (int64, error) {
-	result, err := q.db.Exec(ctx, messagesPrune, deliveredBefore, batchSize)
+// Deletes one bounded batch of settled rows (delivered or discarded) older
+// than the retention; the caller loops. Pending, claimed and failed rows are
+// never touched. Each status is walked by age on its own partial index.
+func (q *Queries) MessagesPrune(ctx context.Context, settledBefore time.Time, batchSize int32) (int64, error) {
+	result, err := q.db.Exec(ctx, messagesPrune, settledBefore, batchSize)
 	if err != nil {
 		return 0, err
 	}
@@ -496,8 +527,10 @@ WITH o AS (
 ), held AS (
     UPDATE outbox_messages m
     SET status = o.status,
+        attempts = o.attempt,
         claim_token = NULL,
         claimed_at = NULL,
+        claimed_by = NULL,
         delivered_at = CASE WHEN o.status = 'delivered' THEN now() END,
         next_attempt_at = CASE WHEN o.status = 'pending'
                                THEN now() + make_interval(secs => o.delay_seconds)
@@ -527,15 +560,16 @@ type MessagesRecordOutcomesParams struct {
 	ClaimToken    uuid.UUID
 }
 
-// Records a deliver job's outcomes and their attempts in one statement, only
-// on rows the job's claim token still holds: a stale job finds nothing to
-// change, and rows re-claimed since keep the newer claim's story. An empty
-// error keeps the previous one, so a delivered row still shows what failed
-// before it succeeded. No status filter, as in MessagesForDelivery: the
-// token implies 'claimed' and the primary key finds the rows. Attempts are
-// numbered after those made before a person's requeue (attempts_before); a
-// River retry of a job whose first run never committed records its attempt
-// once, and ON CONFLICT keeps a rare double record harmless.
+// Records outcomes and their attempts in one statement, only on rows the
+// job's claim token still holds: a job whose claims were released (its relay
+// was declared dead) finds nothing to change, and rows claimed since keep
+// the newer claim's story. An empty error keeps the previous one, so a
+// delivered row still shows what failed before it succeeded. No status
+// filter: the token implies 'claimed' (a CHECK ties them), and the primary
+// key finds the rows. @attempts is each message's attempt number, counted
+// from its last requeue; the history numbers it after the attempts made
+// before that requeue (attempts_before). ON CONFLICT keeps a rare double
+// record harmless.
 func (q *Queries) MessagesRecordOutcomes(ctx context.Context, arg MessagesRecordOutcomesParams) (int64, error) {
 	result, err := q.db.Exec(ctx, messagesRecordOutcomes,
 		arg.Ids,
@@ -549,6 +583,60 @@ func (q *Queries) MessagesRecordOutcomes(ctx context.Context, arg MessagesRecord
 		arg.StatusCodes,
 		arg.ClaimToken,
 	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const messagesRelease = `-- name: MessagesRelease :execrows
+UPDATE outbox_messages
+SET status = 'pending', claim_token = NULL, claimed_at = NULL, claimed_by = NULL
+WHERE id = ANY ($1::uuid[]) AND claim_token = $2::uuid
+`
+
+// Returns claimed messages that were never sent (the job was stopped before
+// their request began) to pending as they were: no attempt is counted and
+// they are due again at once.
+func (q *Queries) MessagesRelease(ctx context.Context, ids []uuid.UUID, claimToken uuid.UUID) (int64, error) {
+	result, err := q.db.Exec(ctx, messagesRelease, ids, claimToken)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const messagesReleaseLost = `-- name: MessagesReleaseLost :execrows
+WITH lost AS (
+    SELECT id, attempts, attempts_before, claimed_at FROM outbox_messages
+    WHERE status = 'claimed' AND claimed_by = ANY ($2::uuid[])
+    FOR UPDATE SKIP LOCKED
+), released AS (
+    UPDATE outbox_messages m
+    SET status = CASE WHEN m.attempts + 1 >= $3::integer THEN 'failed' ELSE 'pending' END,
+        attempts = m.attempts + 1,
+        claim_token = NULL,
+        claimed_at = NULL,
+        claimed_by = NULL,
+        next_attempt_at = now(),
+        last_error = $1::text
+    FROM lost
+    WHERE m.id = lost.id
+    RETURNING m.id
+)
+INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, error)
+SELECT l.id, l.attempts_before + l.attempts + 1, 'interrupted', l.claimed_at, now(), $1::text
+FROM lost l JOIN released r ON r.id = l.id
+ON CONFLICT DO NOTHING
+`
+
+// Settles the claims of relays declared dead: their requests were in flight
+// and may have reached the receiver, so each counts as an attempt
+// ("interrupted") and the message is due again at once; at the attempt cap
+// it fails instead, so a message whose delivery kills its relay every time
+// cannot kill relays forever. This is the at-least-once window, by design.
+func (q *Queries) MessagesReleaseLost(ctx context.Context, reason string, relayIds []uuid.UUID, maxAttempts int32) (int64, error) {
+	result, err := q.db.Exec(ctx, messagesReleaseLost, reason, relayIds, maxAttempts)
 	if err != nil {
 		return 0, err
 	}

@@ -36,6 +36,16 @@ type OutboxMessage struct {
 	CreatedAt      time.Time
 	TraceContext   []byte
 	AttemptsBefore int32
+	ClaimedBy      *uuid.UUID
+	DiscardedAt    *time.Time
+}
+
+type OutboxRelay struct {
+	ID          uuid.UUID
+	Hostname    string
+	Pid         int32
+	StartedAt   time.Time
+	HeartbeatAt time.Time
 }
 
 type WebhookEndpoint struct {
@@ -49,4 +59,12 @@ type WebhookEndpoint struct {
 	UpdatedAt               time.Time
 	PreviousSecret          *string
 	PreviousSecretExpiresAt *time.Time
+	Health                  string
+	HealthReason            *string
+	HealthChangedAt         *time.Time
+	ConsecutiveFailures     int32
+	BackoffUntil            *time.Time
+	DispatchedAt            *time.Time
+	LeaseToken              *uuid.UUID
+	LeaseRelay              *uuid.UUID
 }

@@ -141,6 +141,7 @@ WITH waiting AS (
     ORDER BY destination, finished_at DESC
 )
 SELECT e.id, e.url, e.event_types, e.enabled, e.disabled_reason, e.created_at,
+       e.health, e.health_reason, e.health_changed_at, e.consecutive_failures, e.backoff_until, e.updated_at,
        COALESCE(w.waiting, 0)::bigint     AS waiting,
        COALESCE(w.backing_off, 0)::bigint AS backing_off,
        w.next_retry_at,
@@ -167,6 +168,12 @@ type OpsEndpointHealthRow struct {
 	Enabled             bool
 	DisabledReason      *string
 	CreatedAt           time.Time
+	Health              string
+	HealthReason        *string
+	HealthChangedAt     *time.Time
+	ConsecutiveFailures int32
+	BackoffUntil        *time.Time
+	UpdatedAt           time.Time
 	Waiting             int64
 	BackingOff          int64
 	NextRetryAt         *time.Time
@@ -198,6 +205,12 @@ func (q *Queries) OpsEndpointHealth(ctx context.Context, windowSeconds float64) 
 			&i.Enabled,
 			&i.DisabledReason,
 			&i.CreatedAt,
+			&i.Health,
+			&i.HealthReason,
+			&i.HealthChangedAt,
+			&i.ConsecutiveFailures,
+			&i.BackoffUntil,
+			&i.UpdatedAt,
 			&i.Waiting,
 			&i.BackingOff,
 			&i.NextRetryAt,

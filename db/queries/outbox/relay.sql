@@ -1,0 +1,131 @@
+-- Queries of the relay's scheduling: which relays are alive, which
+-- destinations have work, and the lease that lets one deliver job at a time
+-- serve a destination.
+
+-- name: RelayRegister :exec
+-- Registers a relay process, or brings back one that was declared dead
+-- while it lived (a long pause, a lost connection).
+INSERT INTO outbox_relays (id, hostname, pid)
+VALUES (@id, @hostname, @pid)
+ON CONFLICT (id) DO UPDATE SET heartbeat_at = now();
+
+-- name: RelayHeartbeat :execrows
+-- No row means another relay declared this one dead and released its work.
+UPDATE outbox_relays SET heartbeat_at = now() WHERE id = @id;
+
+-- name: RelayUnregister :exec
+DELETE FROM outbox_relays WHERE id = @id;
+
+-- name: RelaysDeclareDead :many
+-- Removes the relays whose heartbeat is older than the relay timeout and
+-- returns them; the caller releases their claims and leases in the same
+-- transaction. Concurrent callers each get a relay once: DELETE locks it.
+DELETE FROM outbox_relays
+WHERE heartbeat_at < now() - make_interval(secs => @relay_timeout_seconds::float8)
+RETURNING id;
+
+-- name: RelaysAlive :many
+SELECT * FROM outbox_relays ORDER BY started_at, id;
+
+-- name: DestinationsDispatch :many
+-- Finds destinations with due messages that no live job serves, marks them
+-- dispatched and returns them; the caller inserts one deliver job for each
+-- in the same transaction. Finding them is a skip scan of the pending index
+-- (one probe per destination with pending messages, whatever the backlog or
+-- history) joined to the endpoints: enabled, not backing off (or due for a
+-- probe), not leased by a live relay, and not dispatched in the last
+-- @redispatch_after_seconds (a job already waits for it). SKIP LOCKED lets
+-- every worker run this at once without waiting on one another.
+WITH RECURSIVE heads AS (
+    (SELECT destination, next_attempt_at FROM outbox_messages
+     WHERE status = 'pending' ORDER BY destination, next_attempt_at LIMIT 1)
+    UNION ALL
+    SELECT n.destination, n.next_attempt_at
+    FROM heads h, LATERAL (
+        SELECT m.destination, m.next_attempt_at FROM outbox_messages m
+        WHERE m.status = 'pending' AND m.destination > h.destination
+        ORDER BY m.destination, m.next_attempt_at LIMIT 1
+    ) n
+), ready AS (
+    SELECT e.id FROM heads h
+    JOIN webhook_endpoints e ON e.id = h.destination
+    WHERE h.next_attempt_at <= now()
+      AND e.enabled
+      AND (e.backoff_until IS NULL OR e.backoff_until <= now())
+      AND (e.dispatched_at IS NULL
+           OR e.dispatched_at < now() - make_interval(secs => @redispatch_after_seconds::float8))
+      AND NOT EXISTS (
+          SELECT 1 FROM outbox_relays r
+          WHERE r.id = e.lease_relay
+            AND r.heartbeat_at >= now() - make_interval(secs => @relay_timeout_seconds::float8))
+    ORDER BY GREATEST(h.next_attempt_at, e.backoff_until)
+    LIMIT @max_destinations
+    FOR UPDATE OF e SKIP LOCKED
+)
+UPDATE webhook_endpoints e SET dispatched_at = now()
+FROM ready
+WHERE e.id = ready.id
+RETURNING e.id;
+
+-- name: DestinationLease :one
+-- A deliver job takes the destination's lease, unless a live relay's job
+-- holds it (then no row: the job has nothing to do), and reads the
+-- destination's health. Concurrent takers serialise on the row; the loser
+-- re-checks and finds it held.
+UPDATE webhook_endpoints e
+SET lease_token = @lease_token::uuid, lease_relay = @relay_id::uuid, dispatched_at = NULL
+WHERE e.id = @id AND e.enabled
+  AND (e.backoff_until IS NULL OR e.backoff_until <= now())
+  AND NOT EXISTS (
+      SELECT 1 FROM outbox_relays r
+      WHERE r.id = e.lease_relay
+        AND r.heartbeat_at >= now() - make_interval(secs => @relay_timeout_seconds::float8))
+RETURNING e.url, e.health, e.health_reason, e.health_changed_at, e.consecutive_failures, e.backoff_until;
+
+-- name: DestinationUndispatch :exec
+-- A relay that is stopping hands back a job it fetched but will not run:
+-- the next poll of any relay dispatches the destination again at once.
+UPDATE webhook_endpoints SET dispatched_at = NULL WHERE id = @id AND lease_token IS NULL;
+
+-- name: DestinationHealthy :exec
+-- A probe got an answer: the destination is healthy again.
+UPDATE webhook_endpoints
+SET health = 'healthy', health_reason = NULL, health_changed_at = now(),
+    consecutive_failures = 0, backoff_until = NULL
+WHERE id = @id AND lease_token = @lease_token::uuid;
+
+-- name: DestinationSettle :one
+-- Ends a job's lease and stores the destination's health as the job leaves
+-- it: healthy or backing off, its failure streak, and when it may be served
+-- again (the next probe, or the end of a Retry-After). A 410 Gone pauses the
+-- endpoint. When due work remains and the destination may be served now, it
+-- is marked dispatched again and redispatch is true: the caller inserts the
+-- next job in this transaction, so a busy destination goes to the back of
+-- the queue without waiting for a poll.
+UPDATE webhook_endpoints e
+SET lease_token = NULL,
+    lease_relay = NULL,
+    health = @health::text,
+    health_reason = sqlc.narg(health_reason),
+    health_changed_at = CASE WHEN e.health <> @health::text THEN now() ELSE e.health_changed_at END,
+    consecutive_failures = @consecutive_failures,
+    backoff_until = sqlc.narg(backoff_until),
+    enabled = e.enabled AND NOT @gone::boolean,
+    disabled_reason = CASE WHEN @gone::boolean AND e.enabled THEN 'receiver answered 410 Gone' ELSE e.disabled_reason END,
+    updated_at = CASE WHEN @gone::boolean AND e.enabled THEN now() ELSE e.updated_at END,
+    dispatched_at = CASE
+        WHEN e.enabled AND NOT @gone::boolean AND sqlc.narg(backoff_until)::timestamptz IS NULL
+             AND EXISTS (SELECT 1 FROM outbox_messages m
+                         WHERE m.destination = e.id AND m.status = 'pending' AND m.next_attempt_at <= now())
+        THEN now() END
+WHERE e.id = @id AND e.lease_token = @lease_token::uuid
+RETURNING (e.dispatched_at IS NOT NULL)::boolean AS redispatch;
+
+-- name: DestinationsReleaseLeases :exec
+-- Frees the leases of relays that are gone.
+UPDATE webhook_endpoints
+SET lease_token = NULL, lease_relay = NULL
+WHERE lease_relay = ANY (@relay_ids::uuid[]);
+
+-- name: RelaysCount :one
+SELECT count(*) FROM outbox_relays;

@@ -1,0 +1,194 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
+)
+
+// Liveness PostgreSQL can see. Each relay heartbeats in outbox_relays every
+// fifth of RelayTimeout; every relay, at each beat, declares dead the relays
+// whose heartbeat is older than RelayTimeout and, in the same transaction,
+// returns their claims to pending and frees their destinations. A SIGKILLed
+// worker's messages are thus delivered by a survivor within seconds. The
+// claim timeout stays as the last resort, for a relay that is alive but
+// stuck.
+//
+// The heartbeat has a connection of its own, so a pool busy with deliveries
+// never makes a live relay look dead.
+
+// keepAlive heartbeats, reaps dead relays and stale claims, and retries
+// unsettled writes, until ctx is done.
+func (r *Relay) keepAlive(ctx context.Context) {
+	ticker := time.NewTicker(r.cfg.heartbeatInterval())
+	defer ticker.Stop()
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			_ = conn.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	var warned time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		if conn == nil || conn.IsClosed() {
+			c, err := pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig.Copy())
+			if err != nil {
+				if ctx.Err() == nil && time.Since(warned) > 30*time.Second {
+					warned = time.Now()
+					r.logger.WarnContext(ctx, "relay heartbeat: connecting", slog.Any("error", err))
+				}
+				continue
+			}
+			conn = c
+		}
+		beatCtx, cancel := context.WithTimeout(ctx, r.cfg.RelayTimeout)
+		err := r.beat(beatCtx, conn)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			_ = conn.Close(context.WithoutCancel(ctx))
+			conn = nil
+			if time.Since(warned) > 30*time.Second {
+				warned = time.Now()
+				r.logger.WarnContext(ctx, "relay heartbeat", slog.Any("error", err))
+			}
+		}
+	}
+}
+
+// beat is one heartbeat and one look for dead relays and stale claims.
+func (r *Relay) beat(ctx context.Context, conn *pgx.Conn) error {
+	q := outboxdb.New(conn)
+	n, err := q.RelayHeartbeat(ctx, r.id)
+	if err != nil {
+		return fmt.Errorf("heartbeat: %w", err)
+	}
+	if n == 0 {
+		// Declared dead while alive (a long pause, a lost connection): its
+		// claims and leases were released and may be served elsewhere now.
+		// Its jobs find their leases gone and stop claiming.
+		host, _ := os.Hostname()
+		if err := q.RelayRegister(ctx, r.id, host, int32(os.Getpid())); err != nil {
+			return fmt.Errorf("registering again: %w", err)
+		}
+		r.logger.WarnContext(ctx, "this relay was declared dead by another and has registered again; its claims were released",
+			slog.String("relay_id", r.id.String()), slog.Duration("relay_timeout", r.cfg.RelayTimeout))
+	}
+	if err := r.reapDead(ctx, conn); err != nil {
+		return err
+	}
+	stale, err := q.MessageReleaseStale(ctx, r.cfg.ClaimTimeout.Seconds(), int32(r.cfg.MaxAttempts))
+	if err != nil {
+		return fmt.Errorf("releasing stale claims: %w", err)
+	}
+	if stale > 0 {
+		r.metrics.released.WithLabelValues("claim_timeout").Add(float64(stale))
+		r.logger.WarnContext(ctx, "released claims past the claim timeout", slog.Int64("count", stale),
+			slog.Duration("claim_timeout", r.cfg.ClaimTimeout))
+	}
+	r.retryUnsettled(ctx)
+	return nil
+}
+
+// reapDead declares dead the relays silent for longer than RelayTimeout and
+// releases their claims and leases, all in one transaction.
+func (r *Relay) reapDead(ctx context.Context, conn *pgx.Conn) error {
+	var dead []uuid.UUID
+	var released int64
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) (err error) {
+		q := outboxdb.New(tx)
+		if dead, err = q.RelaysDeclareDead(ctx, r.cfg.RelayTimeout.Seconds()); err != nil || len(dead) == 0 {
+			return err
+		}
+		return r.releaseRelays(ctx, q, dead, "the relay delivering it stopped; the receiver may have it", &released)
+	})
+	if err != nil {
+		return fmt.Errorf("releasing dead relays' work: %w", err)
+	}
+	if len(dead) > 0 {
+		r.metrics.relaysDeclaredDead.Add(float64(len(dead)))
+		r.metrics.released.WithLabelValues("relay_dead").Add(float64(released))
+		ids := make([]string, len(dead))
+		for i, id := range dead {
+			ids[i] = id.String()
+		}
+		r.logger.WarnContext(ctx, "relays declared dead; their claims were released", slog.Any("relay_ids", ids),
+			slog.Int64("released", released), slog.Duration("relay_timeout", r.cfg.RelayTimeout))
+	}
+	return nil
+}
+
+// releaseRelays returns the claims of relays to pending (each an
+// interrupted attempt) and frees the destinations they leased.
+func (r *Relay) releaseRelays(ctx context.Context, q *outboxdb.Queries, relays []uuid.UUID, reason string, released *int64) error {
+	n, err := q.MessagesReleaseLost(ctx, reason, relays, int32(r.cfg.MaxAttempts))
+	if err != nil {
+		return fmt.Errorf("releasing claims: %w", err)
+	}
+	*released += n
+	if err := q.DestinationsReleaseLeases(ctx, relays); err != nil {
+		return fmt.Errorf("releasing leases: %w", err)
+	}
+	return nil
+}
+
+// leave is the end of a graceful stop: whatever is still claimed or leased
+// in this relay's name (nothing, when every job settled) is released, and
+// the relay leaves outbox_relays.
+func (r *Relay) leave(ctx context.Context) error {
+	r.retryUnsettled(ctx)
+	var released int64
+	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		q := outboxdb.New(tx)
+		if err := r.releaseRelays(ctx, q, []uuid.UUID{r.id}, "the relay delivering it stopped before recording the outcome", &released); err != nil {
+			return err
+		}
+		return q.RelayUnregister(ctx, r.id)
+	})
+	if err != nil {
+		return fmt.Errorf("leaving: %w", err)
+	}
+	if released > 0 {
+		r.metrics.released.WithLabelValues("relay_stopped").Add(float64(released))
+		r.logger.WarnContext(ctx, "released claims left at stop", slog.Int64("count", released))
+	}
+	return nil
+}
+
+// deferSettle keeps a job's final writes to retry at the next heartbeats.
+func (r *Relay) deferSettle(f func(context.Context) error) {
+	r.mu.Lock()
+	r.unsettled = append(r.unsettled, f)
+	r.mu.Unlock()
+}
+
+// retryUnsettled retries the final writes of jobs that ended while the
+// database was unreachable, keeping those that fail again.
+func (r *Relay) retryUnsettled(ctx context.Context) {
+	r.mu.Lock()
+	pending := r.unsettled
+	r.unsettled = nil
+	r.mu.Unlock()
+	var failed []func(context.Context) error
+	for _, f := range pending {
+		if err := f(ctx); err != nil {
+			failed = append(failed, f)
+		}
+	}
+	if len(failed) > 0 {
+		r.mu.Lock()
+		r.unsettled = append(r.unsettled, failed...)
+		r.mu.Unlock()
+	}
+}

@@ -1,0 +1,181 @@
+package relayworker
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/process"
+)
+
+// setting is one environment variable of the worker's tuning. This table is
+// the only place a setting is declared: it drives parsing, the defaults (read
+// from the config the table binds into, filled from outbox's defaults), the
+// messages of validation errors, and the table in docs/configuration.md (a
+// test keeps that in step). Adding a relay knob is a RelayConfig field, its
+// default in outbox.DefaultRelayConfig, and one row here.
+type setting struct {
+	env string
+	// field is the RelayConfig field it sets, naming it in
+	// outbox.FieldError; empty for a setting of the worker process itself.
+	field string
+	doc   string
+	// bind points into c: at a time.Duration, an int or a []time.Duration.
+	bind func(c *config) any
+}
+
+var settings = []setting{
+	{"OUTBOX_POLL_INTERVAL", "PollInterval",
+		"how often each worker looks for destinations with due messages, and a running deliver job for new ones",
+		func(c *config) any { return &c.relay.PollInterval }},
+	{"OUTBOX_DESTINATION_CONCURRENCY", "DestinationConcurrency",
+		"requests in flight to one destination, across all workers (one deliver job serves a destination at a time)",
+		func(c *config) any { return &c.relay.DestinationConcurrency }},
+	{"OUTBOX_DELIVER_WORKERS", "DeliverWorkers",
+		"destinations one worker serves at once (River workers on the deliver queue)",
+		func(c *config) any { return &c.relay.DeliverWorkers }},
+	{"OUTBOX_BATCH_SIZE", "BatchSize",
+		"most messages one claim statement takes (a claim never exceeds the destination's free slots)",
+		func(c *config) any { return &c.relay.BatchSize }},
+	{"OUTBOX_MAX_ATTEMPTS", "MaxAttempts",
+		"attempts before a message is `failed` and waits for a person",
+		func(c *config) any { return &c.relay.MaxAttempts }},
+	{"OUTBOX_RETRY_SCHEDULE", "RetrySchedule",
+		"comma-separated waits before each retry (±10% jitter; the last repeats); the default spans 27.6 h",
+		func(c *config) any { return &c.relay.RetrySchedule }},
+	{"OUTBOX_BACKOFF_BASE", "BackoffBase",
+		"set to use exponential backoff from this base instead of the schedule",
+		func(c *config) any { return &c.relay.BackoffBase }},
+	{"OUTBOX_BACKOFF_MAX", "BackoffMax",
+		"caps every retry wait (default 1h with OUTBOX_BACKOFF_BASE, else no cap)",
+		func(c *config) any { return &c.relay.BackoffMax }},
+	{"OUTBOX_CIRCUIT_THRESHOLD", "CircuitThreshold",
+		"endpoint-wide failures in a row (refused, timeout, 408, 429, 5xx) after which a destination backs off as a whole",
+		func(c *config) any { return &c.relay.CircuitThreshold }},
+	{"OUTBOX_PROBE_INTERVAL_MAX", "ProbeIntervalMax",
+		"longest wait between probes of a destination backing off (the first after 5s, doubling)",
+		func(c *config) any { return &c.relay.ProbeIntervalMax }},
+	{"OUTBOX_RELAY_TIMEOUT", "RelayTimeout",
+		"a worker silent this long is declared dead and its claimed messages are delivered by the others",
+		func(c *config) any { return &c.relay.RelayTimeout }},
+	{"OUTBOX_CLAIM_TIMEOUT", "ClaimTimeout",
+		"last resort: a claim older than this is released whatever its worker",
+		func(c *config) any { return &c.relay.ClaimTimeout }},
+	{"OUTBOX_DELIVERY_TIMEOUT", "DeliveryTimeout",
+		"one webhook request",
+		func(c *config) any { return &c.relay.DeliveryTimeout }},
+	{"OUTBOX_RETENTION", "Retention",
+		"how long delivered and discarded rows are kept",
+		func(c *config) any { return &c.relay.Retention }},
+	{"OUTBOX_PRUNE_INTERVAL", "PruneInterval",
+		"how often the prune job runs",
+		func(c *config) any { return &c.relay.PruneInterval }},
+	{"OUTBOX_STALL_THRESHOLD", "",
+		"`/readyz` fails when a deliverable message has waited this long and this worker claimed nothing meanwhile",
+		func(c *config) any { return &c.stallThreshold }},
+	{"WORKER_SHUTDOWN_GRACE", "",
+		"on SIGTERM, time for requests in flight to finish before they are cut off (either way outcomes are recorded and the rest released)",
+		func(c *config) any { return &c.shutdownGrace }},
+}
+
+// retired names settings that are no longer read, and what replaced them.
+var retired = map[string]string{
+	"OUTBOX_MAX_IN_FLIGHT":       "OUTBOX_DESTINATION_CONCURRENCY × OUTBOX_DELIVER_WORKERS bound the requests in flight",
+	"OUTBOX_DELIVER_BATCH":       "deliver jobs now serve one destination each and claim as requests finish",
+	"OUTBOX_DELIVER_CONCURRENCY": "use OUTBOX_DESTINATION_CONCURRENCY (requests in flight per destination)",
+}
+
+// defaults returns the worker's configuration before the environment.
+func defaults() config {
+	return config{
+		relay:          outbox.DefaultRelayConfig(),
+		shutdownGrace:  15 * time.Second,
+		stallThreshold: 2 * time.Minute,
+	}
+}
+
+// parseSettings reads every setting of the table from env into c.
+func parseSettings(env *process.Env, c *config) {
+	for _, s := range settings {
+		switch p := s.bind(c).(type) {
+		case *time.Duration:
+			*p = env.Duration(s.env, *p)
+		case *int:
+			*p = env.Int(s.env, *p)
+		case *[]time.Duration:
+			*p = env.Durations(s.env, *p)
+		default:
+			panic(fmt.Sprintf("setting %s: unsupported type %T", s.env, p))
+		}
+	}
+}
+
+// validateSettings checks the relay's settings together, naming each
+// problem's variable.
+func validateSettings(env *process.Env, getenv func(string) string, c config) {
+	if getenv("OUTBOX_RETRY_SCHEDULE") != "" && getenv("OUTBOX_BACKOFF_BASE") != "" {
+		env.Fail("OUTBOX_BACKOFF_BASE", errors.New("set OUTBOX_RETRY_SCHEDULE or OUTBOX_BACKOFF_BASE, not both"))
+	}
+	err := c.relay.Validate()
+	if err == nil {
+		return
+	}
+	for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
+		var fe *outbox.FieldError
+		if !errors.As(e, &fe) {
+			continue
+		}
+		name := fe.Field
+		for _, s := range settings {
+			if s.field == fe.Field {
+				name = s.env
+			}
+		}
+		env.Fail(name, errors.New(fe.Msg))
+	}
+}
+
+// settingsTable renders the settings as the Markdown table in
+// docs/configuration.md, with their defaults.
+func settingsTable() string {
+	d := defaults()
+	var b strings.Builder
+	b.WriteString("| Variable | Default | Meaning |\n|---|---|---|\n")
+	for _, s := range settings {
+		fmt.Fprintf(&b, "| `%s` | %s | %s |\n", s.env, formatDefault(s.bind(&d)), s.doc)
+	}
+	return b.String()
+}
+
+func formatDefault(p any) string {
+	switch p := p.(type) {
+	case *time.Duration:
+		if *p == 0 {
+			return "unset"
+		}
+		return "`" + formatDuration(*p) + "`"
+	case *int:
+		return fmt.Sprintf("`%d`", *p)
+	case *[]time.Duration:
+		parts := make([]string, len(*p))
+		for i, d := range *p {
+			parts[i] = formatDuration(d)
+		}
+		return "`" + strings.Join(parts, ",") + "`"
+	}
+	return fmt.Sprint(p)
+}
+
+// formatDuration writes a duration as a person would: 5m, not 5m0s.
+func formatDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
