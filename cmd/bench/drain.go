@@ -20,10 +20,10 @@ import (
 // rawDrain is the ceiling: conns connections each loop "claim 100 with SKIP
 // LOCKED, then mark them delivered", two autocommit statements, no delivery,
 // until the outbox is empty. With send set, each claimed batch is also POSTed,
-// 16 requests at a time per connection, before it is marked: the raw HTTP
-// loop, with the relay's HTTP client and signing but no River, no lease, no
-// history.
-func rawDrain(ctx context.Context, url string, n, conns int, send outbox.Transport) (float64, error) {
+// inFlight requests at a time per connection, before it is marked: the raw
+// HTTP loop, with the relay's HTTP client and signing but no River, no
+// lease, no history.
+func rawDrain(ctx context.Context, url string, n, conns int, send outbox.Transport, inFlight int) (float64, error) {
 	db := &database{url: url}
 	pool, err := db.pool(ctx, int32(conns))
 	if err != nil {
@@ -90,7 +90,7 @@ func rawDrain(ctx context.Context, url string, n, conns int, send outbox.Transpo
 					return
 				}
 				if send != nil {
-					sem := make(chan struct{}, 16)
+					sem := make(chan struct{}, inFlight)
 					var sends sync.WaitGroup
 					for _, d := range batch {
 						sem <- struct{}{}
@@ -207,20 +207,23 @@ func rawCase(conns int) drainCase {
 			if err := e.prepare(ctx, n, e.fast.url); err != nil {
 				return 0, cpuUse{}, err
 			}
-			return withCPU(ctx, e.watch, func() (float64, error) { return rawDrain(ctx, e.db.url, n, conns, nil) })
+			return withCPU(ctx, e.watch, func() (float64, error) { return rawDrain(ctx, e.db.url, n, conns, nil, 0) })
 		}}
 }
 
 // rawHTTPCase is the ceiling of HTTP delivery: the raw loop, posting each
-// message before marking it, 4 connections with 16 requests each in flight
-// (as many as the relay's 4 destinations at their default concurrency).
-func rawHTTPCase() drainCase {
-	return drainCase{"h", "(h) raw HTTP loop: claim, POST (same client and signing), mark; 4 × 16 in flight",
+// message before marking it, one connection per endpoint with as many
+// requests in flight as the relay allows a destination.
+func rawHTTPCase(endpoints int) drainCase {
+	inFlight := outbox.DefaultRelayConfig().DestinationConcurrency
+	return drainCase{"h", fmt.Sprintf("(h) raw HTTP loop: claim 100, POST each (same client and signing), mark; %d × %d in flight", endpoints, inFlight),
 		func(ctx context.Context, e *drainEnv, n int) (float64, cpuUse, error) {
 			if err := e.prepare(ctx, n, e.fast.url); err != nil {
 				return 0, cpuUse{}, err
 			}
-			return withCPU(ctx, e.watch, func() (float64, error) { return rawDrain(ctx, e.db.url, n, 4, httpTransport()) })
+			return withCPU(ctx, e.watch, func() (float64, error) {
+				return rawDrain(ctx, e.db.url, n, endpoints, httpTransport(), inFlight)
+			})
 		}}
 }
 
@@ -279,7 +282,7 @@ func scenarioDrain(ctx context.Context, cfg config, rep *report) error {
 	cases := []drainCase{
 		rawCase(1), rawCase(2), rawCase(4),
 		relayCase("b", "(b) relay, no-op transport", nil, relaySetup{Config: def}),
-		rawHTTPCase(),
+		rawHTTPCase(cfg.Endpoints),
 		relayCase("c", "(c) relay, HTTP to a local receiver answering 204 at once", func(e *drainEnv) *receiver { return e.fast }, relaySetup{Config: def}),
 	}
 	if only := os.Getenv("BENCH_DRAIN_CASES"); only != "" { // for profiling one case

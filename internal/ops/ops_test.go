@@ -388,6 +388,11 @@ func TestOverviewNumbersMatchTheDatabase(t *testing.T) {
 	e.exec(t, `UPDATE outbox_messages SET created_at = now() - interval '2 hours 3 minutes' WHERE id = $1`, failed[2])
 	_, err := e.admin.SetEndpointEnabled(context.Background(), off.ID, false)
 	require.NoError(t, err)
+	// An endpoint failing as a whole, backing off until its next probe.
+	down := e.endpoint(t, "http://127.0.0.1:9/down", "order.shipped")
+	e.exec(t, `UPDATE webhook_endpoints SET health = 'backing_off', health_reason = 'connect: connection refused',
+		health_changed_at = now() - interval '3 minutes', consecutive_failures = 7, backoff_until = now() + interval '40 seconds'
+		WHERE id = $1`, down.ID)
 
 	c := e.loggedIn(t)
 	res, body := get(t, c, e.srv.URL+"/ops")
@@ -426,6 +431,11 @@ func TestOverviewNumbersMatchTheDatabase(t *testing.T) {
 	require.Contains(t, row(bad.ID), "503 Service Unavailable")
 	require.Contains(t, row(bad.ID), "retry-failed")
 	require.Contains(t, row(off.ID), `data-health="paused"`)
+	require.Contains(t, row(off.ID), "Resume")
+	require.Contains(t, row(down.ID), `data-health="backing_off"`)
+	require.Contains(t, row(down.ID), "connect: connection refused")
+	require.Regexp(t, `next probe in (39|40)s`, row(down.ID))
+	require.Contains(t, row(down.ID), "Probe now")
 	require.Contains(t, row(off.ID), "/enable")
 
 	// Failed messages, each with its error and a Retry form.

@@ -83,7 +83,7 @@ func DefaultRelayConfig() RelayConfig {
 		BatchSize:              500,
 		MaxAttempts:            len(DefaultRetrySchedule) + 1,
 		RetrySchedule:          DefaultRetrySchedule,
-		DestinationConcurrency: 16,
+		DestinationConcurrency: 32,
 		DeliverWorkers:         50,
 		CircuitThreshold:       5,
 		ProbeIntervalMax:       time.Minute,

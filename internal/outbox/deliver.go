@@ -224,14 +224,16 @@ func (s *session) stopClaiming() bool {
 	}
 }
 
-// room is how many messages may be claimed now.
-func (s *session) room() int {
-	limit := s.r.cfg.DestinationConcurrency
+// slots is how many requests may be in flight: one while probing.
+func (s *session) slots() int {
 	if s.probing {
-		limit = 1
+		return 1
 	}
-	return min(limit-s.inFlight, s.r.cfg.BatchSize)
+	return min(s.r.cfg.DestinationConcurrency, s.r.cfg.BatchSize)
 }
+
+// room is how many messages may be claimed now.
+func (s *session) room() int { return s.slots() - s.inFlight }
 
 func (s *session) run(ctx context.Context) error {
 	r := s.r
@@ -259,11 +261,12 @@ func (s *session) run(ctx context.Context) error {
 		}
 		if !stopping && !cancelled && dueLeft && !s.stopClaiming() {
 			room := s.room()
-			// Claim when a quarter of the slots are free, or nothing is in
-			// flight, or a poll interval has passed: few, fuller claims for
-			// a fast receiver; a slow one's free slots refilled within a poll.
-			if room > 0 && (s.inFlight == 0 || 4*room >= r.cfg.DestinationConcurrency ||
-				time.Since(lastClaim) >= r.cfg.PollInterval) {
+			// Claim when every slot is free, or a poll interval has passed
+			// since the last claim: a fast receiver's slots come back
+			// together and are refilled by one full claim (a claim costs
+			// about as much for one message as for thirty), a slow or
+			// uneven one's within a poll interval.
+			if room > 0 && (s.inFlight == 0 || room == s.slots() || time.Since(lastClaim) >= r.cfg.PollInterval) {
 				rows, err := s.claim(ctx, room)
 				lastClaim = time.Now()
 				switch {
