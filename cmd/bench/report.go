@@ -45,7 +45,7 @@ func (r *report) markdown(cfg config, m machine, started time.Time, took time.Du
 	b.WriteString("- Everything (PostgreSQL, the relay, the load generator and the webhook receiver) shares the same 2 cores, and the machine is shared with other work: figures vary by ±10–20 % between runs, which is why each is a median and each comparison is a ratio measured in the same run.\n\n")
 
 	if len(r.targets) > 0 {
-		b.WriteString("## Targets (issue 4)\n\n| target | required | measured | met |\n|---|---|---|:---:|\n")
+		b.WriteString("## Targets\n\n| target | required | measured | met |\n|---|---|---|:---:|\n")
 		for _, t := range r.targets {
 			mark := "yes"
 			if !t.met {
@@ -72,101 +72,90 @@ func (r *report) markdown(cfg config, m machine, started time.Time, took time.Du
 // from the investigation runs named, not from the tables above.
 const notes = `## What the suite found, and what changed
 
-**1. The relay's claim-token queries scanned every message in flight.** A
-profile of drain (b) showed the relay waiting on PostgreSQL, and
-` + "`EXPLAIN ANALYZE`" + ` of the recording statement (` + "`MessagesRecordOutcomes`" + `) with
-5,000 messages claimed and 50 to record took **71 ms**: its ` + "`status = 'claimed'`" + `
-filter let the planner pick the partial ` + "`outbox_messages_claimed_idx`" + ` (its
-statistics say "almost nothing is claimed") and join every in-flight row
-against the 50 ids (249,950 rows removed by the join filter).
-` + "`MessagesForDelivery`" + ` did the same (4,900 rows removed by filter, 1.2 ms). The
-filter is redundant: the ` + "`outbox_messages_claim_consistent`" + ` CHECK ties a non-null
-` + "`claim_token`" + ` to ` + "`status = 'claimed'`" + `. Without it both statements look each id up
-by primary key: **0.85 ms**. Back to back on the same (loaded) machine, the
-relay's PostgreSQL CPU per message fell from 145 µs to 113 µs; the cost no
-longer grows with ` + "`MaxInFlight`" + `.
+**1. Delivery per destination (this version).** The relay used to claim up
+to 500 messages of every destination in one statement and queue deliver
+jobs of 200 behind one another; a hanging destination's jobs held River
+workers for their whole delivery timeout, and the queue (and the claim
+timeout, which counted the time spent in it) held everyone. Now every
+worker dispatches destinations with due messages, one deliver job serves a
+destination at a time under a lease, and claims only into its free slots
+(` + "`" + `DestinationConcurrency` + "`" + `), sending at once. Section 8 is the result: a
+healthy endpoint's p99 is the same (within 2 %) alone and beside ten failing
+endpoints, at the defaults. Section 9: a SIGKILLed worker's claims are
+delivered by another 6 s after the kill (the 5 s relay timeout, a heartbeat,
+and the requests), where the claim timeout made it 5 minutes.
 
-**2. ` + "`DeliverBatch`" + ` default 50 → 200.** Fewer, larger deliver jobs: one River
-job, one load and one recording transaction per 200 messages instead of 50.
-CPU per message (PostgreSQL + relay) in the investigation run: 397 µs at 10,
-176 µs at 50, **129 µs at 200**, 152 µs at 400; section 7 has this run's
-figures. The cost: a job records its outcomes when its last request is done
-(at 16 requests in flight and a 20 ms receiver, about 13 × 20 ms = 260 ms
-after it starts; webhooks themselves go out at once), and its timeout grows
-to (200/16 + 1) × DeliveryTimeout + 1 s = 141 s, still well inside the 5 min
-claim timeout that ` + "`Validate`" + ` checks it against.
+**2. What per-destination claims cost, and the default concurrency.** A
+claim statement costs about as much for one message as for thirty, so the
+number of messages per claim is what the relay's CPU per message follows
+(section 7: 338 µs at 4 in flight per destination, 120 µs at 32, 91 µs at
+256). Two choices came from that. The job claims when every slot is free
+(or a poll interval has passed), not as each request ends: in the
+investigation run at 16 per destination, claiming at a quarter free gave
+9,400 msgs/s and 174 µs per message, claiming when all were free 11,700
+and 138 µs. And the default concurrency is 32 rather than 16: drains (b)
+and (c) reach 0.55 and 0.33 of the raw loop, above the relay's figures
+before this version (0.43 and 0.26 of the raw loop of their own run),
+while a hanging endpoint holds at most 32 requests for one delivery
+timeout before it backs off.
 
-**3. ` + "`PollInterval`" + ` default 200 ms → 50 ms.** Without a NOTIFY in the order
-transaction, an order committed just after a claim waits for the next tick:
-latency is about half the poll interval plus the pipeline. At 200 ms the p50
-target (< 50 ms) cannot be met (section 3: the 200 ms row); at 50 ms it is,
-with p99 far inside 250 ms. The price is the idle cost in section 3's second
-table: each worker asks "anything due?" (two probes of partial indexes) every
-interval and starts a River claim job only when something is, so an idle
-relay runs about one claim job a second (the leader's safety net) whatever
-the interval. It is paid per relay process, not per order. A NOTIFY per order transaction, the alternative,
-costs the write throughput of section 1's last column. Two further options,
-measured but not made defaults: ` + "`PollInterval`" + ` 20 ms for the lowest latency
-(section 3), and River's ` + "`FetchPollInterval`" + ` of 1 s instead of the poll
-interval (` + "`Relay.NewRiverClient`" + ` sets them equal): River's own insert
-notifications already wake the producers, so latency is unchanged (section 3's
-last rows), but the idle cost was not clearly lower in the full run (the
-relay's process a little lower, PostgreSQL higher), so it is not adopted.
+**3. The claim-token queries look each id up by primary key.** An earlier
+run found the recording statement (` + "`" + `MessagesRecordOutcomes` + "`" + `) taking 71 ms
+with 5,000 messages claimed: its ` + "`" + `status = 'claimed'` + "`" + ` filter let the
+planner scan every in-flight row. The filter is redundant (a CHECK ties a
+non-null ` + "`" + `claim_token` + "`" + ` to ` + "`" + `status = 'claimed'` + "`" + `), and without it the
+statement costs 0.85 ms whatever is in flight.
 
-## What limits the missed targets
+**4. ` + "`" + `PollInterval` + "`" + ` 50 ms.** Without a NOTIFY in the order transaction, an
+order committed just after a look waits for the next one: latency is about
+half the poll interval plus the pipeline (section 3). At 200 ms the p50
+target (< 50 ms) cannot be met; at 50 ms it is, with p99 far inside 250 ms.
+The price is the idle cost in section 3's second table: each worker looks
+for due destinations (a skip scan of the pending index) every interval and
+heartbeats every second, and starts no River job while nothing is due. A
+NOTIFY per order transaction, the alternative, costs the write throughput of
+section 1's last column.
 
-**Write path, ≥ 0.75 at 8 clients.** Met in this run, at the line (section
-1). With the outbox an order transaction is five round trips instead of four
-(BEGIN, order, lines, outbox row, COMMIT) and writes one more row with two
-index entries and a ~300-byte JSON payload; on 2 cores shared by the clients
-and PostgreSQL every round trip is CPU, so runs land between about 0.72 and
-0.77. DESIGN.md's raw-SQL figure for the same difference is 0.79. A NOTIFY in
-the same transaction costs a further fifth (last column), as DESIGN.md
-measured.
+## What limits the targets
 
-**Drain (b), ≥ 20,000 msgs/s and ≥ 0.5 × (a).** The relay is CPU-bound, and
-both PostgreSQL and the relay share the machine's 2 cores. The CPU-per-message
-columns of section 2 say why: the raw loop spends about 40 µs per message (2
-statements per 100 messages, 2 row versions per message), the relay about
-70 µs in PostgreSQL plus about 40 µs in its own process. Per message the
-relay also: loads the row with its endpoint (` + "`" + `MessagesForDelivery` + "`" + `), writes an
-` + "`" + `outbox_attempts` + "`" + ` row (the delivery history: one more heap tuple, index
-entries, a foreign-key check and WAL per message) in the statement that
-records the outcome, and carries its share of a River job (insert, fetch,
-JSON arguments of 200 ids, completion in the recording transaction) and of
-` + "`" + `MessageClaimedCount` + "`" + `. Two of the suite's first proposals are done (attempts
-written in the outcome statement; the webhook body built without
-re-validating the payload); in this run they moved the relay from about 0.35
-to 0.43 of the raw loop. At about 110 µs per message, 2 cores bound the relay
-near 18,000 msgs/s even with no other work; the rest of the gap is the
-delivery history and the job bookkeeping that the raw loop does not do.
-What would close more of it, each a change to the relay beyond this suite:
-native UUID encoding (` + "`" + `pgtype.UUID` + "`" + ` or a registered codec); keeping the
-in-flight count in the claim statement; no per-message goroutine when the
-transport is local. Delivering over HTTP (c) meets its own target, and is then
-limited by the HTTP client and the receiver, both in the bench process
-(its CPU per message triples).
+**Write path, ≥ 0.75 at 8 clients.** With the outbox an order transaction
+is five round trips instead of four (BEGIN, order, lines, outbox row,
+COMMIT) and writes one more row with two index entries and a ~300-byte JSON
+payload; on 2 cores shared by the clients and PostgreSQL every round trip
+is CPU, so runs land between about 0.68 and 0.77 (this run's figure is in
+section 1). This version's schema does not move it: the same order
+transactions against this version's outbox table and against one with the
+previous pending index, interleaved in one run (8 × 3 s at 8 clients),
+placed 2,859 and 2,816 orders/s (1.02). A NOTIFY in the same transaction
+costs a further fifth or more (last column).
 
-**Drain (d), rising with concurrency.** Messages/s rise with the requests in
-flight (10 → 100 → 800: close to the ideal at 10, about 60 % of it at 100)
-until the machine's CPU is spent, at about the rate of (c): beyond that, more
-concurrency only adds scheduling, and the 3,200-in-flight row falls a little.
-With a 20 ms receiver the relay is concurrency-bound up to a few hundred
-requests in flight and CPU-bound after; on a machine with more cores the
-plateau moves up with (c).
+**Drains (b) and (c).** The relay is CPU-bound, sharing the machine's 2
+cores with PostgreSQL. Per message it does what the raw loops do not: a
+claim per destination under its lease (returning the payload and the
+endpoint), an ` + "`" + `outbox_attempts` + "`" + ` row (the delivery history: a heap tuple,
+index entries, a foreign-key check and WAL), a goroutine per request, and
+its share of the River job and the lease per destination and slice. Over
+HTTP the client and the receiver, both in the bench process, take as much
+again; the relay's HTTP drain is about three quarters of the raw HTTP loop
+(h), which does none of the bookkeeping.
+
+**Drain (d), rising with concurrency.** With a 20 ms receiver, messages/s
+rise with the requests in flight per destination, close to the ideal at low
+concurrency and then bounded by the machine's CPU at about the rate of (c).
+The per-destination bound is the point: it is what a hanging or slow
+receiver can hold, and what a small receiver has to absorb. Raise
+` + "`" + `OUTBOX_DESTINATION_CONCURRENCY` + "`" + ` for a fast, busy receiver.
 
 **Scale-out.** Duplicates are zero, as required. Throughput does not grow
-with relays here because one relay already uses both cores (with
-PostgreSQL, the receiver and River); extra processes on the same 2 cores
-only share them. Scale-out adds throughput when the relays run on other
-machines, and availability anywhere.
+with relays here: one relay already uses both cores (with PostgreSQL, the
+receiver and River), and with 4 endpoints there are only 4 deliver jobs to
+share. Scale-out adds throughput when the relays run on other machines and
+there are more destinations than one relay serves at once, and availability
+anywhere (section 9).
 
 **Knobs on a noisy machine.** The msgs/s columns of section 7 move by ±30 %
-between repetitions; the CPU-per-message column is the steadier one. It
-says: BatchSize below 500 costs CPU (225 µs at 100), above it gains little;
-DeliverBatch is the largest lever (see 2 above); DeliverWorkers, FetchCooldown
-and the pool size (5 to 40) change CPU per message by less than the noise,
-so their defaults stay.
+between repetitions; the CPU-per-message column is the steadier one. The
+pool size (5 to 40) changes it by less than the noise.
 
 ## Reproducing
 
@@ -182,5 +171,5 @@ go test -run '^$' -bench . ./cmd/bench            # the Go benchmarks (write pat
 The suite creates a fresh database per scenario (` + "`dbtest.Create`" + `) and drops it;
 every load targets 127.0.0.1 only. BENCH_TRACE=1 prints the client-observed
 time per statement after each relay stops; BENCH_DRAIN_CASES=b and
-BENCH_KNOBS=DeliverBatch restrict a run to one drain case or one knob.
+BENCH_KNOBS=Destination restrict a run to one drain case or one knob.
 `

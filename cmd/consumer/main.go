@@ -11,6 +11,17 @@
 //	WEBHOOK_SECRETS   comma-separated whsec_ secrets (required); several are
 //	                  accepted at once while a secret is rotated
 //	LOG_FORMAT        text or json (default: text on a terminal, else json)
+//
+// For example, with the secret POST /webhook-endpoints returned:
+//
+//	DATABASE_URL=postgres://postgres@127.0.0.1:5432/consumer WEBHOOK_SECRETS=whsec_… go run ./cmd/consumer
+//
+// Forgeries and stale deliveries get 401 and write nothing; a redelivery is
+// acknowledged 200 and changes nothing; unknown event types are acknowledged
+// once and ignored; authentic but unreadable ones get 400; a database failure
+// gets 500 and the relay retries. GET /stats reports applied, duplicates,
+// ignored, bad_signature, stale_timestamp, bad_request and errors (since
+// start) and inbox_total, ledger_total (from its database).
 package main
 
 import (

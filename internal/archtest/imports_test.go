@@ -5,6 +5,7 @@ import (
 	"io"
 	"os/exec"
 	"path"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -101,4 +102,35 @@ func listPackages(t *testing.T) []pkg {
 		pkgs = append(pkgs, p)
 	}
 	return pkgs
+}
+
+// The production programs never carry a throwaway database: only cmd/dev
+// may fall back to one (embedded-postgres downloads and runs a server),
+// while cmd/api and cmd/worker require DATABASE_URL.
+func TestProductionProgramsDoNotLinkADevelopmentDatabase(t *testing.T) {
+	mod := goList(t, "-m")
+	root := goList(t, "-m", "-f", "{{.Dir}}")
+	deps := func(prog string) []string {
+		cmd := exec.Command("go", "list", "-deps", "./"+prog)
+		cmd.Dir = root
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go list -deps ./%s: %v", prog, err)
+		}
+		return strings.Fields(string(out))
+	}
+	isDevDB := func(dep string) bool {
+		return strings.Contains(dep, "embedded-postgres") || dep == mod+"/internal/devdb"
+	}
+	for _, prog := range []string{"cmd/api", "cmd/worker"} {
+		for _, dep := range deps(prog) {
+			if isDevDB(dep) {
+				t.Errorf("%s links %s", prog, dep)
+			}
+		}
+	}
+	// The control: the development program does link it.
+	if !slices.ContainsFunc(deps("cmd/dev"), isDevDB) {
+		t.Error("cmd/dev no longer links the development database: the check above proves nothing")
+	}
 }

@@ -271,7 +271,10 @@ func (s *session) run(ctx context.Context) error {
 				lastClaim = time.Now()
 				switch {
 				case err != nil:
+					// Try again at the next poll; after three failures in a
+					// row, leave the destination to the next job.
 					claimFails++
+					dueLeft = false
 					if claimFails >= 3 && ctx.Err() == nil {
 						r.logger.WarnContext(ctx, "claiming messages", slog.String("destination", s.dest.String()), slog.Any("error", err))
 						stopping = true
@@ -402,22 +405,27 @@ func (s *session) handle(ctx context.Context, res sent) {
 
 // recovered marks a destination that was backing off healthy again, at
 // once, so the ops page and the other relays see it while this job goes on.
+// If that write fails, the settle stores it and says it.
 func (s *session) recovered(ctx context.Context) {
 	r := s.r
 	s.probing = false
 	ctx = context.WithoutCancel(ctx)
 	if err := outboxdb.New(r.pool).DestinationHealthy(ctx, s.dest, s.token); err != nil {
-		// Settle stores it anyway.
 		r.logger.WarnContext(ctx, "recording destination recovered", slog.String("destination", s.dest.String()), slog.Any("error", err))
 		return
 	}
+	s.announceRecovered(ctx)
+}
+
+// announceRecovered logs and counts a destination's recovery, once.
+func (s *session) announceRecovered(ctx context.Context) {
 	s.health = HealthHealthy
-	r.metrics.stateChanges.WithLabelValues(HealthHealthy).Inc()
+	s.r.metrics.stateChanges.WithLabelValues(HealthHealthy).Inc()
 	attrs := []any{slog.String("destination", s.dest.String()), slog.String("url", s.ep.Url)}
 	if s.ep.HealthChangedAt != nil {
 		attrs = append(attrs, slog.Duration("backed_off_for", time.Since(*s.ep.HealthChangedAt).Round(time.Second)))
 	}
-	r.logger.InfoContext(ctx, "destination recovered", attrs...)
+	s.r.logger.InfoContext(ctx, "destination recovered", attrs...)
 }
 
 // Attempt outcomes, as outbox_attempts and the metrics name them.
@@ -623,17 +631,21 @@ func (s *session) verdict() (health string, backoffUntil *time.Time, reason *str
 	return HealthHealthy, nil, nil
 }
 
-// announce logs and counts the destination's state changes, once each:
-// healthy to backing off here, backing off to healthy in recovered.
+// announce logs and counts the destination's state changes as the job
+// leaves it, once each: starting to back off, recovering (when recovered
+// could not record it), being paused by a 410.
 func (s *session) announce(health string, backoffUntil *time.Time) {
 	r := s.r
 	ctx := context.Background()
 	dest := slog.String("destination", s.dest.String())
-	if health == HealthBackingOff && s.health != HealthBackingOff {
+	switch {
+	case health == HealthBackingOff && s.health != HealthBackingOff:
 		r.metrics.stateChanges.WithLabelValues(HealthBackingOff).Inc()
 		r.logger.WarnContext(ctx, "destination failing: backing off as a whole", dest, slog.String("url", s.ep.Url),
 			slog.String("error", s.lastFailure), slog.Int("consecutive_failures", s.failures),
 			slog.Time("next_probe_at", *backoffUntil))
+	case health == HealthHealthy && s.health == HealthBackingOff:
+		s.announceRecovered(ctx)
 	}
 	if s.gone {
 		r.metrics.stateChanges.WithLabelValues(HealthPaused).Inc()

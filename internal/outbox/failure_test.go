@@ -565,26 +565,18 @@ func TestStaleClaimsAreReleasedAndDelivered(t *testing.T) {
 	f := setup(t)
 	ctx := context.Background()
 	rc := newReceiver(t)
-	f.endpoint(t, rc, "order.placed")
-	id := f.enqueue(t, "order.placed", 1)[0]
-
+	ep := f.endpoint(t, rc, "order.placed")
 	cfg := fastConfig()
 	cfg.ClaimTimeout = time.Minute
-	relay, err := outbox.NewRelay(f.pool, cfg, &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
-		discardLogger(), nil)
-	require.NoError(t, err)
-	// A claim in this relay's name, ten minutes old, that no job holds; the
-	// relay is alive, so only the claim timeout can release it.
-	_, err = f.pool.Exec(ctx, `UPDATE outbox_messages
-		SET status = 'claimed', claim_token = gen_random_uuid(), claimed_by = $2, claimed_at = now() - interval '10 minutes'
-		WHERE id = $1`, id, relay.ID())
-	require.NoError(t, err)
-	require.NoError(t, relay.Start(ctx))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = relay.Stop(ctx)
-	})
+	f.startRelay(t, cfg, nil)
+	// A claim in the live relay's name, ten minutes old, that no job holds
+	// (written claimed, so no job ever sees it pending): only the claim
+	// timeout can release it.
+	var id uuid.UUID
+	require.NoError(t, f.pool.QueryRow(ctx, `INSERT INTO outbox_messages
+		(type, destination, payload, status, claim_token, claimed_by, claimed_at)
+		VALUES ('order.placed', $1, '1', 'claimed', gen_random_uuid(), (SELECT id FROM outbox_relays), now() - interval '10 minutes')
+		RETURNING id`, ep.ID).Scan(&id))
 	eventually(t, func() bool { return f.status(t, id) == outbox.StatusDelivered }, "stuck claim released and delivered")
 	m := f.message(t, id)
 	require.Equal(t, 2, m.Attempts)
@@ -628,8 +620,8 @@ func TestTwoRelaysDeliverEachMessageOnce(t *testing.T) {
 }
 
 // A River leader killed without resigning keeps its lease; periodic jobs
-// stop until it expires. Claims must not depend on the leader: every worker
-// inserts its own claim jobs.
+// stop until it expires. Deliveries must not depend on the leader: every
+// relay dispatches due destinations itself.
 func TestClaimsContinueWhileTheLeaderIsDead(t *testing.T) {
 	t.Parallel()
 	f := setup(t)

@@ -65,7 +65,8 @@ type Relay struct {
 	client *river.Client[pgx.Tx]
 	// drain is closed when Stop begins: deliver jobs stop claiming, finish
 	// what they have in flight and settle.
-	drain chan struct{}
+	drain    chan struct{}
+	stopOnce sync.Once
 	// stopDispatch and stopKeepAlive end the two loops Start runs.
 	stopDispatch, stopKeepAlive context.CancelFunc
 	loops                       sync.WaitGroup
@@ -89,12 +90,6 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig, transport Transport, logger *
 	r.progressAt.Store(time.Now().UnixNano())
 	return r, nil
 }
-
-// Config returns the relay's effective settings.
-func (r *Relay) Config() RelayConfig { return r.cfg }
-
-// ID returns the relay's id, as outbox_relays and claimed messages show it.
-func (r *Relay) ID() uuid.UUID { return r.id }
 
 // Start registers the relay, starts its River client and its two loops
 // (dispatch and heartbeat), and returns. The relay runs until Stop; ctx
@@ -140,6 +135,12 @@ func (r *Relay) Stop(ctx context.Context) error {
 	if r.client == nil {
 		return nil
 	}
+	var err error
+	r.stopOnce.Do(func() { err = r.stop(ctx) })
+	return err
+}
+
+func (r *Relay) stop(ctx context.Context) error {
 	r.stopDispatch()
 	close(r.drain)
 	var errs []error

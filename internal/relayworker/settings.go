@@ -13,7 +13,7 @@ import (
 // setting is one environment variable of the worker's tuning. This table is
 // the only place a setting is declared: it drives parsing, the defaults (read
 // from the config the table binds into, filled from outbox's defaults), the
-// messages of validation errors, and the table in docs/configuration.md (a
+// messages of validation errors, and the table in docs/reference.md (a
 // test keeps that in step). Adding a relay knob is a RelayConfig field, its
 // default in outbox.DefaultRelayConfig, and one row here.
 type setting struct {
@@ -138,7 +138,7 @@ func validateSettings(env *process.Env, getenv func(string) string, c config) {
 }
 
 // settingsTable renders the settings as the Markdown table in
-// docs/configuration.md, with their defaults.
+// docs/reference.md, with their defaults.
 func settingsTable() string {
 	d := defaults()
 	var b strings.Builder

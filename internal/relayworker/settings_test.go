@@ -10,13 +10,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-var update = flag.Bool("update", false, "rewrite docs/configuration.md's worker settings table")
+var update = flag.Bool("update", false, "rewrite docs/reference.md's worker settings table")
 
-// The worker's settings table in docs/configuration.md is generated from
+// The worker's settings table in docs/reference.md is generated from
 // the settings table here, defaults included, so the two cannot drift.
 // go test ./internal/relayworker -update rewrites it.
 func TestConfigurationDocIsCurrent(t *testing.T) {
-	const path = "../../docs/configuration.md"
+	const path = "../../docs/reference.md"
 	const begin, end = "<!-- worker settings: begin -->\n", "<!-- worker settings: end -->"
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
@@ -30,7 +30,7 @@ func TestConfigurationDocIsCurrent(t *testing.T) {
 		require.NoError(t, os.WriteFile(path, []byte(before+begin+want+end+after), 0o644))
 		return
 	}
-	require.Equal(t, want, current, "docs/configuration.md is out of date: go test ./internal/relayworker -update")
+	require.Equal(t, want, current, "docs/reference.md is out of date: go test ./internal/relayworker -update")
 }
 
 func TestFormatDurationAsAPersonWould(t *testing.T) {
