@@ -595,7 +595,8 @@ func TestMessageDetail(t *testing.T) {
 	require.Contains(t, body, `&#34;id&#34;: &#34;`+id.String()+`&#34;`)
 	require.Contains(t, body, `  &#34;data&#34;: {`)
 	require.Contains(t, body, `&#34;total_cents&#34;: 1000`)
-	require.Contains(t, body, `\u003cb\u003ebold`)
+	// The payload's markup is shown as text, never rendered.
+	require.Contains(t, body, `&lt;b&gt;bold&lt;/b&gt;`)
 	require.NotContains(t, body, "<b>bold</b>")
 	// The headers that are sent.
 	for _, h := range []string{"content-type", "application/json", "webhook-id", "webhook-timestamp", "webhook-signature", "computed for each attempt"} {

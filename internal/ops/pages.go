@@ -236,15 +236,7 @@ func (h *Handler) handleMessage(w http.ResponseWriter, r *http.Request) {
 
 // sentBody is the webhook body as the relay sends it, indented.
 func sentBody(m outbox.Message) string {
-	body, err := json.Marshal(struct {
-		ID        uuid.UUID       `json:"id"`
-		Type      string          `json:"type"`
-		CreatedAt time.Time       `json:"created_at"`
-		Data      json.RawMessage `json:"data"`
-	}{m.ID, m.Type, m.CreatedAt, m.Payload})
-	if err != nil {
-		return string(m.Payload)
-	}
+	body := m.Body()
 	var out bytes.Buffer
 	if err := json.Indent(&out, body, "", "  "); err != nil {
 		return string(body)

@@ -95,54 +95,11 @@ type PlaceRequest struct {
 type Service struct {
 	pool   *pgxpool.Pool
 	logger *slog.Logger
-	// enqueue writes the event in the order's transaction. It is
-	// outbox.Enqueue unless an Option (benchmarks, workshops) replaces it.
-	enqueue func(context.Context, pgx.Tx, outbox.Event) ([]uuid.UUID, error)
 }
 
-// NewService returns the orders service. Options exist for benchmarks and
-// workshops only; production code passes none.
-func NewService(pool *pgxpool.Pool, logger *slog.Logger, opts ...Option) *Service {
-	s := &Service{pool: pool, logger: logger, enqueue: outbox.Enqueue}
-	for _, opt := range opts {
-		opt(s)
-	}
-	return s
-}
-
-// Option changes how a Service writes its events. Both options below exist
-// to measure the write path (cmd/bench) and to demonstrate it in workshops;
-// a production service uses neither.
-type Option func(*Service)
-
-// WithoutOutbox removes the outbox from the write path: orders commit with
-// no outbox row, so no event is ever announced. This is the dual-write bug
-// the outbox exists to prevent; it is here only as the baseline a benchmark
-// compares the real write path against.
-func WithoutOutbox() Option {
-	return func(s *Service) {
-		s.enqueue = func(context.Context, pgx.Tx, outbox.Event) ([]uuid.UUID, error) { return nil, nil }
-	}
-}
-
-// WithNotify adds a pg_notify on channel to every transaction that enqueues
-// an event, the wake-up a LISTENing relay would need. It is measured by
-// cmd/bench, not used: NOTIFY takes a database-wide lock at commit, which
-// costs write throughput (see docs/PERFORMANCE.md).
-func WithNotify(channel string) Option {
-	return func(s *Service) {
-		next := s.enqueue
-		s.enqueue = func(ctx context.Context, tx pgx.Tx, ev outbox.Event) ([]uuid.UUID, error) {
-			ids, err := next(ctx, tx, ev)
-			if err != nil || len(ids) == 0 {
-				return ids, err
-			}
-			if _, err := tx.Exec(ctx, "SELECT pg_notify($1, '')", channel); err != nil {
-				return nil, fmt.Errorf("notifying %s: %w", channel, err)
-			}
-			return ids, nil
-		}
-	}
+// NewService returns the orders service.
+func NewService(pool *pgxpool.Pool, logger *slog.Logger) *Service {
+	return &Service{pool: pool, logger: logger}
 }
 
 // validate checks a request and returns its total.
@@ -247,7 +204,7 @@ func (s *Service) Place(ctx context.Context, req PlaceRequest) (order Order, rep
 		}
 
 		order = toOrder(row, req.Lines)
-		if _, err := s.enqueue(ctx, tx, outbox.Event{Type: EventPlaced, Data: order}); err != nil {
+		if _, err := outbox.Enqueue(ctx, tx, outbox.Event{Type: EventPlaced, Data: order}); err != nil {
 			return fmt.Errorf("enqueuing %s: %w", EventPlaced, err)
 		}
 		return nil
@@ -315,7 +272,7 @@ func (s *Service) Cancel(ctx context.Context, id uuid.UUID) (Order, error) {
 			return err
 		}
 		changed = true
-		if _, err := s.enqueue(ctx, tx, outbox.Event{Type: EventCancelled, Data: order}); err != nil {
+		if _, err := outbox.Enqueue(ctx, tx, outbox.Event{Type: EventCancelled, Data: order}); err != nil {
 			return fmt.Errorf("enqueuing %s: %w", EventCancelled, err)
 		}
 		return nil

@@ -69,6 +69,10 @@ type Message struct {
 	Payload       json.RawMessage `json:"payload"`
 }
 
+// Body is the webhook body the relay sends for the message:
+// {"id","type","created_at","data"}, data being the payload as stored.
+func (m Message) Body() []byte { return webhookBody(m.ID, m.Type, m.CreatedAt, m.Payload) }
+
 // Stats are the outbox's counts by status and its oldest pending age.
 type Stats struct {
 	Pending                 int64   `json:"pending"`

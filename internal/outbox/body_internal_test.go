@@ -15,8 +15,7 @@ func TestWebhookBodyMatchesTheEnvelope(t *testing.T) {
 	id := uuid.New()
 	at := time.Date(2026, 11, 29, 21, 0, 46, 511808000, time.UTC)
 	data := json.RawMessage(`{"id": "o-1", "total_cents": 1000, "note": "\u00e9\"x"}`)
-	got, err := webhookBody(id, `order."placed"`, at, data)
-	require.NoError(t, err)
+	got := webhookBody(id, `order."placed"`, at, data)
 	require.True(t, json.Valid(got), string(got))
 	want, err := json.Marshal(struct {
 		ID        uuid.UUID       `json:"id"`

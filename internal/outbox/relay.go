@@ -332,7 +332,7 @@ func (w *pruneWorker) Timeout(*river.Job[pruneArgs]) time.Duration { return prun
 
 func (w *pruneWorker) Work(ctx context.Context, job *river.Job[pruneArgs]) error {
 	r := w.relay
-	n, err := r.Prune(ctx, time.Now().Add(-r.cfg.Retention))
+	n, err := r.prune(ctx, time.Now().Add(-r.cfg.Retention))
 	if n > 0 {
 		r.logger.InfoContext(ctx, "pruned settled messages", slog.Int64("count", n),
 			slog.Duration("retention", r.cfg.Retention))
@@ -350,10 +350,10 @@ func (w *pruneWorker) Work(ctx context.Context, job *river.Job[pruneArgs]) error
 	return nil
 }
 
-// Prune deletes delivered messages delivered, and discarded messages
+// prune deletes delivered messages delivered, and discarded messages
 // discarded, before cutoff, in batches, and returns how many it deleted.
 // Pending, claimed and failed rows are kept.
-func (r *Relay) Prune(ctx context.Context, cutoff time.Time) (int64, error) {
+func (r *Relay) prune(ctx context.Context, cutoff time.Time) (int64, error) {
 	q := outboxdb.New(r.pool)
 	var total int64
 	for {

@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/outboxkit/orders/internal/orders"
 )
 
 // TestMain lets the test binary serve as a relay process for the
@@ -56,18 +54,6 @@ func TestSmoke(t *testing.T) {
 	}
 }
 
-// TestClaimSQLMatchesTheRelays guards the copy of the claim statement:
-// the bench must time the statement the relay runs.
-func TestClaimSQLMatchesTheRelays(t *testing.T) {
-	b, err := os.ReadFile("../../db/queries/outbox/messages.sql")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(b), claimSQL) {
-		t.Fatal("claimSQL no longer matches MessageClaim in db/queries/outbox/messages.sql: copy it again")
-	}
-}
-
 type testWriter struct{ t *testing.T }
 
 func (w testWriter) Write(p []byte) (int, error) {
@@ -76,9 +62,9 @@ func (w testWriter) Write(p []byte) (int, error) {
 }
 
 // BenchmarkPlace is the write path as a Go benchmark: one order
-// transaction per op, with and without the outbox row.
+// transaction per op, in each variant of section 1.
 //
-//	go test -run '^$' -bench Place -cpu 1,8 ./cmd/bench
+//	go test -run '^$' -bench Place -cpu 1,8 ./lab/bench
 func BenchmarkPlace(b *testing.B) {
 	ctx := context.Background()
 	db, err := newDatabase(ctx)
@@ -96,10 +82,10 @@ func BenchmarkPlace(b *testing.B) {
 	}
 	for _, v := range writeVariants {
 		b.Run(strings.ReplaceAll(v.name, " ", "_"), func(b *testing.B) {
-			svc := orders.NewService(pool, discard, v.opts...)
+			place := v.place(pool)
 			b.RunParallel(func(pb *testing.PB) {
 				for i := int64(0); pb.Next(); i++ {
-					if _, _, err := svc.Place(ctx, placeRequest(i)); err != nil {
+					if err := place(ctx, i); err != nil {
 						b.Error(err)
 						return
 					}

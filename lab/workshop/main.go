@@ -7,7 +7,7 @@
 //	workshop [flags] LAB       LAB is 1 to 8, "all" or "list"
 //	task workshop -- 3         the same, through the Taskfile
 //
-// docs/workshop.md walks an instructor through the labs. The server is
+// lab/workshop/README.md walks an instructor through the labs. The server is
 // TEST_DATABASE_URL, else DATABASE_URL, else postgres://postgres@127.0.0.1:5432.
 package main
 

@@ -90,35 +90,6 @@ func relayDrain(ctx context.Context, url string, watch *pgxpool.Pool, n int, s r
 // benchmark calls it stuck: generous, at 500 messages/s.
 func drainLimit(n int) time.Duration { return 30*time.Second + time.Duration(n/500)*time.Second }
 
-// The claim statement of db/queries/outbox/messages.sql (MessageClaim),
-// copied because its sqlc package is internal to the outbox module. The
-// smoke test checks that the copy still matches the file.
-const claimSQL = `WITH lease AS (
-    SELECT e.url, e.secret,
-           COALESCE(CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END, '')::text AS previous_secret
-    FROM webhook_endpoints e
-    WHERE e.id = @destination::uuid AND e.lease_token = @claim_token::uuid AND e.enabled
-), due AS (
-    SELECT p.id FROM outbox_messages p
-    WHERE p.destination = @destination::uuid AND p.status = 'pending' AND p.next_attempt_at <= now()
-      AND EXISTS (SELECT 1 FROM lease)
-    ORDER BY p.next_attempt_at, p.id
-    LIMIT @batch_size
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE outbox_messages m
-SET status = 'claimed', claim_token = @claim_token::uuid, claimed_by = @relay_id::uuid, claimed_at = now()
-FROM due, lease
-WHERE m.id = due.id
-RETURNING m.id, m.type, m.payload, m.attempts, m.created_at, m.trace_context,
-          lease.url AS endpoint_url, lease.secret AS endpoint_secret, lease.previous_secret AS endpoint_previous_secret;`
-
-// claimStmt is claimSQL with positional parameters: $1 batch size, $2 the
-// destination's lease token, $3 the destination, $4 a relay id.
-func claimStmt() string {
-	return replaceAll(claimSQL, map[string]string{"@batch_size": "$1", "@claim_token": "$2", "@destination": "$3", "@relay_id": "$4"})
-}
-
 // rawClaimSQL is the raw loop's claim: the oldest due messages, whatever
 // their destination, in one statement with SKIP LOCKED and no lease. It is
 // the floor of what claiming costs, not the relay's statement.

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -78,7 +77,7 @@ func rawDrain(ctx context.Context, url string, n, conns int, send outbox.Transpo
 						return
 					}
 					d.URL, d.Secret = endpoints[dest].url, endpoints[dest].secret
-					d.Body = envelope(d.MessageID, d.Type, created, payload)
+					d.Body = outbox.Message{ID: d.MessageID, Type: d.Type, CreatedAt: created, Payload: payload}.Body()
 					batch = append(batch, d)
 				}
 				rows.Close()
@@ -123,20 +122,6 @@ func rawDrain(ctx context.Context, url string, n, conns int, send outbox.Transpo
 		return 0, fmt.Errorf("raw drain delivered %d of %d", done.Load(), n)
 	}
 	return float64(n) / time.Since(start).Seconds(), nil
-}
-
-// envelope is the webhook body the relay sends, written the same way.
-func envelope(id uuid.UUID, typ string, createdAt time.Time, data []byte) []byte {
-	b := make([]byte, 0, 128+len(data))
-	b = append(b, `{"id":"`...)
-	b = append(b, id.String()...)
-	b = append(b, `","type":`...)
-	b = strconv.AppendQuote(b, typ)
-	b = append(b, `,"created_at":"`...)
-	b = createdAt.UTC().AppendFormat(b, time.RFC3339Nano)
-	b = append(b, `","data":`...)
-	b = append(b, data...)
-	return append(b, '}')
 }
 
 // drainEnv is one database with endpoints, receivers and a watch pool.

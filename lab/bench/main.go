@@ -2,9 +2,9 @@
 // docs/PERFORMANCE.md measured side by side in one run, against the local
 // PostgreSQL, on fresh databases it creates (dbtest.Create) and drops.
 //
-//	go run ./cmd/bench                 # the full suite (≈17 min), writes docs/PERFORMANCE.md
-//	go run ./cmd/bench -smoke -out -   # every scenario at tiny size (CI runs this via go test)
-//	go run ./cmd/bench -only drain,latency
+//	go run ./lab/bench                 # the full suite (≈17 min), writes docs/PERFORMANCE.md
+//	go run ./lab/bench -smoke -out -   # every scenario at tiny size (CI runs this via go test)
+//	go run ./lab/bench -only drain,latency
 //
 // The server is TEST_DATABASE_URL, else DATABASE_URL, else
 // postgres://postgres@127.0.0.1:5432/postgres. Only loopback receivers are
@@ -179,7 +179,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		}
 	}
 	c.PruneRows = min(c.PruneRows, c.History)
-	c.command = "go run ./cmd/bench"
+	c.command = "go run ./lab/bench"
 	if len(args) > 0 {
 		c.command += " " + strings.Join(args, " ")
 	}

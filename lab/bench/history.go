@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/lab/internal/labsql"
 )
 
 // leased is the destination whose lease the claims use, as a deliver job
@@ -27,6 +27,19 @@ func leaseOne(ctx context.Context, pool *pgxpool.Pool) (leased, error) {
 	return l, err
 }
 
+// claim is the relay's claim statement, read from its query file.
+var claim = labsql.MustQuery("outbox", "MessageClaim")
+
+// claimArgs are claim's arguments for a batch of 100 from l.
+func claimArgs(l leased) []any {
+	args, err := claim.Args(map[string]any{"destination": l.destination, "claim_token": l.token,
+		"batch_size": 100, "relay_id": uuid.New()})
+	if err != nil {
+		panic(err) // the query file and this call disagree: a bug, not a condition
+	}
+	return args
+}
+
 // claimOnce times the relay's claim statement (batch 100, one destination)
 // in a transaction that is then rolled back, so every sample sees the same
 // backlog.
@@ -37,7 +50,7 @@ func claimOnce(ctx context.Context, pool *pgxpool.Pool, l leased) (time.Duration
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck
 	start := time.Now()
-	rows, err := tx.Query(ctx, claimStmt(), 100, l.token, l.destination, uuid.New())
+	rows, err := tx.Query(ctx, claim.SQL, claimArgs(l)...)
 	if err != nil {
 		return 0, err
 	}
@@ -90,9 +103,7 @@ func claimLatency(ctx context.Context, pool *pgxpool.Pool, l leased, samples int
 func explainClaim(ctx context.Context, pool *pgxpool.Pool, l leased) (string, error) {
 	var out []string
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		stmt := replaceAll(claimSQL, map[string]string{"@batch_size": "100", "@claim_token": "'" + l.token.String() + "'",
-			"@destination": "'" + l.destination.String() + "'", "@relay_id": "'" + uuid.NewString() + "'"})
-		rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+stmt)
+		rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+claim.SQL, claimArgs(l)...)
 		if err != nil {
 			return err
 		}
@@ -192,12 +203,8 @@ func scenarioHistory(ctx context.Context, cfg config, rep *report) error {
 	logf("  claim p50 %s → %s, p99 %s → %s", ms(empty.p50), ms(full.p50), ms(empty.p99), ms(full.p99))
 
 	// 6. Prune under load: claims paced every 10 ms (a relay claiming
-	// 10,000 messages/s), first alone, then while relay.Prune deletes the
-	// history (everything is older than the 7-day retention).
-	relay, err := outbox.NewRelay(pool, outbox.DefaultRelayConfig(), noopTransport{}, discard, nil)
-	if err != nil {
-		return err
-	}
+	// 10,000 messages/s), first alone, then while the prune job's statement
+	// deletes the history (everything is older than the 7-day retention).
 	pace := 10 * time.Millisecond
 	var (
 		pruneDone  = make(chan struct{})
@@ -228,7 +235,7 @@ func scenarioHistory(ctx context.Context, cfg config, rep *report) error {
 	}
 	go func() {
 		pruneStart = time.Now()
-		pruned, pruneErr = relay.Prune(ctx, time.Now().Add(-7*24*time.Hour))
+		pruned, pruneErr = labsql.Prune(ctx, pool, time.Now().Add(-7*24*time.Hour))
 		pruneTook = time.Since(pruneStart)
 		once.Do(func() { close(pruneDone) })
 	}()
@@ -262,7 +269,7 @@ func scenarioHistory(ctx context.Context, cfg config, rep *report) error {
 	rep.section("4. History does not slow the claim", b.String())
 
 	b.Reset()
-	fmt.Fprintf(&b, "Claims (as above) paced one every %s, first for %s alone, then while `relay.Prune` (the prune job's body: `DELETE … LIMIT 5000` batches, cascading to `outbox_attempts`) deletes %s delivered rows past retention. The prune took %s (%s rows/s).\n\n",
+	fmt.Fprintf(&b, "Claims (as above) paced one every %s, first for %s alone, then while the prune job's statement (`MessagesPrune`: `DELETE` of 5,000 delivered and 5,000 discarded rows at most, cascading to `outbox_attempts`, repeated until none is left) deletes %s delivered rows past retention. The prune took %s (%s rows/s).\n\n",
 		pace, baseWindow, commas(pruned), pruneTook.Round(100*time.Millisecond), rate(float64(pruned)/pruneTook.Seconds()))
 	b.WriteString("| | claims | p50 | p99 | max |\n|---|---:|---:|---:|---:|\n")
 	fmt.Fprintf(&b, "| without pruning | %d | %s | %s | %s |\n", base.n, ms(base.p50), ms(base.p99), ms(base.max))

@@ -19,10 +19,10 @@ func TestMain(m *testing.M) {
 }
 
 // Each lab runs for real at a small size; its report must show what
-// docs/workshop.md says it shows (the same lines, numbers aside) and the
+// lab/workshop/README.md says it shows (the same lines, numbers aside) and the
 // counts must keep the lab's promise.
 func TestLabs(t *testing.T) {
-	doc, err := os.ReadFile("../../docs/workshop.md")
+	doc, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func TestLabs(t *testing.T) {
 
 			documented := documentedOutput(t, string(doc), tc.lab)
 			if got, want := normalize(out.String()), normalize(documented); got != want {
-				t.Errorf("lab %d's report no longer matches docs/workshop.md (numbers aside).\ngot:\n%s\ndocumented:\n%s", tc.lab, got, want)
+				t.Errorf("lab %d's report no longer matches lab/workshop/README.md (numbers aside).\ngot:\n%s\ndocumented:\n%s", tc.lab, got, want)
 			}
 		})
 		if !ok {
@@ -109,7 +109,7 @@ func documentedOutput(t *testing.T, doc string, lab int) string {
 	marker := "<!-- output: lab " + string(rune('0'+lab)) + " -->"
 	_, after, ok := strings.Cut(doc, marker)
 	if !ok {
-		t.Fatalf("docs/workshop.md has no %q", marker)
+		t.Fatalf("lab/workshop/README.md has no %q", marker)
 	}
 	_, after, ok = strings.Cut(after, "```text\n")
 	if !ok {
@@ -137,16 +137,4 @@ func normalize(s string) string {
 		}
 	}
 	return strings.Join(lines, "\n")
-}
-
-// The claim lab 7 explains must be the relay's claim, word for word.
-func TestClaimSQLIsTheRelays(t *testing.T) {
-	b, err := os.ReadFile("../../db/queries/outbox/messages.sql")
-	if err != nil {
-		t.Fatal(err)
-	}
-	flat := func(s string) string { return strings.Join(strings.Fields(s), " ") }
-	if !strings.Contains(flat(string(b)), flat(claimSQL)) {
-		t.Fatalf("lab 7's claimSQL differs from the claim in db/queries/outbox/messages.sql; copy it again")
-	}
 }

@@ -7,9 +7,9 @@
 // The package has no code of its own beyond this comment; everything is in
 // its tests:
 //
-//	go test -run TestCrash -v ./internal/crashtest                       # CI size
-//	CRASH_ORDERS=5000 CRASH_SECONDS=120 go test -run TestCrash -v ./internal/crashtest
-//	go test -run TestHeadOfLine -v ./internal/crashtest
+//	go test -run TestCrash -v ./lab/crashtest                       # CI size
+//	CRASH_ORDERS=5000 CRASH_SECONDS=120 go test -run TestCrash -v ./lab/crashtest
+//	go test -run TestHeadOfLine -v ./lab/crashtest
 //
 // Both are skipped under -short.
 package crashtest

@@ -6,33 +6,15 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/lab/internal/labsql"
 )
 
-// claimSQL is the relay's claim statement, exactly as in
-// db/queries/outbox/messages.sql (the workshop's test keeps it so): one
-// destination's due messages, for the deliver job holding its lease.
-const claimSQL = `WITH lease AS (
-    SELECT e.url, e.secret,
-           COALESCE(CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END, '')::text AS previous_secret
-    FROM webhook_endpoints e
-    WHERE e.id = @destination::uuid AND e.lease_token = @claim_token::uuid AND e.enabled
-), due AS (
-    SELECT p.id FROM outbox_messages p
-    WHERE p.destination = @destination::uuid AND p.status = 'pending' AND p.next_attempt_at <= now()
-      AND EXISTS (SELECT 1 FROM lease)
-    ORDER BY p.next_attempt_at, p.id
-    LIMIT @batch_size
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE outbox_messages m
-SET status = 'claimed', claim_token = @claim_token::uuid, claimed_by = @relay_id::uuid, claimed_at = now()
-FROM due, lease
-WHERE m.id = due.id
-RETURNING m.id, m.type, m.payload, m.attempts, m.created_at, m.trace_context,
-          lease.url AS endpoint_url, lease.secret AS endpoint_secret, lease.previous_secret AS endpoint_previous_secret;`
+// claim is the relay's claim statement, read from the product's query file:
+// one destination's due messages, for the deliver job holding its lease.
+var claim = labsql.MustQuery("outbox", "MessageClaim")
 
 // plan is what EXPLAIN (ANALYZE, BUFFERS) says about one claim.
 type plan struct {
@@ -53,21 +35,23 @@ func (p plan) String() string {
 func (l *lab) explainClaim(withoutIndex bool) (plan, error) {
 	var out plan
 	err := pgx.BeginFunc(l.ctx, l.pool, func(tx pgx.Tx) error {
-		var dest, token string
+		var dest, token uuid.UUID
 		if err := tx.QueryRow(l.ctx, `UPDATE webhook_endpoints SET lease_token = gen_random_uuid()
 			WHERE id = (SELECT id FROM webhook_endpoints ORDER BY created_at LIMIT 1)
-			RETURNING id::text, lease_token::text`).Scan(&dest, &token); err != nil {
+			RETURNING id, lease_token`).Scan(&dest, &token); err != nil {
 			return fmt.Errorf("leasing the endpoint: %w", err)
 		}
-		sql := strings.NewReplacer("@batch_size", "100", "@claim_token", "'"+token+"'", "@destination", "'"+dest+"'",
-			"@relay_id", "gen_random_uuid()").Replace(claimSQL)
+		args, err := claim.Args(map[string]any{"destination": dest, "claim_token": token, "batch_size": 100, "relay_id": uuid.New()})
+		if err != nil {
+			return err
+		}
 		if withoutIndex {
 			if _, err := tx.Exec(l.ctx, "DROP INDEX outbox_messages_pending_idx"); err != nil {
 				return err
 			}
 		}
 		var raw []byte
-		if err := tx.QueryRow(l.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+strings.TrimSuffix(sql, ";")).Scan(&raw); err != nil {
+		if err := tx.QueryRow(l.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+claim.SQL, args...).Scan(&raw); err != nil {
 			return fmt.Errorf("explaining the claim: %w", err)
 		}
 		var doc []struct {
@@ -194,12 +178,8 @@ func lab7(l *lab) (*Report, error) {
 		return nil, err
 	}
 
-	l.p.Step("running the prune (the relay's prune job: delivered rows past the retention, in batches), then VACUUM")
-	relay, err := outbox.NewRelay(l.pool, outbox.RelayConfig{Retention: retention}, httpTransport(), l.logger, nil)
-	if err != nil {
-		return nil, err
-	}
-	pruned, err := relay.Prune(l.ctx, time.Now().Add(-retention))
+	l.p.Step("running the prune (the relay's prune job's statement: settled rows past the retention, in batches), then VACUUM")
+	pruned, err := labsql.Prune(l.ctx, l.pool, time.Now().Add(-retention))
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,168 @@
+// Package labsql reads the product's SQL statements from db/queries, the
+// files sqlc generates the product's code from, so the lab (the bench, the
+// workshop) runs the very statements the product runs, never a pasted copy
+// that could drift from them.
+package labsql
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Statement is one named query, ready to run with positional arguments.
+type Statement struct {
+	// SQL has its sqlc parameters numbered $1, $2, … in the order they
+	// first appear.
+	SQL string
+	// Params names the parameters in that order.
+	Params []string
+}
+
+// Args orders named arguments as the statement's parameters; every
+// parameter must be given.
+func (s Statement) Args(named map[string]any) ([]any, error) {
+	args := make([]any, len(s.Params))
+	for i, p := range s.Params {
+		v, ok := named[p]
+		if !ok {
+			return nil, fmt.Errorf("no argument for parameter %q", p)
+		}
+		args[i] = v
+	}
+	return args, nil
+}
+
+var (
+	nameLine = regexp.MustCompile(`(?m)^-- name: (\w+) :\w+\s*$`)
+	param    = regexp.MustCompile(`sqlc\.n?arg\((\w+)\)|@(\w+)`)
+)
+
+// Query returns the query called name in db/queries/<module>/*.sql.
+func Query(module, name string) (Statement, error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return Statement{}, err
+	}
+	files, err := filepath.Glob(filepath.Join(root, "db", "queries", module, "*.sql"))
+	if err != nil {
+		return Statement{}, err
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return Statement{}, err
+		}
+		if body, ok := find(string(b), name); ok {
+			return number(body), nil
+		}
+	}
+	return Statement{}, fmt.Errorf("no query %s in db/queries/%s", name, module)
+}
+
+// MustQuery is Query for statements the lab cannot run without.
+func MustQuery(module, name string) Statement {
+	s, err := Query(module, name)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// find returns the text of query name in a sqlc query file: from its
+// "-- name:" line to the next one, without the comment lines.
+func find(file, name string) (string, bool) {
+	marks := nameLine.FindAllStringSubmatchIndex(file, -1)
+	for i, m := range marks {
+		if file[m[2]:m[3]] != name {
+			continue
+		}
+		end := len(file)
+		if i+1 < len(marks) {
+			end = marks[i+1][0]
+		}
+		var lines []string
+		for l := range strings.SplitSeq(file[m[1]:end], "\n") {
+			if t := strings.TrimSpace(l); t != "" && !strings.HasPrefix(t, "--") {
+				lines = append(lines, l)
+			}
+		}
+		return strings.TrimSuffix(strings.TrimSpace(strings.Join(lines, "\n")), ";"), true
+	}
+	return "", false
+}
+
+// number replaces sqlc's named parameters with positional ones.
+func number(body string) Statement {
+	var s Statement
+	index := map[string]int{}
+	s.SQL = param.ReplaceAllStringFunc(body, func(m string) string {
+		sub := param.FindStringSubmatch(m)
+		name := sub[1] + sub[2]
+		n, ok := index[name]
+		if !ok {
+			s.Params = append(s.Params, name)
+			n = len(s.Params)
+			index[name] = n
+		}
+		return fmt.Sprintf("$%d", n)
+	})
+	return s
+}
+
+// moduleRoot walks up from the working directory to the directory holding
+// go.mod: the repository root, whether the lab runs from there (go run) or
+// from its package directory (go test).
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("labsql: no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// Execer runs a statement: a pool, a connection or a transaction.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// prune is the prune job's statement.
+var prune = MustQuery("outbox", "MessagesPrune")
+
+// Prune deletes the settled (delivered and discarded) rows older than
+// cutoff as the relay's prune job does: its statement, in batches of at
+// most 5,000 of each, until a batch deletes nothing. It returns how many it
+// deleted.
+func Prune(ctx context.Context, db Execer, cutoff time.Time) (int64, error) {
+	args, err := prune.Args(map[string]any{"settled_before": cutoff, "batch_size": 5000})
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for {
+		tag, err := db.Exec(ctx, prune.SQL, args...)
+		if err != nil {
+			return total, fmt.Errorf("pruning: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() == 0 {
+			return total, nil
+		}
+	}
+}
