@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 	"time"
 
@@ -113,10 +114,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	return g.Wait()
 }
 
+// events is every event type the service's modules emit: a new module adds
+// its Events here.
+func events() []string { return slices.Concat(orders.Events) }
+
 // registerReceiver subscribes the demo receiver to every event the service
 // emits and returns a handler that verifies and logs each delivery. An
-// earlier registration of the same URL is kept, with a new secret, so the
-// events it still waits for are delivered to this run.
+// earlier registration of the same URL and events is kept, with a new
+// secret, so the events it still waits for are delivered to this run; one
+// subscribed to other events (the modules changed) is replaced.
 func registerReceiver(ctx context.Context, pool *pgxpool.Pool, addr string, logger *slog.Logger) (http.Handler, error) {
 	admin := outbox.NewAdmin(pool, netguard.Guard{AllowPrivate: true}, logger)
 	url := "http://" + addr + "/webhooks"
@@ -125,7 +131,14 @@ func registerReceiver(ctx context.Context, pool *pgxpool.Pool, addr string, logg
 		return nil, err
 	}
 	var ep outbox.Endpoint
+	want := slices.Sorted(slices.Values(events()))
 	for _, e := range existing {
+		if e.URL == url && !slices.Equal(e.EventTypes, want) {
+			if _, err := admin.DeleteEndpoint(ctx, e.ID); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		if e.URL == url {
 			if ep, err = admin.RotateSecret(ctx, e.ID, 0); err != nil {
 				return nil, fmt.Errorf("renewing the demo receiver's secret: %w", err)
@@ -139,7 +152,7 @@ func registerReceiver(ctx context.Context, pool *pgxpool.Pool, addr string, logg
 		}
 	}
 	if ep.ID == uuid.Nil {
-		if ep, err = admin.CreateEndpoint(ctx, url, []string{orders.EventPlaced, orders.EventCancelled}); err != nil {
+		if ep, err = admin.CreateEndpoint(ctx, url, events()); err != nil {
 			return nil, fmt.Errorf("registering demo receiver: %w", err)
 		}
 	}

@@ -2,13 +2,12 @@
 // messages, deliver them as signed webhooks, and prune delivered history.
 // Any number of workers may run against one database.
 //
-// Configuration is read from the environment; see README.md.
+// Configuration is read from the environment; see docs/reference.md.
 package main
 
 import (
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -19,12 +18,8 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
+	if err := relayworker.Run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		os.Exit(1)
 	}
-}
-
-func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	return relayworker.Run(ctx, args, getenv, stdout)
 }

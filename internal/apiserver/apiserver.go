@@ -106,7 +106,11 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if cfg.adminToken == "" {
 		logger.WarnContext(ctx, "ADMIN_TOKEN is not set: admin routes answer 403")
 	}
-	return process.Serve(ctx, logger, "api", cfg.addr, tracing.Handler(mux), 10*time.Second, nil)
+	if err := process.Serve(ctx, logger, "api", cfg.addr, tracing.Handler(mux), 10*time.Second, nil); err != nil {
+		return err
+	}
+	logger.InfoContext(context.WithoutCancel(ctx), "api stopped")
+	return nil
 }
 
 // requireAdmin guards the admin routes with the bearer token. Without a

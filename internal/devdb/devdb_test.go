@@ -45,11 +45,11 @@ func TestThrowawayFromInstalledBinaries(t *testing.T) {
 	selectOne(ctx, t, srv.URL)
 
 	// What Ensure does with a server on 127.0.0.1:5432, here on a fresh one:
-	// database "orders" gets created, twice is fine.
+	// the development database (LocalDatabase) gets created, twice is fine.
 	for range 2 {
 		ordersURL, err := useLocal(ctx, srv.URL)
 		require.NoError(t, err)
-		require.Equal(t, fmt.Sprintf("postgres://postgres@127.0.0.1:%d/orders?sslmode=disable", port), ordersURL)
+		require.Equal(t, fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", port, LocalDatabase), ordersURL)
 		selectOne(ctx, t, ordersURL)
 	}
 	// A server that answers but refuses us is a reason to fall back.
@@ -108,7 +108,7 @@ func TestEnsureDefault(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = srv.Close() })
 	if !srv.Started {
-		require.Equal(t, "postgres://postgres@127.0.0.1:5432/orders?sslmode=disable", srv.URL)
+		require.Equal(t, "postgres://postgres@127.0.0.1:5432/"+LocalDatabase+"?sslmode=disable", srv.URL)
 	}
 	selectOne(ctx, t, srv.URL)
 	require.NoError(t, srv.Close())

@@ -26,12 +26,6 @@ import (
 	"github.com/outboxkit/orders/internal/outbox"
 )
 
-// Event types this module emits.
-const (
-	EventPlaced    = "order.placed"
-	EventCancelled = "order.cancelled"
-)
-
 // Order statuses.
 const (
 	StatusPlaced    = "placed"

@@ -4,11 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/orders/internal/dbtest"
+	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/outbox"
 )
 
@@ -76,4 +82,46 @@ func ExampleEnqueue_notInTransaction() {
 	// Output:
 	// true
 	// true
+}
+
+// A worker runs the relay: it starts River and the relay's dispatch and
+// heartbeat, delivers until it is stopped, and on Stop lets the requests in
+// flight finish (within the context's deadline), records them, and leaves
+// nothing claimed. cmd/worker does this with its configuration from the
+// environment.
+func ExampleRelay() {
+	pool, cleanup := examplePool()
+	defer cleanup()
+	ctx := context.Background()
+
+	received := make(chan string, 1)
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		received <- r.Header.Get("webhook-id")
+	}))
+	defer receiver.Close()
+	if _, err := pool.Exec(ctx, "UPDATE webhook_endpoints SET url = $1", receiver.URL); err != nil {
+		panic(err)
+	}
+
+	transport := &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()} // loopback, for the example
+	relay, err := outbox.NewRelay(pool, outbox.DefaultRelayConfig(), transport, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		panic(err)
+	}
+	if err := relay.Start(ctx); err != nil {
+		panic(err)
+	}
+	defer func() {
+		stopCtx, cancel := context.WithTimeout(ctx, 15*time.Second) // the grace period
+		defer cancel()
+		_ = relay.Stop(stopCtx)
+	}()
+
+	var ids []uuid.UUID
+	_ = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
+		ids, err = outbox.Enqueue(ctx, tx, outbox.Event{Type: "order.placed", Data: map[string]string{"id": "o-1"}})
+		return err
+	})
+	fmt.Println(<-received == ids[0].String())
+	// Output: true
 }

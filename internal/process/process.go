@@ -167,7 +167,16 @@ func NewLogger(w io.Writer, format string) *slog.Logger {
 		}
 		return slog.New(tint.NewHandler(w, &tint.Options{TimeFormat: time.TimeOnly, NoColor: !colour}))
 	}
-	return slog.New(slog.NewJSONHandler(w, nil))
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{ReplaceAttr: durationAsText}))
+}
+
+// durationAsText writes durations as a person reads them ("50ms"), not as
+// the nanoseconds JSON would otherwise carry.
+func durationAsText(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		return slog.String(a.Key, a.Value.Duration().String())
+	}
+	return a
 }
 
 // OpenPool connects to PostgreSQL and checks the connection.

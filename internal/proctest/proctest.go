@@ -7,9 +7,15 @@ import (
 	"bytes"
 	"encoding/json"
 	"net"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -68,4 +74,58 @@ func RequireJSONLogs(t testing.TB, logs string) {
 		}
 		require.Truef(t, json.Valid([]byte(line)), "log line is not JSON: %s", line)
 	}
+}
+
+// Build compiles the main package pkg (an import path) with go build, as a
+// deployment would, into a directory removed when t ends, and returns the
+// binary's path.
+func Build(t testing.TB, pkg string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), path.Base(pkg))
+	out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
+	require.NoError(t, err, "go build %s:\n%s", pkg, out)
+	return bin
+}
+
+// RequireStopsOnSIGTERM runs the program bin with env, waits until ready
+// reports true, sends it SIGTERM and requires it to exit 0 within grace,
+// with lastLine (a log message) among its last lines. It returns the
+// program's output.
+func RequireStopsOnSIGTERM(t testing.TB, bin string, env map[string]string, ready func() bool, grace time.Duration, lastLine string) string {
+	t.Helper()
+	cmd := exec.Command(bin)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "TMPDIR=" + os.TempDir()}
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	var out Output
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	require.Eventually(t, func() bool {
+		select {
+		case err := <-exited:
+			exited <- err
+			return true
+		default:
+			return ready()
+		}
+	}, 60*time.Second, 20*time.Millisecond, "never became ready")
+	select {
+	case err := <-exited:
+		t.Fatalf("exited before SIGTERM: %v\n%s", err, out.String())
+	default:
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-exited:
+		require.NoError(t, err, "exit status after SIGTERM; output:\n%s", out.String())
+	case <-time.After(grace):
+		t.Fatalf("still running %s after SIGTERM; output:\n%s", grace, out.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	require.Contains(t, strings.Join(lines[max(0, len(lines)-3):], "\n"), lastLine, "the last lines say it stopped")
+	return out.String()
 }

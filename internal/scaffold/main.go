@@ -1,11 +1,11 @@
 // Command scaffold makes the common changes to this template the same way
 // every time. Run it from the repository root (the Taskfile does):
 //
-//	go run ./internal/scaffold service MODULE DIR   copy the template into DIR as module MODULE
-//	go run ./internal/scaffold migration NAME       create the next goose migration in db/migrations
-//	go run ./internal/scaffold event MODULE TYPE    add an event type to internal/MODULE
+//	go run ./internal/scaffold service [-with-lab] MODULE DIR   copy the template into DIR as module MODULE
+//	go run ./internal/scaffold migration MODULE NAME           create the next goose migration for a module
+//	go run ./internal/scaffold event MODULE TYPE               add an event type to internal/MODULE
 //
-// or task new:service -- MODULE DIR, task new:migration -- NAME,
+// or task new:service -- MODULE DIR, task new:migration -- MODULE NAME,
 // task new:event -- MODULE TYPE. docs/adding-a-module.md shows them in use.
 package main
 
@@ -17,8 +17,10 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"unicode"
 
@@ -33,29 +35,38 @@ func main() {
 }
 
 const usage = `usage:
-  scaffold service MODULE DIR   copy this template into DIR with module path MODULE
-  scaffold migration NAME       create the next numbered migration in db/migrations
-  scaffold event MODULE TYPE    add event TYPE (e.g. payment.captured) to internal/MODULE`
+  scaffold service [-with-lab] MODULE DIR   copy this template into DIR with module path MODULE
+                                            (the lab, lab/, only with -with-lab)
+  scaffold migration MODULE NAME            create the next numbered migration in db/migrations
+                                            and add it to MODULE's block in sqlc.yaml
+  scaffold event MODULE TYPE                add event TYPE (e.g. payment.captured) to internal/MODULE`
 
 func run(args []string) error {
 	if len(args) == 0 {
 		return errors.New(usage)
 	}
 	switch cmd, rest := args[0], args[1:]; {
-	case cmd == "service" && len(rest) == 2:
-		files, err := copyService(".", rest[1], rest[0])
+	case cmd == "service" && (len(rest) == 2 || len(rest) == 3 && rest[0] == "-with-lab"):
+		withLab := len(rest) == 3
+		if withLab {
+			rest = rest[1:]
+		}
+		files, err := copyService(".", rest[1], rest[0], withLab)
 		if err != nil {
 			return err
 		}
-		fmt.Printf("copied %d files into %s as module %s\n\nnext:\n  cd %s\n  git init && git add -A\n  go build ./... && go tool -modfile=tools/go.mod task test\n",
+		fmt.Printf("copied %d files into %s as module %s\n\nnext:\n  cd %s\n  git init && git add -A\n  go build ./... && ./task test\n",
 			files, rest[1], rest[0], rest[1])
 		return nil
-	case cmd == "migration" && len(rest) == 1:
-		path, err := newMigration("db/migrations", rest[0])
+	case cmd == "migration" && len(rest) == 2:
+		path, err := newMigration("db/migrations", rest[1])
 		if err != nil {
 			return err
 		}
-		fmt.Println("created", path)
+		if err := addToSQLC("sqlc.yaml", rest[0], path); err != nil {
+			return err
+		}
+		fmt.Printf("created %s and added it to the %s block of sqlc.yaml\n", path, rest[0])
 		return nil
 	case cmd == "event" && len(rest) == 2:
 		path, err := newEvent("internal", rest[0], rest[1])
@@ -87,8 +98,10 @@ var validModule = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._~-]*(/[a-zA-Z0-9._
 // be empty), renaming module path oldMod to newMod in every file that names
 // it: go.mod, tools/go.mod, Go imports, and any other text file. It copies
 // the files git knows (tracked, or untracked and not ignored); outside a
-// git checkout, every file but .git and bin/.
-func copyService(src, dst, newMod string) (int, error) {
+// git checkout, every file but .git and bin/. The lab (lab/: the bench,
+// the workshop, the crash suite) stays behind unless withLab. The copy gets
+// a README of its own, and its development database is named after it.
+func copyService(src, dst, newMod string, withLab bool) (int, error) {
 	if !validModule.MatchString(newMod) || strings.Contains(newMod, "//") {
 		return 0, fmt.Errorf("module path %q: want something like github.com/acme/payments", newMod)
 	}
@@ -103,8 +116,12 @@ func copyService(src, dst, newMod string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	name := serviceName(newMod)
 	n := 0
 	for _, rel := range files {
+		if !withLab && strings.HasPrefix(filepath.ToSlash(rel), "lab/") {
+			continue
+		}
 		from := filepath.Join(src, rel)
 		info, err := os.Lstat(from)
 		if err != nil || !info.Mode().IsRegular() {
@@ -116,6 +133,12 @@ func copyService(src, dst, newMod string) (int, error) {
 		}
 		if !bytes.Contains(b, []byte{0}) {
 			b = renameModule(b, oldMod, newMod)
+			switch filepath.ToSlash(rel) {
+			case "README.md":
+				b = []byte(strings.ReplaceAll(readmeTemplate, "NAME", name))
+			case "internal/devdb/devdb.go":
+				b = localDatabase.ReplaceAll(b, []byte(`${1}"`+name+`"`))
+			}
 			if strings.HasSuffix(rel, ".go") {
 				// Renamed imports may sort differently; keep gofmt happy.
 				if formatted, err := format.Source(b); err == nil {
@@ -134,6 +157,41 @@ func copyService(src, dst, newMod string) (int, error) {
 	}
 	return n, nil
 }
+
+// serviceName is the last element of a module path, as a database name.
+func serviceName(mod string) string {
+	name := strings.ToLower(path.Base(mod))
+	name = strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '_'
+	}, name)
+	if name == "" || name[0] >= '0' && name[0] <= '9' {
+		name = "service_" + name
+	}
+	return name
+}
+
+// localDatabase finds the development database's name in internal/devdb.
+var localDatabase = regexp.MustCompile(`(LocalDatabase\s*=\s*)"[^"]*"`)
+
+// readmeTemplate is a copied service's README until its team writes one.
+const readmeTemplate = `# NAME
+
+A service made from the outboxkit/orders template: its modules write their
+events to an outbox in the same transaction as their data, and a relay
+(cmd/worker) delivers them as signed webhooks, at least once.
+
+` + "```sh" + `
+go run ./cmd/dev   # run it: api + worker + a demo receiver, on a local database named NAME
+./task test        # test it, against a real PostgreSQL
+` + "```" + `
+
+docs/ explains the design (design.md), the configuration and API
+(reference.md), operating it (operations.md) and adding a module
+(adding-a-module.md).
+`
 
 func templateFiles(src string) ([]string, error) {
 	cmd := exec.Command("git", "ls-files", "-z", "--cached", "--others", "--exclude-standard")
@@ -225,8 +283,9 @@ func contains(list []string, s string) bool {
 
 var eventType = regexp.MustCompile(`^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$`)
 
-// newEvent adds an event type to a module: its name as a constant and its
-// payload as a struct, in internal/MODULE/event_<type>.go.
+// newEvent adds an event type to a module, as the orders module keeps its
+// own: a constant in the module's events.go and an entry in its Events list
+// (creating the file for the module's first event).
 func newEvent(internalDir, mod, typ string) (string, error) {
 	if !eventType.MatchString(typ) {
 		return "", fmt.Errorf("event type %q: use lower-case words joined by dots, e.g. payment.captured", typ)
@@ -235,41 +294,127 @@ func newEvent(internalDir, mod, typ string) (string, error) {
 	if _, err := os.Stat(dir); err != nil {
 		return "", fmt.Errorf("module %s: %w", mod, err)
 	}
-	camel := ""
+	name := "Event"
 	for w := range strings.FieldsFuncSeq(typ, func(r rune) bool { return r == '.' || r == '_' }) {
-		camel += strings.ToUpper(w[:1]) + w[1:]
+		name += strings.ToUpper(w[:1]) + w[1:]
 	}
-	path := filepath.Join(dir, "event_"+strings.NewReplacer(".", "_").Replace(typ)+".go")
-	if _, err := os.Stat(path); err == nil {
-		return "", fmt.Errorf("%s exists", path)
+	path := filepath.Join(dir, "events.go")
+	src, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		src, err = []byte(strings.ReplaceAll(eventsTemplate, "PKG", mod)), nil
 	}
-	src := strings.NewReplacer("PKG", mod, "TYPE", typ, "NAME", camel).Replace(eventTemplate)
-	b, err := format.Source([]byte(src))
 	if err != nil {
 		return "", err
+	}
+	if bytes.Contains(src, []byte(`"`+typ+`"`)) {
+		return "", fmt.Errorf("%s already declares %s", path, typ)
+	}
+	constant := fmt.Sprintf("\t// %s: TODO: what happened. Payload: TODO.\n\t%s = %q\n", name, name, typ)
+	out, ok := insertBefore(string(src), "const (", ")", constant)
+	if !ok {
+		return "", fmt.Errorf("%s: no const ( ... ) block to add %s to", path, name)
+	}
+	list := regexp.MustCompile(`var Events = \[\]string\{([^}]*)\}`)
+	m := list.FindStringSubmatchIndex(out)
+	if m == nil {
+		return "", fmt.Errorf("%s: no var Events = []string{...} to add %s to", path, name)
+	}
+	entries := strings.TrimRight(strings.TrimSpace(out[m[2]:m[3]]), ",")
+	if entries != "" {
+		entries += ", "
+	}
+	out = out[:m[2]] + entries + name + out[m[3]:]
+	b, err := format.Source([]byte(out))
+	if err != nil {
+		return "", fmt.Errorf("formatting %s: %w", path, err)
 	}
 	return path, os.WriteFile(path, b, 0o644)
 }
 
-const eventTemplate = `package PKG
-
-// "TYPE": announce it from the transaction that makes it true, so the
-// event and the change share one fate:
-//
-//	outbox.Enqueue(ctx, tx, outbox.Event{Type: EventNAME, Data: NAME{...}})
-//
-// Endpoints receive it when they subscribe to its type ("event_types").
-
-// EventNAME is the event's type, as endpoints subscribe to it.
-const EventNAME = "TYPE"
-
-// NAME is the event's payload: a snapshot of what was true in the
-// transaction that emitted it. Receivers deduplicate on the webhook-id, so
-// the payload needs no id of its own to be idempotent. It is a contract:
-// add fields, never change or remove them.
-type NAME struct {
-	// TODO: the fields receivers of "TYPE" need.
+// insertBefore inserts text before the first end that follows start.
+func insertBefore(s, start, end, text string) (string, bool) {
+	i := strings.Index(s, start)
+	if i < 0 {
+		return s, false
+	}
+	j := strings.Index(s[i+len(start):], end)
+	if j < 0 {
+		return s, false
+	}
+	at := i + len(start) + j
+	return s[:at] + text + s[at:], true
 }
+
+// eventsTemplate is a module's events.go before its first event.
+const eventsTemplate = `package PKG
+
+// The events this module emits, as endpoints subscribe to them. Each is
+// enqueued with outbox.Enqueue in the transaction that makes it true, with
+// a snapshot of what was true there as its payload; receivers deduplicate
+// on the webhook-id. A payload is a contract: add fields, never change or
+// remove them.
+const (
+)
+
+// Events lists every event type the module emits: cmd/dev subscribes its
+// demo receiver to all of them.
+var Events = []string{}
+`
+
+// addToSQLC adds a migration to the schema list of mod's block in the sqlc
+// configuration at path, creating the block (with its queries directory and
+// generated package) for a module's first migration.
+func addToSQLC(path, mod, migration string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	file := filepath.ToSlash(migration)
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	start := slices.Index(lines, "  - name: "+mod)
+	if start < 0 {
+		block := strings.ReplaceAll(strings.ReplaceAll(sqlcBlock, "MODULE", mod), "FILE", file)
+		return os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"+block), 0o644)
+	}
+	end := len(lines)
+	for i := start + 1; i < len(lines); i++ {
+		if strings.HasPrefix(lines[i], "  - ") {
+			end = i
+			break
+		}
+	}
+	for i := start + 1; i < end; i++ {
+		value, ok := strings.CutPrefix(lines[i], "    schema:")
+		if !ok {
+			continue
+		}
+		var list []string
+		if value = strings.TrimSpace(value); value != "" {
+			list = append(list, "      - "+value) // one file: becomes a list
+		}
+		k := i + 1
+		for ; k < end && strings.HasPrefix(lines[k], "      - "); k++ {
+			list = append(list, lines[k])
+		}
+		list = append(list, "      - "+file)
+		out := slices.Concat(lines[:i], []string{"    schema:"}, list, lines[k:])
+		return os.WriteFile(path, []byte(strings.Join(out, "\n")+"\n"), 0o644)
+	}
+	return fmt.Errorf("%s: the %s block has no schema", path, mod)
+}
+
+// sqlcBlock is a new module's block in sqlc.yaml: its own queries and its
+// own generated package, private to the module.
+const sqlcBlock = `  - name: MODULE
+    engine: postgresql
+    schema:
+      - FILE
+    queries: db/queries/MODULE
+    gen:
+      go:
+        <<: *go
+        package: MODULEdb
+        out: internal/MODULE/internal/MODULEdb
 `
 
 var migrationTemplate = mustTemplate()

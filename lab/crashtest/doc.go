@@ -2,14 +2,15 @@
 // binaries (api, worker, consumer) as separate processes against a real
 // PostgreSQL: its tests SIGKILL and restart them, cut their database
 // connections, make the receiver fail, and then count what was lost,
-// invented or applied twice. They also measure head-of-line isolation.
+// invented or applied twice. They also measure head-of-line isolation and
+// recovery from a killed worker, at the default settings.
 //
 // The package has no code of its own beyond this comment; everything is in
 // its tests:
 //
 //	go test -run TestCrash -v ./lab/crashtest                       # CI size
 //	CRASH_ORDERS=5000 CRASH_SECONDS=120 go test -run TestCrash -v ./lab/crashtest
-//	go test -run TestHeadOfLine -v ./lab/crashtest
+//	go test -run 'TestHeadOfLine|TestRecoveryAfterSIGKILL' -v ./lab/crashtest
 //
-// Both are skipped under -short.
+// All are skipped under -short.
 package crashtest

@@ -68,20 +68,17 @@ func newPublisher(url, secret string) (*publisher, error) {
 }
 
 func (p *publisher) publish(ctx context.Context, o orders.Order) error {
-	id := uuid.New().String()
+	id := uuid.New()
 	data, err := json.Marshal(o)
 	if err != nil {
 		return err
 	}
-	body, err := json.Marshal(map[string]any{"id": id, "type": orders.EventPlaced, "created_at": time.Now().UTC(), "data": json.RawMessage(data)})
-	if err != nil {
-		return err
-	}
+	body := outbox.Message{ID: id, Type: orders.EventPlaced, CreatedAt: time.Now(), Payload: data}.Body()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url, bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
-	p.signer.SetHeaders(req.Header, id, time.Now(), body)
+	p.signer.SetHeaders(req.Header, id.String(), time.Now(), body)
 	resp, err := p.client.Do(req)
 	if err != nil {
 		return fmt.Errorf("publishing: %w", err)
@@ -256,7 +253,7 @@ func readPending(ctx context.Context, pool *pgxpool.Pool, limit int) ([]pendingR
 
 // send delivers one row as the real relay's transport would.
 func send(ctx context.Context, t outbox.Transport, p pendingRow, timeout time.Duration) outbox.Result {
-	body, _ := json.Marshal(map[string]any{"id": p.id, "type": p.typ, "created_at": p.createdAt, "data": json.RawMessage(p.payload)})
+	body := outbox.Message{ID: p.id, Type: p.typ, CreatedAt: p.createdAt, Payload: p.payload}.Body()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	return t.Deliver(ctx, outbox.Delivery{MessageID: p.id, Type: p.typ, URL: p.url, Secret: p.secret, Body: body})

@@ -1,4 +1,4 @@
-package main
+package apiserver_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxkit/orders/internal/apiserver"
 	"github.com/outboxkit/orders/internal/proctest"
 
 	"github.com/outboxkit/orders/internal/dbtest"
@@ -91,7 +92,7 @@ func TestTracingConfigErrorsNameTheVariable(t *testing.T) {
 		"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
 	} {
 		env := map[string]string{"DATABASE_URL": closedDB, "API_ADDR": "127.0.0.1:0", name: value}
-		err := run(context.Background(), nil, proctest.Getenv(env), &proctest.Output{})
+		err := apiserver.Run(context.Background(), nil, proctest.Getenv(env), &proctest.Output{})
 		require.ErrorContains(t, err, "invalid configuration")
 		require.ErrorContains(t, err, name)
 	}
