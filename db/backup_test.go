@@ -107,13 +107,14 @@ func startRelay(t *testing.T, pool *pgxpool.Pool) (stop func()) {
 	return stop
 }
 
-// messageIDs returns the outbox message ids of the given orders, in order.
+// messageIDs returns the event ids (the webhook-id) of the given orders'
+// outbox messages, in order: with one endpoint, one message per event.
 func messageIDs(t *testing.T, pool *pgxpool.Pool, placed []orders.Order) []string {
 	t.Helper()
 	ids := make([]string, len(placed))
 	for i, o := range placed {
 		require.NoError(t, pool.QueryRow(context.Background(),
-			`SELECT id::text FROM outbox_messages WHERE payload->>'id' = $1`, o.ID.String()).Scan(&ids[i]))
+			`SELECT m.event_id::text FROM outbox_messages m JOIN outbox_events e ON e.id = m.event_id WHERE e.payload->>'id' = $1`, o.ID.String()).Scan(&ids[i]))
 	}
 	return ids
 }
@@ -191,7 +192,7 @@ func TestBackupAndRestoreRedeliverWhatWasPending(t *testing.T) {
 	require.FileExists(t, file)
 	list, err := exec.Command("pg_restore", "--list", file).Output()
 	require.NoError(t, err)
-	for _, table := range []string{"outbox_messages", "webhook_endpoints", "orders", "order_lines", "goose_db_version"} {
+	for _, table := range []string{"outbox_messages", "outbox_events", "webhook_endpoints", "orders", "order_lines", "goose_db_version"} {
 		require.Contains(t, string(list), "TABLE DATA public "+table+" ", "the backup holds %s", table)
 	}
 

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/outboxkit/orders/db"
 	"github.com/outboxkit/orders/internal/httpjson"
 	"github.com/outboxkit/orders/internal/netguard"
@@ -30,6 +32,7 @@ type config struct {
 	adminToken   string
 	logFormat    string
 	allowPrivate bool
+	notify       bool
 	tracing      telemetry.Config
 }
 
@@ -41,6 +44,7 @@ func parseConfig(getenv func(string) string) (config, error) {
 		adminToken:   getenv("ADMIN_TOKEN"),
 		logFormat:    env.OneOf("LOG_FORMAT", "", "", "text", "json"),
 		allowPrivate: env.Bool("OUTBOX_ALLOW_PRIVATE_TARGETS", false),
+		notify:       env.Bool("OUTBOX_NOTIFY", false),
 		tracing:      telemetry.FromEnv(env, "orders-api"),
 	}
 	return c, env.Err()
@@ -62,7 +66,12 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	logger := process.NewLogger(stdout, cfg.logFormat)
 
-	pool, err := process.OpenPool(ctx, cfg.databaseURL, 0)
+	pool, err := process.OpenPool(ctx, cfg.databaseURL, 0, func(c *pgxpool.Config) {
+		if cfg.notify {
+			// Order transactions wake listening workers at commit.
+			outbox.NotifyRelays(c.ConnConfig)
+		}
+	})
 	if err != nil {
 		return err
 	}

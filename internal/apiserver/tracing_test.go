@@ -26,7 +26,7 @@ const (
 )
 
 // placeTraced registers an endpoint, places an order with the upstream
-// traceparent and returns the trace_context stored with its message.
+// traceparent and returns the trace_context stored with its event.
 func placeTraced(t *testing.T, s *server, dbURL string) *string {
 	t.Helper()
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(204) }))
@@ -50,7 +50,7 @@ func placeTraced(t *testing.T, s *server, dbURL string) *string {
 	require.NoError(t, err)
 	defer conn.Close(ctx)
 	var stored *string
-	require.NoError(t, conn.QueryRow(ctx, `SELECT trace_context::text FROM outbox_messages`).Scan(&stored))
+	require.NoError(t, conn.QueryRow(ctx, `SELECT trace_context::text FROM outbox_events`).Scan(&stored))
 	return stored
 }
 

@@ -4,7 +4,9 @@
 //
 // Delivery is at-least-once: the relay can die between sending a webhook and
 // recording that it did, and then it sends it again with the same
-// webhook-id. A consumer therefore
+// webhook-id, which is the event id: the same for every endpoint the event
+// is sent to, so a consumer listening on two endpoints (or moving from one
+// URL to another) applies it once too. A consumer therefore
 //
 //  1. verifies the Standard Webhooks signature (constant time, several
 //     secrets for rotation, a timestamp tolerance against replays) before it
@@ -118,11 +120,15 @@ const (
 	StaleTimestamp Outcome = "stale_timestamp"
 	// BadRequest: authentic but unreadable, or too large.
 	BadRequest Outcome = "bad_request"
+	// OutOfOrder: an order.cancelled before its order's order.placed. The
+	// sender orders an order's events, so this is a defect somewhere: it is
+	// refused with 409 (nothing recorded) and the sender retries later.
+	OutOfOrder Outcome = "out_of_order"
 	// Error: the database failed; the sender retries later.
 	Error Outcome = "error"
 )
 
-var outcomes = []Outcome{Applied, Duplicate, Ignored, BadSignature, StaleTimestamp, BadRequest, Error}
+var outcomes = []Outcome{Applied, Duplicate, Ignored, BadSignature, StaleTimestamp, BadRequest, OutOfOrder, Error}
 
 // Consumer receives webhooks and applies them exactly once. It is an
 // http.Handler for the webhook endpoint; StatsHandler serves its counters.
@@ -162,7 +168,7 @@ type order struct {
 
 // ServeHTTP handles one delivery. Every answer is a deliberate signal to the
 // sender: 2xx stops retries (applied, duplicate, ignored), 401 and 400 mean
-// the request itself is wrong, 500 means "try again later".
+// the request itself is wrong, 409 and 500 mean "try again later".
 func (c *Consumer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
@@ -204,6 +210,11 @@ func (c *Consumer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			c.answer(w, http.StatusBadRequest, BadRequest, bad.Error())
 			return
 		}
+		if errors.Is(err, errOutOfOrder) {
+			c.logger.WarnContext(r.Context(), "webhook out of order", slog.String("webhook_id", id), slog.String("type", env.Type))
+			c.answer(w, http.StatusConflict, OutOfOrder, err.Error())
+			return
+		}
 		c.logger.ErrorContext(r.Context(), "applying webhook", slog.String("webhook_id", id), slog.String("error", err.Error()))
 		c.answer(w, http.StatusInternalServerError, Error, "could not apply the event; retry later")
 		return
@@ -212,6 +223,10 @@ func (c *Consumer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		slog.String("type", env.Type), slog.String("outcome", string(outcome)))
 	c.answer(w, http.StatusOK, outcome, "")
 }
+
+// errOutOfOrder refuses an order.cancelled that came before its
+// order.placed.
+var errOutOfOrder = errors.New("order.cancelled before its order.placed; retry later")
 
 // badEvent is an authentic event the consumer cannot read.
 type badEvent struct{ msg string }
@@ -245,6 +260,16 @@ func (c *Consumer) apply(ctx context.Context, id string, env envelope) (Outcome,
 		var o order
 		if err := json.Unmarshal(env.Data, &o); err != nil || o.ID == uuid.Nil || o.CustomerID == "" {
 			return &badEvent{msg: "event data is not an order"}
+		}
+		if env.Type == EventCancelled {
+			placed, err := q.LedgerHasPlaced(ctx, o.ID)
+			if err != nil {
+				return fmt.Errorf("finding the order's placement: %w", err)
+			}
+			if !placed {
+				// Rolls back the inbox row: the retry applies it.
+				return errOutOfOrder
+			}
 		}
 		if err := q.LedgerAppend(ctx, consumerdb.LedgerAppendParams{
 			WebhookID: id, CustomerID: o.CustomerID, OrderID: o.ID, EventType: env.Type,
@@ -285,6 +310,7 @@ type Stats struct {
 	BadSignature   int64 `json:"bad_signature"`
 	StaleTimestamp int64 `json:"stale_timestamp"`
 	BadRequest     int64 `json:"bad_request"`
+	OutOfOrder     int64 `json:"out_of_order"`
 	Errors         int64 `json:"errors"`
 	// InboxTotal counts every webhook-id ever recorded, LedgerTotal every
 	// ledger entry: with only order events they are equal.
@@ -302,7 +328,7 @@ func (c *Consumer) Stats(ctx context.Context) (Stats, error) {
 	return Stats{
 		Applied: c.counts[Applied].Load(), Duplicates: c.counts[Duplicate].Load(), Ignored: c.counts[Ignored].Load(),
 		BadSignature: c.counts[BadSignature].Load(), StaleTimestamp: c.counts[StaleTimestamp].Load(),
-		BadRequest: c.counts[BadRequest].Load(), Errors: c.counts[Error].Load(),
+		BadRequest: c.counts[BadRequest].Load(), OutOfOrder: c.counts[OutOfOrder].Load(), Errors: c.counts[Error].Load(),
 		InboxTotal: t.Inbox, LedgerTotal: t.Ledger, UptimeSeconds: time.Since(c.started).Seconds(),
 	}, nil
 }

@@ -15,11 +15,14 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/consumer"
 	"github.com/outboxkit/orders/internal/dbtest"
+	"github.com/outboxkit/orders/internal/netguard"
+	"github.com/outboxkit/orders/internal/outbox"
 	"github.com/outboxkit/orders/internal/webhook"
 )
 
@@ -426,4 +429,104 @@ func TestMigrateOwnsItsHistory(t *testing.T) {
 	var after int64
 	require.NoError(t, pool.QueryRow(ctx, "SELECT max(version_id) FROM goose_db_version").Scan(&after))
 	require.Equal(t, appVersion, after, "the orders service's history is untouched")
+}
+
+// An order.cancelled before its order.placed is refused with 409 and leaves
+// nothing behind: the sender retries it, and once the placement is applied
+// the cancellation is too.
+func TestCancellationBeforeItsPlacementIsRefusedUntilThePlacement(t *testing.T) {
+	t.Parallel()
+	secret := newSecret(t)
+	f := setup(t, secret)
+	orderID := uuid.New()
+	cancelID, placeID := uuid.NewString(), uuid.NewString()
+	cancelBody := event(t, cancelID, consumer.EventCancelled, "c-1", orderID, 1500)
+
+	code, outcome := post(t, f.url, secret, cancelID, time.Now(), cancelBody)
+	require.Equal(t, http.StatusConflict, code)
+	require.Equal(t, consumer.OutOfOrder, outcome)
+	f.requireNothingWritten(t)
+
+	code, outcome = post(t, f.url, secret, placeID, time.Now(), event(t, placeID, consumer.EventPlaced, "c-1", orderID, 1500))
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, consumer.Applied, outcome)
+	code, outcome = post(t, f.url, secret, cancelID, time.Now(), cancelBody)
+	require.Equal(t, http.StatusOK, code, "the retry, after the placement, is applied")
+	require.Equal(t, consumer.Applied, outcome)
+
+	s := f.stats(t)
+	require.EqualValues(t, 1, s.OutOfOrder)
+	require.EqualValues(t, 2, s.LedgerTotal)
+	cust, err := f.c.Customer(context.Background(), "c-1")
+	require.NoError(t, err)
+	require.Zero(t, cust.BalanceCents)
+}
+
+// One event sent to two endpoints that both lead to this consumer (as when
+// a receiver registers its new URL before deleting the old one) carries one
+// webhook-id, the event id: the real relay delivers it twice, and it is
+// applied once.
+func TestAnEventThroughTwoEndpointsIsAppliedOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	logger := slog.New(slog.DiscardHandler)
+	require.NoError(t, consumer.Migrate(ctx, pool, logger))
+	admin := outbox.NewAdmin(pool, netguard.Guard{AllowPrivate: true}, logger)
+
+	// The consumer answers on two paths; its endpoints are registered first
+	// so it can be given both secrets.
+	mux := http.NewServeMux()
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	var secrets []string
+	for _, path := range []string{"/old", "/new"} {
+		ep, err := admin.CreateEndpoint(ctx, srv.URL+path, []string{consumer.EventPlaced})
+		require.NoError(t, err)
+		secrets = append(secrets, ep.Secret)
+	}
+	v, err := webhook.NewVerifier(secrets...)
+	require.NoError(t, err)
+	c := consumer.New(pool, v, logger)
+	var mu sync.Mutex
+	deliveries := map[string]int{}
+	counting := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		deliveries[r.URL.Path]++
+		mu.Unlock()
+		c.ServeHTTP(w, r)
+	})
+	mux.Handle("/old", counting)
+	mux.Handle("/new", counting)
+
+	orderID := uuid.New()
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := outbox.Enqueue(ctx, tx, outbox.Event{Type: consumer.EventPlaced, OrderingKey: orderID.String(),
+			Data: map[string]any{"id": orderID, "customer_id": "c-1", "status": "placed", "total_cents": 1500}})
+		return err
+	}))
+	relay, err := outbox.NewRelay(pool, outbox.RelayConfig{}, &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()}, logger, nil)
+	require.NoError(t, err)
+	require.NoError(t, relay.Start(ctx))
+	t.Cleanup(func() {
+		stop, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_ = relay.Stop(stop)
+	})
+	require.Eventually(t, func() bool {
+		s, err := admin.Stats(ctx)
+		return err == nil && s.Delivered == 2
+	}, 20*time.Second, 20*time.Millisecond, "both endpoints got the event")
+
+	mu.Lock()
+	require.Equal(t, map[string]int{"/old": 1, "/new": 1}, deliveries)
+	mu.Unlock()
+	s, err := c.Stats(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, s.Applied)
+	require.EqualValues(t, 1, s.Duplicates, "the second endpoint's delivery is a duplicate of the first")
+	require.EqualValues(t, 1, s.LedgerTotal)
+	cust, err := c.Customer(ctx, "c-1")
+	require.NoError(t, err)
+	require.EqualValues(t, 1500, cust.BalanceCents, "applied once")
 }

@@ -236,6 +236,15 @@ func TestBrowserRetryAFailedMessage(t *testing.T) {
 	require.Contains(t, page, "receiver down for maintenance")
 	require.Contains(t, page, orderIDs[2], "the payload is the cancelled order")
 	require.Equal(t, 2, strings.Count(page, `data-outcome=`))
+	// The receiver sees the event id (webhook-id, the body's id), not the
+	// message's; the cancellation is keyed by its order, so it holds the key.
+	var eventID uuid.UUID
+	require.NoError(t, pool.QueryRow(ctx, `SELECT event_id FROM outbox_messages WHERE id = $1`, failedID).Scan(&eventID))
+	require.Contains(t, page, `id="event-id">`+eventID.String()+`<`)
+	require.Contains(t, page, `webhook-id</th><td><span class="mono">`+eventID.String()+`</span>`)
+	require.Contains(t, page, `id="ordering-key">`+orderIDs[2]+`<`)
+	require.Contains(t, page, "It holds its ordering key.")
+	require.Contains(t, page, `id="skip"`)
 	shot("03-message-failed.png")
 
 	// Fix the receiver, then Retry from the overview, and confirm.
@@ -277,6 +286,28 @@ func TestBrowserRetryAFailedMessage(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, outbox.HealthHealthy, attrs["data-health"], "the fixed endpoint delivers again")
 	shot("06-overview-after-retry.png")
+
+	// Replay the endpoint's last hour from its row: the form is prefilled
+	// (UTC), the confirmation counts the one cancellation, and replaying
+	// gives it a new message under the same event id.
+	do(chromedp.Click(chromedp.CSS(`#replay-`+flakyEP.ID.String()+` summary`)),
+		chromedp.WaitVisible(chromedp.ID("replay-submit-"+flakyEP.ID.String())))
+	shot("07-replay-form.png")
+	do(chromedp.Click(chromedp.ID("replay-submit-"+flakyEP.ID.String())), chromedp.WaitReady(chromedp.ID("confirm")))
+	page, err = chromedp.Run(bctx, chromedp.OuterHTML(chromedp.CSS("main")))
+	require.NoError(t, err)
+	require.Contains(t, page, "Re-send 1 event to this endpoint?")
+	shot("08-confirm-replay.png")
+	do(chromedp.Click(chromedp.ID("confirm")), chromedp.WaitReady(chromedp.ID("pending-count")))
+	page, err = chromedp.Run(bctx, chromedp.OuterHTML(chromedp.CSS("main")))
+	require.NoError(t, err)
+	require.Contains(t, page, "Replayed 1 event (0 already waiting were skipped).")
+	require.Equal(t, int64(2), count(t, pool, `SELECT count(*) FROM outbox_messages WHERE event_id = '`+eventID.String()+`'`))
+	require.Contains(t, apiLog.String(), `"action":"replay_endpoint"`)
+	// The endpoint's replay page: the same form, with room to explain.
+	do(chromedp.Navigate(base+"/ops/endpoints/"+flakyEP.ID.String()+"/replay"),
+		chromedp.WaitVisible(chromedp.ID("replay-submit-"+flakyEP.ID.String())))
+	shot("09-replay-page.png")
 
 	require.Contains(t, apiLog.String(), `"action":"retry_message"`)
 	require.NotContains(t, apiLog.String(), token)
@@ -328,18 +359,27 @@ func count(t *testing.T, pool *pgxpool.Pool, sql string) int64 {
 // the screenshots have something to show: steady deliveries, and a seven
 // minute outage half an hour ago whose messages were retried and delivered
 // when it ended. Everything is delivered, so today's numbers are untouched.
+// Each is an event (outbox_events, with the payload) and its one delivery,
+// whose id shares the event's time prefix, as Enqueue writes them.
 func seedHistory(t *testing.T, pool *pgxpool.Pool, endpoint uuid.UUID) {
 	t.Helper()
 	_, err := pool.Exec(context.Background(), `
-WITH plan AS (
-    SELECT k, i,
-           now() - make_interval(mins => k) + make_interval(secs => (i * 37 + k * 11) % 60) AS created,
-           k BETWEEN 29 AND 35 AS outage
-    FROM generate_series(3, 59) k,
-         LATERAL generate_series(1, 14 + (k * 7) % 9 + CASE WHEN k BETWEEN 40 AND 48 THEN 8 ELSE 0 END) i
+WITH plan AS MATERIALIZED (
+    SELECT k, i, outbox_uuid_v7_at(created) AS event_id, created, outage
+    FROM (
+        SELECT k, i,
+               now() - make_interval(mins => k) + make_interval(secs => (i * 37 + k * 11) % 60) AS created,
+               k BETWEEN 29 AND 35 AS outage
+        FROM generate_series(3, 59) k,
+             LATERAL generate_series(1, 14 + (k * 7) % 9 + CASE WHEN k BETWEEN 40 AND 48 THEN 8 ELSE 0 END) i
+    ) p
+), events AS (
+    INSERT INTO outbox_events (id, type, payload, created_at)
+    SELECT event_id, 'order.placed', json_build_object('seeded', true, 'minute', k, 'n', i), created
+    FROM plan
 ), msgs AS (
-    INSERT INTO outbox_messages (type, destination, payload, status, attempts, created_at, next_attempt_at, delivered_at)
-    SELECT 'order.placed', $1, jsonb_build_object('seeded', true, 'minute', k, 'n', i), 'delivered',
+    INSERT INTO outbox_messages (id, event_id, type, destination, status, attempts, created_at, next_attempt_at, delivered_at)
+    SELECT outbox_uuid_sibling(event_id), event_id, 'order.placed', $1, 'delivered',
            CASE WHEN outage THEN 2 ELSE 1 END, created, created,
            CASE WHEN outage THEN now() - interval '28 minutes' + make_interval(secs => (i * 13 + k) % 110)
                 ELSE created + interval '180 ms' END

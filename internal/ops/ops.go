@@ -1,7 +1,8 @@
 // Package ops is the outbox's ops page: a small server-rendered web UI, served
 // by the api under /ops, that answers an operator's questions without SQL —
 // is the relay keeping up, what failed and why, did we tell them and when —
-// and lets them requeue failed messages and disable or enable endpoints.
+// and lets them requeue or skip failed messages, disable or enable
+// endpoints, and replay an endpoint's past events.
 //
 // It is html/template with embedded assets: no JavaScript at all, so it
 // works in any browser and under a strict Content-Security-Policy. Every
@@ -50,6 +51,10 @@ type Options struct {
 	SessionTTL time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// ReplayBudget bounds how long one request of a replay runs batches
+	// before it stops and offers to continue; 0 means 10 seconds. It is
+	// checked between batches, so a request always replays at least one.
+	ReplayBudget time.Duration
 }
 
 const (
@@ -69,6 +74,7 @@ type Handler struct {
 	logger     *slog.Logger
 	now        func() time.Time
 	ttl        time.Duration
+	replayFor  time.Duration
 	enabled    bool
 	tokenSum   [sha256.Size]byte
 	sessionKey []byte
@@ -80,12 +86,14 @@ type Handler struct {
 // New returns the ops page handler. Mount it at both Prefix and Prefix+"/".
 func New(o Options) *Handler {
 	h := &Handler{
-		admin:   o.Admin,
-		logger:  cmp.Or(o.Logger, slog.Default()),
-		now:     o.Now,
-		ttl:     cmp.Or(o.SessionTTL, 8*time.Hour),
-		enabled: o.Token != "",
-		pages:   mustParsePages(),
+		admin:  o.Admin,
+		logger: cmp.Or(o.Logger, slog.Default()),
+		now:    o.Now,
+		ttl:    cmp.Or(o.SessionTTL, 8*time.Hour),
+		// A replay request runs batches for this long, then hands back.
+		replayFor: cmp.Or(o.ReplayBudget, 10*time.Second),
+		enabled:   o.Token != "",
+		pages:     mustParsePages(),
 		// A second line behind the CSRF tokens: browsers say where a
 		// request comes from (Sec-Fetch-Site, Origin), and a POST from
 		// another site is refused before any form is read.
@@ -110,9 +118,12 @@ func New(o Options) *Handler {
 	mux.Handle("GET /ops/{$}", h.authed(h.handleOverview))
 	mux.Handle("GET /ops/messages/{id}", h.authed(h.handleMessage))
 	mux.Handle("POST /ops/messages/{id}/retry", h.authed(h.handleRetryMessage))
+	mux.Handle("POST /ops/messages/{id}/skip", h.authed(h.handleSkipMessage))
 	mux.Handle("POST /ops/endpoints/{id}/disable", h.authed(h.handleSetEnabled(false)))
 	mux.Handle("POST /ops/endpoints/{id}/enable", h.authed(h.handleSetEnabled(true)))
 	mux.Handle("POST /ops/endpoints/{id}/retry-failed", h.authed(h.handleRetryEndpoint))
+	mux.Handle("GET /ops/endpoints/{id}/replay", h.authed(h.handleReplayForm))
+	mux.Handle("POST /ops/endpoints/{id}/replay", h.authed(h.handleReplay))
 	mux.Handle("/ops/", h.authed(func(w http.ResponseWriter, r *http.Request) {
 		h.renderError(w, r, http.StatusNotFound, "Not found", "There is no ops page at "+r.URL.Path+".")
 	}))
@@ -307,24 +318,41 @@ func returnPath(r *http.Request) string {
 	return u.Path
 }
 
-// done redirects after an action, with a notice for the next page.
-func done(w http.ResponseWriter, r *http.Request, notice string, n int) {
+// done redirects after an action, with a notice for the next page. counts
+// are the notice's numbers, n then m (negative ones are left out).
+func done(w http.ResponseWriter, r *http.Request, notice string, counts ...int) {
 	q := url.Values{"done": {notice}}
-	if n >= 0 {
-		q.Set("n", strconv.Itoa(n))
+	for i, name := range []string{"n", "m"} {
+		if i < len(counts) && counts[i] >= 0 {
+			q.Set(name, strconv.Itoa(counts[i]))
+		}
 	}
 	http.Redirect(w, r, returnPath(r)+"?"+q.Encode(), http.StatusSeeOther)
 }
 
 // notices are the only texts a redirect can ask a page to show.
 func notice(q url.Values) string {
-	n := q.Get("n")
-	if _, err := strconv.Atoi(n); err != nil {
-		n = "?"
+	count := func(name string) string {
+		v := q.Get(name)
+		if n, err := strconv.Atoi(v); err != nil || n < 0 {
+			return "?"
+		}
+		return v
 	}
+	n := count("n")
 	switch q.Get("done") {
 	case "retried":
 		return "Message requeued: the relay will deliver it within moments."
+	case "skipped":
+		return "Message skipped: it is discarded and will not be sent again. The next message of its ordering key, if one waited behind it, is due now."
+	case "replayed":
+		m := count("m")
+		were := "were"
+		if m == "1" {
+			were = "was"
+		}
+		return fmt.Sprintf("Replayed %s (%s already waiting %s skipped). The relay sends them within moments.",
+			plural(n, "event", "events"), m, were)
 	case "retried_all":
 		if n == "1" {
 			return "1 failed message requeued."
@@ -355,10 +383,21 @@ func (h *Handler) actionError(w http.ResponseWriter, r *http.Request, err error)
 		h.renderError(w, r, http.StatusNotFound, "Not found", "It no longer exists: reload the ops page.")
 	case errors.Is(err, outbox.ErrConflict):
 		h.renderError(w, r, http.StatusConflict, "Nothing to do",
-			"Only failed messages can be retried, and this one is not failed (any more). Reload the page to see its status.")
+			"Only failed messages can be retried or skipped, and this one is not failed (any more), or its endpoint was deleted. Reload the page to see its status.")
+	case errors.Is(err, outbox.ErrInvalidReplay):
+		h.renderError(w, r, http.StatusBadRequest, "Cannot replay that", "The replay's range is not valid: from must be before to.")
 	default:
 		h.logger.ErrorContext(r.Context(), "ops request failed", slog.String("path", r.URL.Path), slog.Any("error", err))
 		h.renderError(w, r, http.StatusInternalServerError, "Something went wrong",
 			fmt.Sprintf("The request failed (%s). The server log has the details.", http.StatusText(http.StatusInternalServerError)))
 	}
+}
+
+// plural is "1 event" or "3 events"; n is a count as the notice reads it
+// ("?" when unreadable, which takes the plural).
+func plural(n, one, many string) string {
+	if n == "1" {
+		return n + " " + one
+	}
+	return n + " " + many
 }

@@ -40,7 +40,7 @@ type env struct {
 	clock func() time.Time
 }
 
-func newEnv(t *testing.T, tok string) *env {
+func newEnv(t *testing.T, tok string, opts ...func(*ops.Options)) *env {
 	t.Helper()
 	e := &env{pool: dbtest.Pool(t), logs: &proctest.Output{}}
 	logger := slog.New(slog.NewJSONHandler(e.logs, nil))
@@ -48,7 +48,11 @@ func newEnv(t *testing.T, tok string) *env {
 	var mu sync.Mutex
 	var offset time.Duration
 	e.clock = func() time.Time { mu.Lock(); defer mu.Unlock(); return time.Now().Add(offset) }
-	h := ops.New(ops.Options{Admin: e.admin, Token: tok, Logger: logger, Now: e.clock, SessionTTL: time.Hour})
+	o := ops.Options{Admin: e.admin, Token: tok, Logger: logger, Now: e.clock, SessionTTL: time.Hour}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	h := ops.New(o)
 	mux := http.NewServeMux()
 	mux.Handle("/ops", h)
 	mux.Handle("/ops/", h)
@@ -104,6 +108,17 @@ func post(t *testing.T, c *http.Client, u string, form url.Values, hdr ...string
 	return res
 }
 
+// postPage posts a form and returns the answer with its page.
+func postPage(t *testing.T, c *http.Client, u string, form url.Values) (*http.Response, string) {
+	t.Helper()
+	res, err := c.PostForm(u, form)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	return res, string(body)
+}
+
 var csrfRe = regexp.MustCompile(`name="csrf" value="([^"]*)"`)
 
 // csrf reads the token the page embeds in its forms.
@@ -126,13 +141,39 @@ func (e *env) endpoint(t *testing.T, u string, types ...string) outbox.Endpoint 
 
 func (e *env) enqueue(t *testing.T, typ string, data any) []uuid.UUID {
 	t.Helper()
+	return e.enqueueKeyed(t, typ, "", data)
+}
+
+// enqueueKeyed writes an event with an ordering key ("" for none) and
+// returns its messages' ids.
+func (e *env) enqueueKeyed(t *testing.T, typ, key string, data any) []uuid.UUID {
+	t.Helper()
 	ctx := context.Background()
-	var ids []uuid.UUID
+	var event uuid.UUID
 	require.NoError(t, pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) (err error) {
-		ids, err = outbox.Enqueue(ctx, tx, outbox.Event{Type: typ, Data: data})
+		event, err = outbox.Enqueue(ctx, tx, outbox.Event{Type: typ, Data: data, OrderingKey: key})
 		return err
 	}))
+	rows, err := e.pool.Query(ctx, "SELECT id FROM outbox_messages WHERE event_id = $1 ORDER BY id", event)
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	require.NoError(t, err)
 	return ids
+}
+
+// eventOf returns a message's event id: its webhook-id.
+func (e *env) eventOf(t *testing.T, id uuid.UUID) uuid.UUID {
+	t.Helper()
+	var ev uuid.UUID
+	require.NoError(t, e.pool.QueryRow(context.Background(), `SELECT event_id FROM outbox_messages WHERE id = $1`, id).Scan(&ev))
+	return ev
+}
+
+// park makes pending messages parked behind an earlier message of their
+// key, as a claim would.
+func (e *env) park(t *testing.T, ids ...uuid.UUID) {
+	t.Helper()
+	e.exec(t, `UPDATE outbox_messages SET parked = true WHERE id = ANY ($1) AND status = 'pending'`, ids)
 }
 
 func (e *env) exec(t *testing.T, sql string, args ...any) {
@@ -587,12 +628,24 @@ func TestMessageDetail(t *testing.T) {
 	e.fail(t, id)
 	c := e.loggedIn(t)
 
+	event := e.eventOf(t, id)
+	require.NotEqual(t, id, event)
+	// The payload is sent as written (json, not jsonb), and Enqueue's
+	// encoder escapes markup; one written otherwise may hold it raw.
+	e.exec(t, `UPDATE outbox_events SET payload = '{"order_id": "o-1", "total_cents": 1000, "note": "<b>bold</b>"}' WHERE id = $1`, event)
+
 	res, body := get(t, c, e.srv.URL+"/ops/messages/"+id.String())
 	require.Equal(t, http.StatusOK, res.StatusCode)
 	require.Contains(t, body, `data-status="failed"`)
 	require.Contains(t, body, ep.URL)
-	// The body as sent, indented, and escaped.
-	require.Contains(t, body, `&#34;id&#34;: &#34;`+id.String()+`&#34;`)
+	// The event and this delivery of it, each under its own id.
+	require.Contains(t, body, `id="event-id">`+event.String()+`<`)
+	require.Contains(t, body, `id="delivery-id">`+id.String()+`<`)
+	require.NotContains(t, body, `id="ordering-key"`, "no ordering key, none shown")
+	require.NotContains(t, body, `id="holding"`)
+	// The body as sent, indented, and escaped: its id is the event's.
+	require.Contains(t, body, `&#34;id&#34;: &#34;`+event.String()+`&#34;`)
+	require.NotContains(t, body, `&#34;id&#34;: &#34;`+id.String()+`&#34;`)
 	require.Contains(t, body, `  &#34;data&#34;: {`)
 	require.Contains(t, body, `&#34;total_cents&#34;: 1000`)
 	// The payload's markup is shown as text, never rendered.
@@ -602,12 +655,24 @@ func TestMessageDetail(t *testing.T) {
 	for _, h := range []string{"content-type", "application/json", "webhook-id", "webhook-timestamp", "webhook-signature", "computed for each attempt"} {
 		require.Contains(t, body, h)
 	}
+	// webhook-id is the event id, not the message's.
+	require.Regexp(t, `webhook-id</th><td><span class="mono">`+event.String()+`</span><div class="sub">the event id: the same on every attempt and at every endpoint; receivers deduplicate on it</div>`, body)
 	// The attempt history.
 	require.Equal(t, 2, strings.Count(body, `data-outcome="retry"`))
 	require.Equal(t, 1, strings.Count(body, `data-outcome="failed"`))
 	require.Contains(t, body, "12.0 ms")
 	require.Contains(t, body, `action="/ops/messages/`+id.String()+`/retry"`)
+	require.Contains(t, body, `action="/ops/messages/`+id.String()+`/skip"`)
 	require.NotContains(t, body, ep.Secret, "the secret is never shown")
+	require.NotContains(t, body, "Next attempt", "a failed message has none")
+
+	// A pending message shows its next attempt; a delivered one no action.
+	pending := e.enqueue(t, "order.placed", map[string]int{"n": 2})[0]
+	_, body = get(t, c, e.srv.URL+"/ops/messages/"+pending.String())
+	require.Contains(t, body, "<dt>Next attempt</dt>")
+	require.NotContains(t, body, "parked")
+	require.NotContains(t, body, `id="retry"`)
+	require.NotContains(t, body, `id="skip"`)
 
 	res, _ = get(t, c, e.srv.URL+"/ops/messages/"+uuid.NewString())
 	require.Equal(t, http.StatusNotFound, res.StatusCode)

@@ -43,9 +43,9 @@ type pages struct {
 }
 
 func mustParsePages() *pages {
-	base := template.Must(template.New("").Funcs(funcs).ParseFS(templateFS, "templates/layout.html"))
+	base := template.Must(template.New("").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/replay_form.html"))
 	p := &pages{byName: map[string]*template.Template{}}
-	for _, name := range []string{"login", "overview", "message", "confirm", "error"} {
+	for _, name := range []string{"login", "overview", "message", "confirm", "error", "replay"} {
 		t := template.Must(base.Clone())
 		p.byName[name] = template.Must(t.ParseFS(templateFS, "templates/"+name+".html"))
 	}
@@ -120,7 +120,7 @@ type overviewPage struct {
 	Delivered60m int64
 	Deliveries   chart
 	Backlog      chart
-	Endpoints    []outbox.EndpointHealth
+	Endpoints    []endpointRow
 	Failed       []messageRow
 	MoreFailed   bool
 	Recent       []messageRow
@@ -129,6 +129,12 @@ type overviewPage struct {
 type messageRow struct {
 	outbox.Message
 	EndpointURL string
+}
+
+// endpointRow is an endpoint of the overview, with its replay form.
+type endpointRow struct {
+	outbox.EndpointHealth
+	Replay replayForm
 }
 
 const failedShown = 50
@@ -162,8 +168,10 @@ func (h *Handler) handleOverview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	urls := make(map[uuid.UUID]string, len(eps))
-	for _, e := range eps {
+	epRows := make([]endpointRow, len(eps))
+	for i, e := range eps {
 		urls[e.ID] = e.URL
+		epRows[i] = endpointRow{EndpointHealth: e, Replay: h.newReplayForm(r, e.Endpoint, Prefix)}
 	}
 	rows := func(ms []outbox.Message) []messageRow {
 		out := make([]messageRow, len(ms))
@@ -182,7 +190,7 @@ func (h *Handler) handleOverview(w http.ResponseWriter, r *http.Request) {
 		Delivered60m: act.Delivered60m,
 		Deliveries:   deliveriesChart(act.Minutes),
 		Backlog:      backlogChart(act.Minutes),
-		Endpoints:    eps,
+		Endpoints:    epRows,
 		Failed:       rows(failed),
 		Recent:       rows(recent),
 	}
@@ -203,6 +211,8 @@ type messagePage struct {
 	Endpoint *outbox.Endpoint
 	Body     string
 	Headers  []header
+	// Replayed: this delivery was written after its event, by a replay.
+	Replayed bool
 }
 
 type header struct {
@@ -220,14 +230,15 @@ func (h *Handler) handleMessage(w http.ResponseWriter, r *http.Request) {
 		h.actionError(w, r, err)
 		return
 	}
-	p := messagePage{Layout: h.layout(r, "Message "+m.ID.String()), Msg: m, Body: sentBody(m.Message)}
+	p := messagePage{Layout: h.layout(r, "Message "+m.ID.String()), Msg: m, Body: sentBody(m.Message),
+		Replayed: !m.CreatedAt.Equal(m.EventCreatedAt)}
 	if ep, err := h.admin.Endpoint(r.Context(), m.Destination); err == nil {
 		p.Endpoint = &ep
 	}
 	p.Headers = []header{
 		{"content-type", "application/json", ""},
 		{"user-agent", "outboxkit-relay/1", ""},
-		{"webhook-id", m.ID.String(), "the message id, the same on every attempt: receivers deduplicate on it"},
+		{"webhook-id", m.EventID.String(), "the event id: the same on every attempt and at every endpoint; receivers deduplicate on it"},
 		{"webhook-timestamp", "", "Unix seconds, set when each attempt is sent"},
 		{"webhook-signature", "v1,…", "HMAC-SHA256 of id.timestamp.body with the endpoint's secret, computed for each attempt"},
 	}
@@ -254,6 +265,11 @@ type confirmPage struct {
 	Return   string
 	Button   string
 	Danger   bool
+	// Hidden are the form's fields that carry the action's input to the
+	// second step (name and value; a name may repeat).
+	Hidden []fact
+	// Cancel labels the way back; empty means "Cancel".
+	Cancel string
 }
 
 type fact struct{ Name, Value string }
@@ -273,10 +289,10 @@ func (h *Handler) handleRetryMessage(w http.ResponseWriter, r *http.Request) {
 			h.actionError(w, r, err)
 			return
 		}
-		details := []fact{{"Message", m.ID.String()}, {"Type", m.Type}, {"Status", m.Status},
-			{"Attempts", strconv.Itoa(m.Attempts)}, {"Last error", m.LastError}}
-		if ep, err := h.admin.Endpoint(r.Context(), m.Destination); err == nil {
-			details = append(details[:2], append([]fact{{"Endpoint", ep.URL}}, details[2:]...)...)
+		details := h.messageFacts(r, m)
+		if m.OrderingKey != "" && m.Holding > 0 {
+			details = append(details, fact{"Note", fmt.Sprintf("It still goes first: the %s of its key behind it %s until it is delivered.",
+				plural(strconv.FormatInt(m.Holding, 10), "later message", "later messages"), pick(m.Holding, "waits", "wait"))})
 		}
 		h.render(w, r, http.StatusOK, "confirm", confirmPage{
 			Layout:   h.layout(r, "Retry message?"),
@@ -292,6 +308,62 @@ func (h *Handler) handleRetryMessage(w http.ResponseWriter, r *http.Request) {
 	}
 	h.logAction(r, "retry_message", slog.String("message_id", id.String()), slog.String("endpoint_id", m.Destination.String()))
 	done(w, r, "retried", -1)
+}
+
+// messageFacts describe a message on a confirmation page.
+func (h *Handler) messageFacts(r *http.Request, m outbox.MessageDetail) []fact {
+	details := []fact{{"Message", m.ID.String()}, {"Event", m.EventID.String()}, {"Type", m.Type}}
+	if ep, err := h.admin.Endpoint(r.Context(), m.Destination); err == nil {
+		details = append(details, fact{"Endpoint", ep.URL})
+	}
+	details = append(details, fact{"Ordering key", m.OrderingKey}, fact{"Status", m.Status},
+		fact{"Attempts", strconv.Itoa(m.Attempts)}, fact{"Last error", m.LastError})
+	return details
+}
+
+// handleSkipMessage gives up on a failed message for good: discarded, never
+// sent, and the next message of its ordering key is let go.
+func (h *Handler) handleSkipMessage(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		h.renderError(w, r, http.StatusNotFound, "Not found", "There is no message with that id.")
+		return
+	}
+	if !confirmed(r) {
+		m, err := h.admin.Message(r.Context(), id)
+		if err != nil {
+			h.actionError(w, r, err)
+			return
+		}
+		if m.Status != outbox.StatusFailed {
+			h.actionError(w, r, outbox.ErrConflict)
+			return
+		}
+		question := "Skip this message? It is settled as discarded and never sent again: this endpoint does not get the event " +
+			"(unless you replay it later). This cannot be undone."
+		details := h.messageFacts(r, m)
+		switch {
+		case m.OrderingKey != "" && m.Holding > 0:
+			behind := plural(strconv.FormatInt(m.Holding, 10), "later message", "later messages")
+			question += " The " + behind + " of its ordering key waiting behind it " + pick(m.Holding, "is", "are") + " sent next, in order."
+			details = append(details, fact{"Waiting behind it", behind + " of its key, let go when it is skipped"})
+		case m.OrderingKey != "":
+			question += " The next message of its ordering key will not wait for it."
+		}
+		h.render(w, r, http.StatusOK, "confirm", confirmPage{
+			Layout: h.layout(r, "Skip message?"), Question: question,
+			Details: details, Action: r.URL.Path, Return: returnPath(r), Button: "Skip message", Danger: true,
+		})
+		return
+	}
+	m, err := h.admin.Skip(r.Context(), id)
+	if err != nil {
+		h.actionError(w, r, err)
+		return
+	}
+	h.logAction(r, "skip_message", slog.String("message_id", id.String()), slog.String("event_id", m.EventID.String()),
+		slog.String("endpoint_id", m.Destination.String()), slog.String("ordering_key", m.OrderingKey))
+	done(w, r, "skipped")
 }
 
 func (h *Handler) endpointFor(w http.ResponseWriter, r *http.Request) (outbox.Endpoint, bool) {
@@ -380,6 +452,14 @@ func (h *Handler) handleRetryEndpoint(w http.ResponseWriter, r *http.Request) {
 
 // ---- formatting ----------------------------------------------------------
 
+// pick is one when n is 1, else many: a verb that agrees with a count.
+func pick(n int64, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
 var funcs = template.FuncMap{
 	"age":      func(d time.Duration) string { return humanAge(d) },
 	"ago":      ago,
@@ -395,6 +475,7 @@ var funcs = template.FuncMap{
 	"add":      func(a, b float64) float64 { return a + b },
 	"sub":      func(a, b float64) float64 { return a - b },
 	"mid":      func(a, b float64) float64 { return (a + b) / 2 },
+	"plural":   func(n int64, one, many string) string { return plural(num(n), one, many) },
 }
 
 // humanAge reads like a person would say it: 42s, 3m 12s, 2h 05m, 3d 4h.

@@ -4,7 +4,8 @@ package orders
 // enqueued with outbox.Enqueue in the transaction that makes it true, with
 // a snapshot of what was true there as its payload; receivers deduplicate
 // on the webhook-id. A payload is a contract: add fields, never change or
-// remove them.
+// remove them. Each carries its order's id as ordering key, so a receiver
+// gets an order's events in the order they happened.
 const (
 	// EventPlaced: an order was placed. Payload: the Order.
 	EventPlaced = "order.placed"

@@ -198,7 +198,7 @@ func (s *Service) Place(ctx context.Context, req PlaceRequest) (order Order, rep
 		}
 
 		order = toOrder(row, req.Lines)
-		if _, err := outbox.Enqueue(ctx, tx, outbox.Event{Type: EventPlaced, Data: order}); err != nil {
+		if _, err := outbox.Enqueue(ctx, tx, outbox.Event{Type: EventPlaced, Data: order, OrderingKey: order.ID.String()}); err != nil {
 			return fmt.Errorf("enqueuing %s: %w", EventPlaced, err)
 		}
 		return nil
@@ -266,7 +266,7 @@ func (s *Service) Cancel(ctx context.Context, id uuid.UUID) (Order, error) {
 			return err
 		}
 		changed = true
-		if _, err := outbox.Enqueue(ctx, tx, outbox.Event{Type: EventCancelled, Data: order}); err != nil {
+		if _, err := outbox.Enqueue(ctx, tx, outbox.Event{Type: EventCancelled, Data: order, OrderingKey: order.ID.String()}); err != nil {
 			return fmt.Errorf("enqueuing %s: %w", EventCancelled, err)
 		}
 		return nil

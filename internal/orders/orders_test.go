@@ -131,14 +131,20 @@ func requireProblem(t testing.TB, res response, status int, mentions ...string) 
 	return p
 }
 
+// counts are the rows of each table; outbox counts the outbox's events,
+// each of which has its one message (the fixture's endpoint subscribes to
+// every event type).
 type counts struct{ orders, lines, outbox int }
 
 func (f *fixture) counts(t testing.TB) counts {
 	t.Helper()
 	var c counts
+	var messages int
 	require.NoError(t, f.pool.QueryRow(context.Background(), `SELECT
-		(SELECT count(*) FROM orders), (SELECT count(*) FROM order_lines), (SELECT count(*) FROM outbox_messages)`).
-		Scan(&c.orders, &c.lines, &c.outbox))
+		(SELECT count(*) FROM orders), (SELECT count(*) FROM order_lines),
+		(SELECT count(*) FROM outbox_events), (SELECT count(*) FROM outbox_messages)`).
+		Scan(&c.orders, &c.lines, &c.outbox, &messages))
+	require.Equal(t, c.outbox, messages, "one message per event")
 	return c
 }
 
@@ -153,7 +159,8 @@ type message struct {
 func (f *fixture) messages(t testing.TB, typ string) []message {
 	t.Helper()
 	rows, err := f.pool.Query(context.Background(),
-		`SELECT type, destination, status, payload::text FROM outbox_messages WHERE type = $1 ORDER BY id`, typ)
+		`SELECT m.type, m.destination, m.status, ev.payload::text
+		FROM outbox_messages m JOIN outbox_events ev ON ev.id = m.event_id WHERE m.type = $1 ORDER BY m.id`, typ)
 	require.NoError(t, err)
 	defer rows.Close()
 	var ms []message
@@ -234,14 +241,23 @@ func TestPlaceCreatesOrderAndItsEventTogether(t *testing.T) {
 	require.JSONEq(t, string(res.body), msgs[0].payload, "the event carries the order exactly as the response does")
 }
 
-func TestPlaceWithoutSubscribersWritesNoOutboxRow(t *testing.T) {
+// With nobody subscribed, the event is recorded (a later endpoint can have
+// it replayed) and nothing is sent.
+func TestPlaceWithoutSubscribersRecordsTheEventOnly(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	_, err := f.pool.Exec(context.Background(), `DELETE FROM webhook_endpoints`)
 	require.NoError(t, err)
 
-	f.place(t, validBody)
-	require.Equal(t, counts{orders: 1, lines: 2, outbox: 0}, f.counts(t))
+	placed, _ := f.place(t, validBody)
+	var events, messages int
+	var key string
+	require.NoError(t, f.pool.QueryRow(context.Background(), `SELECT
+		(SELECT count(*) FROM outbox_events), (SELECT count(*) FROM outbox_messages),
+		(SELECT ordering_key FROM outbox_events WHERE type = 'order.placed')`).Scan(&events, &messages, &key))
+	require.Equal(t, 1, events, "the event is recorded")
+	require.Zero(t, messages, "nothing to send")
+	require.Equal(t, placed.ID.String(), key, "an order's events are keyed by its id")
 }
 
 func TestGetOrder(t *testing.T) {

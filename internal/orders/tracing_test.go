@@ -105,16 +105,18 @@ func TestTraceSpansRequestCommitAndDelivery(t *testing.T) {
 	require.NotNil(t, server, "the api request was traced")
 	traceID := server.SpanContext().TraceID()
 
-	// The trace context is stored with the message, in the order's transaction.
-	msgID := func(orderID string) (id string, stored *string) {
+	// The trace context is stored with the event, in the order's transaction;
+	// the receiver sees the event id as webhook-id.
+	eventID := func(orderID string) (id string, stored *string) {
 		require.NoError(t, pool.QueryRow(ctx,
-			`SELECT id::text, trace_context::text FROM outbox_messages WHERE payload->>'id' = $1`, orderID).Scan(&id, &stored))
+			`SELECT m.event_id::text, ev.trace_context::text FROM outbox_messages m JOIN outbox_events ev ON ev.id = m.event_id
+			WHERE ev.payload->>'id' = $1`, orderID).Scan(&id, &stored))
 		return id, stored
 	}
-	tracedMsg, stored := msgID(traced.ID.String())
+	tracedMsg, stored := eventID(traced.ID.String())
 	require.NotNil(t, stored)
 	require.Contains(t, *stored, traceID.String())
-	untracedMsg, none := msgID(untraced.ID.String())
+	untracedMsg, none := eventID(untraced.ID.String())
 	require.Nil(t, none, "no span, no trace context")
 
 	relay, err := outbox.NewRelay(pool, outbox.RelayConfig{PollInterval: 50 * time.Millisecond, TracerProvider: tp},
@@ -167,7 +169,8 @@ func TestTraceSpansRequestCommitAndDelivery(t *testing.T) {
 	for _, a := range deliver.Attributes() {
 		attrs[string(a.Key)] = a.Value.Emit()
 	}
-	require.Equal(t, tracedMsg, attrs["outbox.message_id"])
+	require.Equal(t, tracedMsg, attrs["outbox.event_id"])
+	require.NotEmpty(t, attrs["outbox.message_id"])
 	require.Equal(t, "delivered", attrs["outbox.outcome"])
 	require.Equal(t, "204", attrs["http.response.status_code"])
 	require.NotEmpty(t, deliver.Links(), "the delivery links to River's span for its job")

@@ -54,32 +54,51 @@ type Endpoint struct {
 	ThrottledUntil *time.Time `json:"throttled_until,omitempty"`
 }
 
-// Message is an outbox row as the admin surface shows it.
+// Message is one delivery of an event to one endpoint (an outbox_messages
+// row), as the admin surface shows it.
 type Message struct {
-	ID            uuid.UUID       `json:"id"`
-	Type          string          `json:"type"`
-	Destination   uuid.UUID       `json:"destination"`
-	Status        string          `json:"status"`
-	Attempts      int             `json:"attempts"`
-	NextAttemptAt time.Time       `json:"next_attempt_at"`
-	ClaimedAt     *time.Time      `json:"claimed_at,omitempty"`
-	DeliveredAt   *time.Time      `json:"delivered_at,omitempty"`
-	LastError     string          `json:"last_error,omitempty"`
-	CreatedAt     time.Time       `json:"created_at"`
-	Payload       json.RawMessage `json:"payload"`
+	// ID is the delivery's own id; EventID the event's, which is what the
+	// receiver sees as webhook-id (the same for every endpoint).
+	ID          uuid.UUID `json:"id"`
+	EventID     uuid.UUID `json:"event_id"`
+	Type        string    `json:"type"`
+	Destination uuid.UUID `json:"destination"`
+	Status      string    `json:"status"`
+	Attempts    int       `json:"attempts"`
+	// NextAttemptAt is when a pending message is due (for a settled one,
+	// when it last was); nil while it is parked.
+	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty"`
+	// OrderingKey is its event's ordering key, if any. Parked: it is pending
+	// behind an earlier message of the same key and endpoint, and is due
+	// when that one is delivered or skipped.
+	OrderingKey string     `json:"ordering_key,omitempty"`
+	Parked      bool       `json:"parked,omitempty"`
+	ClaimedAt   *time.Time `json:"claimed_at,omitempty"`
+	DeliveredAt *time.Time `json:"delivered_at,omitempty"`
+	DiscardedAt *time.Time `json:"discarded_at,omitempty"`
+	LastError   string     `json:"last_error,omitempty"`
+	// CreatedAt is when this delivery was written: its event's time, or
+	// later for a replay. EventCreatedAt is the event's.
+	CreatedAt      time.Time       `json:"created_at"`
+	EventCreatedAt time.Time       `json:"event_created_at"`
+	Payload        json.RawMessage `json:"payload"`
 }
 
 // Body is the webhook body the relay sends for the message:
-// {"id","type","created_at","data"}, data being the payload as stored.
-func (m Message) Body() []byte { return webhookBody(m.ID, m.Type, m.CreatedAt, m.Payload) }
+// {"id","type","created_at","data"}: the event's id and time, data being
+// the payload as stored.
+func (m Message) Body() []byte { return webhookBody(m.EventID, m.Type, m.EventCreatedAt, m.Payload) }
 
 // Stats are the outbox's counts by status and its oldest pending age.
 type Stats struct {
-	Pending                 int64   `json:"pending"`
-	Claimed                 int64   `json:"claimed"`
-	Delivered               int64   `json:"delivered"`
-	Failed                  int64   `json:"failed"`
-	Discarded               int64   `json:"discarded"`
+	Pending   int64 `json:"pending"`
+	Claimed   int64 `json:"claimed"`
+	Delivered int64 `json:"delivered"`
+	Failed    int64 `json:"failed"`
+	Discarded int64 `json:"discarded"`
+	// Parked counts the pending messages that wait for an earlier message
+	// of their ordering key (included in Pending).
+	Parked                  int64   `json:"parked"`
 	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
 }
 
@@ -99,14 +118,9 @@ func NewAdmin(pool *pgxpool.Pool, checker URLChecker, logger *slog.Logger) *Admi
 // CreateEndpoint registers a receiver for eventTypes and returns it with its
 // newly generated signing secret.
 func (a *Admin) CreateEndpoint(ctx context.Context, rawURL string, eventTypes []string) (Endpoint, error) {
-	types := slices.Compact(slices.Sorted(slices.Values(eventTypes)))
-	if len(types) == 0 {
-		return Endpoint{}, fmt.Errorf("%w: event_types must name at least one event type", ErrInvalidEndpoint)
-	}
-	for _, t := range types {
-		if strings.TrimSpace(t) == "" {
-			return Endpoint{}, fmt.Errorf("%w: event_types must not contain an empty type", ErrInvalidEndpoint)
-		}
+	types, err := subscription(eventTypes)
+	if err != nil {
+		return Endpoint{}, err
 	}
 	if err := a.checker.CheckURL(ctx, rawURL); err != nil {
 		return Endpoint{}, fmt.Errorf("%w: %w", ErrInvalidEndpoint, err)
@@ -124,6 +138,52 @@ func (a *Admin) CreateEndpoint(ctx context.Context, rawURL string, eventTypes []
 	ep := toEndpoint(row)
 	ep.Secret = row.Secret
 	return ep, nil
+}
+
+// EndpointChange is a change to an endpoint: nil fields stay as they are.
+type EndpointChange struct {
+	URL        *string
+	EventTypes []string
+}
+
+// UpdateEndpoint changes an endpoint's URL or event types in place, keeping
+// its id, secret, state and messages: what is already waiting is sent to the
+// new URL, and the new types apply to events written from now on.
+func (a *Admin) UpdateEndpoint(ctx context.Context, id uuid.UUID, c EndpointChange) (Endpoint, error) {
+	var types []string
+	if c.EventTypes != nil {
+		var err error
+		if types, err = subscription(c.EventTypes); err != nil {
+			return Endpoint{}, err
+		}
+	}
+	if c.URL != nil {
+		if err := a.checker.CheckURL(ctx, *c.URL); err != nil {
+			return Endpoint{}, fmt.Errorf("%w: %w", ErrInvalidEndpoint, err)
+		}
+	}
+	row, err := outboxdb.New(a.pool).EndpointUpdate(ctx, c.URL, types, id)
+	if err != nil {
+		return Endpoint{}, notFound("updating endpoint", err)
+	}
+	a.logger.InfoContext(ctx, "webhook endpoint changed", slog.String("endpoint_id", id.String()),
+		slog.String("url", row.Url), slog.Any("event_types", row.EventTypes))
+	return toEndpoint(row), nil
+}
+
+// subscription sorts and deduplicates a subscription's types, and refuses an
+// empty one.
+func subscription(in []string) ([]string, error) {
+	types := slices.Compact(slices.Sorted(slices.Values(in)))
+	if len(types) == 0 {
+		return nil, fmt.Errorf("%w: event_types must name at least one event type", ErrInvalidEndpoint)
+	}
+	for _, t := range types {
+		if strings.TrimSpace(t) == "" {
+			return nil, fmt.Errorf("%w: event_types must not contain an empty type", ErrInvalidEndpoint)
+		}
+	}
+	return types, nil
 }
 
 // Endpoints lists every endpoint, without secrets.
@@ -220,7 +280,7 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 		return Stats{}, fmt.Errorf("reading outbox stats: %w", err)
 	}
 	return Stats{Pending: s.Pending, Claimed: s.Claimed, Delivered: s.Delivered, Failed: s.Failed,
-		Discarded: s.Discarded, OldestPendingAgeSeconds: s.OldestPendingAgeSeconds}, nil
+		Discarded: s.Discarded, Parked: s.Parked, OldestPendingAgeSeconds: s.OldestPendingAgeSeconds}, nil
 }
 
 // ErrInvalidStatus is returned for a status filter that is not a status.
@@ -237,10 +297,23 @@ type Attempt struct {
 	Error      string    `json:"error,omitempty"`
 }
 
-// MessageDetail is a message with its whole attempt history.
+// MessageDetail is a message with its whole attempt history and, for one
+// with an ordering key, where it stands in its key.
 type MessageDetail struct {
 	Message
 	History []Attempt `json:"attempt_history"`
+	// HeldBy, for a parked message, is the earlier message of its key it
+	// waits for (nil if none is left: it is about to be promoted).
+	HeldBy *KeyHead `json:"held_by,omitempty"`
+	// Holding, for an unfinished keyed message, counts the later messages
+	// of its key parked behind it.
+	Holding int64 `json:"holding,omitempty"`
+}
+
+// KeyHead is the message at the head of an ordering key.
+type KeyHead struct {
+	ID     uuid.UUID `json:"id"`
+	Status string    `json:"status"`
 }
 
 // MessageFilter selects messages for Messages. Zero fields match anything.
@@ -248,6 +321,8 @@ type MessageFilter struct {
 	Status      string
 	Type        string
 	Destination *uuid.UUID
+	// Event selects the deliveries of one event.
+	Event *uuid.UUID
 	// CreatedFrom (inclusive) and CreatedTo (exclusive) bound created_at.
 	CreatedFrom, CreatedTo *time.Time
 	// Before is the pagination cursor: only messages older than this id.
@@ -259,7 +334,7 @@ type MessageFilter struct {
 // Messages lists messages newest first and returns the cursor of the next
 // page (nil on the last page).
 func (a *Admin) Messages(ctx context.Context, f MessageFilter) ([]Message, *uuid.UUID, error) {
-	p := outboxdb.MessageListParams{Destination: f.Destination, CreatedFrom: f.CreatedFrom, CreatedTo: f.CreatedTo,
+	p := outboxdb.MessageListParams{Destination: f.Destination, EventID: f.Event, CreatedFrom: f.CreatedFrom, CreatedTo: f.CreatedTo,
 		BeforeID: f.Before, MaxRows: int32(cmp.Or(f.Limit, 50))}
 	if f.Status != "" {
 		if !slices.Contains([]string{StatusPending, StatusClaimed, StatusDelivered, StatusFailed, StatusDiscarded}, f.Status) {
@@ -296,7 +371,22 @@ func (a *Admin) Message(ctx context.Context, id uuid.UUID) (MessageDetail, error
 	if err != nil {
 		return MessageDetail{}, fmt.Errorf("listing attempts: %w", err)
 	}
-	d := MessageDetail{Message: toMessage(row), History: make([]Attempt, len(attempts))}
+	d := MessageDetail{Message: toMessage(outboxdb.MessageListRow(row)), History: make([]Attempt, len(attempts))}
+	if row.OrderingKey != nil && d.Status != StatusDelivered && d.Status != StatusDiscarded {
+		key := *row.OrderingKey
+		if d.Parked {
+			head, err := q.MessageKeyHead(ctx, row.Destination, key, id)
+			switch {
+			case err == nil:
+				d.HeldBy = &KeyHead{ID: head.ID, Status: head.Status}
+			case !errors.Is(err, pgx.ErrNoRows):
+				return MessageDetail{}, fmt.Errorf("finding the head of the message's key: %w", err)
+			}
+		}
+		if d.Holding, err = q.MessagesParkedBehind(ctx, row.Destination, key, id); err != nil {
+			return MessageDetail{}, fmt.Errorf("counting the messages parked behind: %w", err)
+		}
+	}
 	for i, at := range attempts {
 		d.History[i] = Attempt{Attempt: int(at.Attempt), Outcome: at.Outcome, StartedAt: at.StartedAt,
 			FinishedAt: at.FinishedAt, DurationMS: float64(at.FinishedAt.Sub(at.StartedAt).Microseconds()) / 1000}
@@ -312,12 +402,13 @@ func (a *Admin) Message(ctx context.Context, id uuid.UUID) (MessageDetail, error
 
 // Retry requeues a failed message (failed → pending) with a fresh attempt
 // budget. Retrying a message that has not failed, or whose endpoint was
-// deleted, is ErrConflict.
+// deleted, is ErrConflict. A retried message with an ordering key still
+// goes first: the messages of its key parked behind it wait for it.
 func (a *Admin) Retry(ctx context.Context, id uuid.UUID) (Message, error) {
 	var msg Message
 	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
 		q := outboxdb.New(tx)
-		row, err := q.MessageRetry(ctx, id)
+		_, err := q.MessageRetry(ctx, id)
 		if errors.Is(err, pgx.ErrNoRows) {
 			m, err := q.MessageGet(ctx, id)
 			if err != nil {
@@ -331,13 +422,54 @@ func (a *Admin) Retry(ctx context.Context, id uuid.UUID) (Message, error) {
 		if err != nil {
 			return fmt.Errorf("retrying message: %w", err)
 		}
-		msg = toMessage(row)
+		row, err := q.MessageGet(ctx, id)
+		if err != nil {
+			return fmt.Errorf("getting message: %w", err)
+		}
+		msg = toMessage(outboxdb.MessageListRow(row))
 		return nil
 	})
 	if err != nil {
 		return Message{}, err
 	}
 	a.logger.InfoContext(ctx, "failed message requeued", slog.String("message_id", id.String()))
+	return msg, nil
+}
+
+// Skip gives up on a failed message: it is settled as discarded and never
+// sent, and the next message of its ordering key, which waited behind it,
+// is due at once. Skipping a message that has not failed is ErrConflict.
+func (a *Admin) Skip(ctx context.Context, id uuid.UUID) (Message, error) {
+	var msg Message
+	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+		q := outboxdb.New(tx)
+		skipped, err := q.MessageSkip(ctx, "skipped by an operator", id)
+		if errors.Is(err, pgx.ErrNoRows) {
+			m, err := q.MessageGet(ctx, id)
+			if err != nil {
+				return notFound("getting message", err)
+			}
+			return fmt.Errorf("skipping message: %w: it is %s; only failed messages can be skipped", ErrConflict, m.Status)
+		}
+		if err != nil {
+			return fmt.Errorf("skipping message: %w", err)
+		}
+		if skipped.OrderingKey != nil {
+			if _, err := q.MessagePromoteNext(ctx, skipped.Destination, *skipped.OrderingKey, id); err != nil {
+				return fmt.Errorf("promoting the next message of its key: %w", err)
+			}
+		}
+		row, err := q.MessageGet(ctx, id)
+		if err != nil {
+			return fmt.Errorf("getting message: %w", err)
+		}
+		msg = toMessage(outboxdb.MessageListRow(row))
+		return nil
+	})
+	if err != nil {
+		return Message{}, err
+	}
+	a.logger.InfoContext(ctx, "failed message skipped", slog.String("message_id", id.String()))
 	return msg, nil
 }
 
@@ -369,10 +501,16 @@ func toEndpoint(r outboxdb.WebhookEndpoint) Endpoint {
 	return ep
 }
 
-func toMessage(r outboxdb.OutboxMessage) Message {
-	m := Message{ID: r.ID, Type: r.Type, Destination: r.Destination, Status: r.Status, Attempts: int(r.Attempts),
-		NextAttemptAt: r.NextAttemptAt, ClaimedAt: r.ClaimedAt, DeliveredAt: r.DeliveredAt, CreatedAt: r.CreatedAt,
-		Payload: r.Payload}
+func toMessage(r outboxdb.MessageListRow) Message {
+	m := Message{ID: r.ID, EventID: r.EventID, Type: r.Type, Destination: r.Destination, Status: r.Status,
+		Attempts: int(r.Attempts), Parked: r.Parked, ClaimedAt: r.ClaimedAt, DeliveredAt: r.DeliveredAt,
+		DiscardedAt: r.DiscardedAt, CreatedAt: r.CreatedAt, EventCreatedAt: r.EventCreatedAt, Payload: r.Payload}
+	if !r.Parked {
+		m.NextAttemptAt = &r.NextAttemptAt
+	}
+	if r.OrderingKey != nil {
+		m.OrderingKey = *r.OrderingKey
+	}
 	if r.LastError != nil {
 		m.LastError = *r.LastError
 	}

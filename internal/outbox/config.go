@@ -58,6 +58,11 @@ type RelayConfig struct {
 	Retention time.Duration
 	// PruneInterval is how often the prune job runs.
 	PruneInterval time.Duration
+	// Listen wakes the relay when a transaction commits an event (Enqueue on
+	// a connection set up by NotifyRelays) instead of at its next poll: it
+	// LISTENs on a connection of its own. The poll goes on and stays what
+	// makes delivery correct.
+	Listen bool
 	// TracerProvider, when set, traces the relay: a span per delivery, in the
 	// trace of the request that enqueued the message, and River's jobs
 	// (otelriver). Nil means tracing off; a message that carries a trace

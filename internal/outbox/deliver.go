@@ -36,6 +36,9 @@ func (deliverArgs) InsertOpts() river.InsertOpts {
 
 // Delivery is one webhook request to make.
 type Delivery struct {
+	// EventID is the webhook-id: the receiver's dedup key, the same for
+	// every delivery of the event. MessageID is this delivery's own row.
+	EventID   uuid.UUID
 	MessageID uuid.UUID
 	Type      string
 	URL       string
@@ -150,7 +153,9 @@ func (w *deliverWorker) Work(ctx context.Context, job *river.Job[deliverArgs]) e
 		health: lease.Health, failures: int(lease.ConsecutiveFailures),
 		probing: lease.Health == HealthBackingOff,
 		results: make(chan sent, r.cfg.DestinationConcurrency),
+		woken:   make(chan struct{}, 1),
 	}
+	defer r.serving(dest, s.woken)()
 	return s.run(ctx)
 }
 
@@ -175,6 +180,7 @@ type session struct {
 	gone       bool
 
 	results  chan sent
+	woken    chan struct{} // a commit for the destination (listen.go)
 	inFlight int
 	outcomes []outcome   // not yet recorded
 	unsent   []uuid.UUID // claimed, never sent: released without an attempt
@@ -317,6 +323,10 @@ func (s *session) run(ctx context.Context) error {
 				idle++
 			}
 			dueLeft = true
+		case <-s.woken:
+			// A commit for this destination (OUTBOX_NOTIFY): look now
+			// rather than at the next poll.
+			dueLeft, lastClaim = true, time.Time{}
 		case <-drain:
 			drain, stopping = nil, true
 		case <-done:
@@ -351,10 +361,10 @@ func (s *session) send(ctx context.Context, row outboxdb.MessageClaimRow) {
 	}
 	started := time.Now()
 	spanCtx, span, header := r.startDeliverSpan(ctx, s.dest, row)
-	body := webhookBody(row.ID, row.Type, row.CreatedAt, row.Payload)
+	body := webhookBody(row.EventID, row.Type, row.CreatedAt, row.Payload)
 	reqCtx, cancel := context.WithTimeout(spanCtx, r.cfg.DeliveryTimeout)
 	res := r.transport.Deliver(reqCtx, Delivery{
-		MessageID: row.ID, Type: row.Type, URL: row.EndpointUrl, Secret: row.EndpointSecret,
+		EventID: row.EventID, MessageID: row.ID, Type: row.Type, URL: row.EndpointUrl, Secret: row.EndpointSecret,
 		PreviousSecret: row.EndpointPreviousSecret, Body: body, Header: header,
 	})
 	cancel()
@@ -531,7 +541,8 @@ func (s *session) counted(outcomes []outcome) {
 }
 
 // settle ends the job: in one transaction it records the last outcomes,
-// releases what was claimed and never sent, stores the destination's health
+// releases what was claimed and never sent, promotes messages parked behind
+// one that settled unseen (MessagesPromoteStranded), stores the destination's health
 // and frees its lease, queues the next job when due work remains, and
 // completes this River job. It runs even when the job's context was
 // cancelled. If the database cannot be reached, the relay retries the same
@@ -552,6 +563,9 @@ func (s *session) settle(ctx context.Context) error {
 			if _, err := q.MessagesRelease(ctx, s.unsent, s.token); err != nil {
 				return fmt.Errorf("releasing unsent messages: %w", err)
 			}
+		}
+		if _, err := q.MessagesPromoteStranded(ctx, s.dest); err != nil {
+			return fmt.Errorf("promoting stranded messages: %w", err)
 		}
 		var err error
 		redispatch, err = q.DestinationSettle(ctx, outboxdb.DestinationSettleParams{

@@ -2,8 +2,10 @@ package outbox_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -11,11 +13,12 @@ import (
 	"github.com/outboxkit/orders/internal/outbox"
 )
 
-func countMessages(t *testing.T, pool *pgxpool.Pool) int {
+// countRows counts the outbox's events and messages.
+func countRows(t *testing.T, pool *pgxpool.Pool) (events, messages int) {
 	t.Helper()
-	var n int
-	require.NoError(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox_messages").Scan(&n))
-	return n
+	require.NoError(t, pool.QueryRow(context.Background(),
+		"SELECT (SELECT count(*) FROM outbox_events), (SELECT count(*) FROM outbox_messages)").Scan(&events, &messages))
+	return events, messages
 }
 
 func TestEnqueueRefusesAnythingButAnOpenTransaction(t *testing.T) {
@@ -40,11 +43,12 @@ func TestEnqueueRefusesAnythingButAnOpenTransaction(t *testing.T) {
 		"committed":   committed,
 		"rolled back": rolledBack,
 	} {
-		ids, err := outbox.Enqueue(ctx, tx, ev)
+		id, err := outbox.Enqueue(ctx, tx, ev)
 		require.ErrorIs(t, err, outbox.ErrNotInTx, name)
-		require.Empty(t, ids, name)
+		require.Equal(t, uuid.Nil, id, name)
 	}
-	require.Zero(t, countMessages(t, f.pool), "a refused enqueue writes nothing")
+	events, messages := countRows(t, f.pool)
+	require.Zero(t, events+messages, "a refused enqueue writes nothing")
 }
 
 func TestEnqueueRejectsInvalidEvents(t *testing.T) {
@@ -52,9 +56,10 @@ func TestEnqueueRejectsInvalidEvents(t *testing.T) {
 	f := setup(t)
 	ctx := context.Background()
 	for name, ev := range map[string]outbox.Event{
-		"empty type":         {Type: "", Data: 1},
-		"unencodable data":   {Type: "order.placed", Data: make(chan int)},
-		"unencodable number": {Type: "order.placed", Data: map[string]any{"x": func() {}}},
+		"empty type":            {Type: "", Data: 1},
+		"unencodable data":      {Type: "order.placed", Data: make(chan int)},
+		"unencodable number":    {Type: "order.placed", Data: map[string]any{"x": func() {}}},
+		"ordering key too long": {Type: "order.placed", Data: 1, OrderingKey: strings.Repeat("k", 201)},
 	} {
 		err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
 			_, err := outbox.Enqueue(ctx, tx, ev)
@@ -62,10 +67,14 @@ func TestEnqueueRejectsInvalidEvents(t *testing.T) {
 		})
 		require.ErrorIs(t, err, outbox.ErrInvalidEvent, name)
 	}
+	events, messages := countRows(t, f.pool)
+	require.Zero(t, events+messages, "an invalid event writes nothing")
 }
 
-// One row per subscribed endpoint, paused ones included: disabled means
-// paused, and their rows wait to be delivered after they are enabled.
+// One event, and one message per subscribed endpoint, paused ones included:
+// disabled means paused, and their rows wait to be delivered after they are
+// enabled. Every message carries the event's id; an event nobody
+// subscribes to is recorded all the same.
 func TestEnqueueFansOutToSubscribedEndpoints(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
@@ -78,18 +87,26 @@ func TestEnqueueFansOutToSubscribedEndpoints(t *testing.T) {
 	_, err := f.admin.SetEndpointEnabled(ctx, epD.ID, false)
 	require.NoError(t, err)
 
-	ids := f.enqueue(t, "order.placed", map[string]string{"order": "o-1"})
+	event := f.publish(t, outbox.Event{Type: "order.placed", Data: map[string]string{"order": "o-1"}})
+	require.Equal(t, uuid.Version(7), event.Version(), "event ids are UUIDv7: time-ordered")
+	ids := f.deliveries(t, event)
 	require.Len(t, ids, 3, "one row per subscribed endpoint, the paused one included")
 	dests := map[string]bool{}
 	for _, id := range ids {
 		m := f.message(t, id)
 		require.Equal(t, outbox.StatusPending, m.Status)
+		require.Equal(t, event, m.EventID, "every delivery carries the event's id")
+		require.NotEqual(t, event, m.ID, "and has its own")
 		require.JSONEq(t, `{"order":"o-1"}`, string(m.Payload))
 		dests[m.Destination.String()] = true
 	}
 	require.Equal(t, map[string]bool{epA.ID.String(): true, epB.ID.String(): true, epD.ID.String(): true}, dests)
 
-	require.Empty(t, f.enqueue(t, "customer.created", 1), "nobody subscribes: nothing to send")
+	unheard := f.publish(t, outbox.Event{Type: "customer.created", Data: 1})
+	require.Empty(t, f.deliveries(t, unheard), "nobody subscribes: nothing to send")
+	var typ string
+	require.NoError(t, f.pool.QueryRow(ctx, "SELECT type FROM outbox_events WHERE id = $1", unheard).Scan(&typ))
+	require.Equal(t, "customer.created", typ, "but the event is recorded, for a later replay")
 }
 
 func TestEnqueueRollsBackWithTheTransaction(t *testing.T) {
@@ -101,9 +118,9 @@ func TestEnqueueRollsBackWithTheTransaction(t *testing.T) {
 
 	tx, err := f.pool.Begin(ctx)
 	require.NoError(t, err)
-	ids, err := outbox.Enqueue(ctx, tx, outbox.Event{Type: "order.placed", Data: 1})
-	require.NoError(t, err)
-	require.Len(t, ids, 1)
+	_, err = outbox.Enqueue(ctx, tx, outbox.Event{Type: "order.placed", Data: 1})
 	require.NoError(t, tx.Rollback(ctx))
-	require.Zero(t, countMessages(t, f.pool), "the message shares the transaction's fate")
+	require.NoError(t, err)
+	events, messages := countRows(t, f.pool)
+	require.Zero(t, events+messages, "the event and its message share the transaction's fate")
 }

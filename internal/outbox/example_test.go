@@ -46,20 +46,23 @@ func ExampleEnqueue() {
 
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		// ... write the business rows with tx here ...
-		ids, err := outbox.Enqueue(ctx, tx, outbox.Event{
+		event, err := outbox.Enqueue(ctx, tx, outbox.Event{
 			Type: "order.placed",
 			Data: map[string]any{"id": "o-1", "total_cents": 1000},
+			// The events of one order reach each endpoint in commit order.
+			OrderingKey: "o-1",
 		})
 		if err != nil {
 			return err
 		}
-		fmt.Println("messages written:", len(ids)) // one per subscribed endpoint
+		// The event id is every delivery's webhook-id: time-ordered.
+		fmt.Println("event id:", event.Version())
 		return nil
 	})
 	if err != nil {
 		fmt.Println("error:", err)
 	}
-	// Output: messages written: 1
+	// Output: event id: VERSION_7
 }
 
 // Enqueue refuses to write outside a transaction: that would be the
@@ -117,11 +120,11 @@ func ExampleRelay() {
 		_ = relay.Stop(stopCtx)
 	}()
 
-	var ids []uuid.UUID
+	var event uuid.UUID
 	_ = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
-		ids, err = outbox.Enqueue(ctx, tx, outbox.Event{Type: "order.placed", Data: map[string]string{"id": "o-1"}})
+		event, err = outbox.Enqueue(ctx, tx, outbox.Event{Type: "order.placed", Data: map[string]string{"id": "o-1"}})
 		return err
 	})
-	fmt.Println(<-received == ids[0].String())
+	fmt.Println(<-received == event.String())
 	// Output: true
 }

@@ -11,15 +11,39 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/outbox"
 )
 
+// eventually fails the test unless cond holds within 20 s. It checks in the
+// test's own goroutine (unlike require.Eventually), so a condition that
+// queries the database never runs after the test has closed its pool.
 func eventually(t *testing.T, cond func() bool, msg string) {
 	t.Helper()
-	require.Eventually(t, cond, 20*time.Second, 10*time.Millisecond, msg)
+	within(t, 20*time.Second, cond, msg)
+}
+
+// within fails the test unless cond holds within d.
+func within(t *testing.T, d time.Duration, cond func() bool, msg string, args ...any) {
+	t.Helper()
+	for deadline := time.Now().Add(d); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition never satisfied within %s: "+msg, append([]any{d}, args...)...)
+		}
+	}
+}
+
+// never fails the test if cond holds at any check during d.
+func never(t *testing.T, d time.Duration, cond func() bool, msg string, args ...any) {
+	t.Helper()
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if cond() {
+			t.Fatalf("condition satisfied, but must not be: "+msg, args...)
+		}
+	}
 }
 
 func (f fixture) status(t *testing.T, id uuid.UUID) string { return f.message(t, id).Status }
@@ -42,7 +66,7 @@ func TestRelayRetriesWithBackoffUntilDelivered(t *testing.T) {
 	m := f.message(t, ids[0])
 	require.Equal(t, 3, m.Attempts)
 	require.Contains(t, m.LastError, "500 Internal Server Error", "the earlier failure stays on the row")
-	require.Equal(t, 1, rc.count(ids[0]))
+	require.Equal(t, 1, rc.count(f.event(t, ids[0])))
 
 	// The whole story is kept, attempt by attempt.
 	require.Len(t, m.History, 3)
@@ -64,16 +88,17 @@ func TestRelayPoisonMessageFailsAtCapWhileOthersFlow(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	rc := newReceiver(t)
-	var poison uuid.UUID
+	var poisonEvent uuid.UUID
 	var fixed bool
 	rc.respond = func(r *http.Request, _ int) int {
-		if r.Header.Get("webhook-id") == poison.String() && !fixed {
+		if r.Header.Get("webhook-id") == poisonEvent.String() && !fixed {
 			return http.StatusUnprocessableEntity
 		}
 		return http.StatusNoContent
 	}
 	f.endpoint(t, rc, "order.placed")
-	poison = f.enqueue(t, "order.placed", "poison")[0]
+	poisonEvent = f.publish(t, outbox.Event{Type: "order.placed", Data: "poison"})
+	poison := f.deliveries(t, poisonEvent)[0]
 	var healthy []uuid.UUID
 	for i := range 20 {
 		healthy = append(healthy, f.enqueue(t, "order.placed", i)...)
@@ -99,7 +124,7 @@ func TestRelayPoisonMessageFailsAtCapWhileOthersFlow(t *testing.T) {
 	_, err = f.admin.Retry(context.Background(), poison)
 	require.NoError(t, err)
 	eventually(t, func() bool { return f.status(t, poison) == outbox.StatusDelivered }, "requeued message delivered")
-	require.Equal(t, 1, rc.count(poison))
+	require.Equal(t, 1, rc.count(poisonEvent))
 }
 
 // A 410 Gone pauses the endpoint: the message that met it, and every one
@@ -144,11 +169,11 @@ func TestRelayGonePausesTheEndpointAndNothingIsDropped(t *testing.T) {
 		later = append(later, ids...)
 	}
 	// Waiting is not an attempt: nothing is sent to a paused endpoint.
-	require.Never(t, func() bool {
+	never(t, 500*time.Millisecond, func() bool {
 		rc.mu.Lock()
 		defer rc.mu.Unlock()
 		return len(rc.attempts) > 1
-	}, 500*time.Millisecond, 50*time.Millisecond, "nothing is sent while paused")
+	}, "nothing is sent while paused")
 	for _, id := range later {
 		require.Equal(t, 0, f.message(t, id).Attempts)
 	}
@@ -158,7 +183,7 @@ func TestRelayGonePausesTheEndpointAndNothingIsDropped(t *testing.T) {
 	require.NoError(t, err)
 	for _, id := range append(later, first) {
 		eventually(t, func() bool { return f.status(t, id) == outbox.StatusDelivered }, "delivered after enabling")
-		require.Equal(t, 1, rc.count(id))
+		require.Equal(t, 1, rc.count(f.event(t, id)))
 	}
 	require.Equal(t, 1, f.message(t, later[0]).Attempts, "the wait cost no attempt")
 }
@@ -195,7 +220,7 @@ func TestDeletingAnEndpointDiscardsItsUndeliveredMessages(t *testing.T) {
 
 	// A relay finds nothing to do for it.
 	f.startRelay(t, fastConfig(), nil)
-	require.Never(t, func() bool { return rc.total() > 0 }, 300*time.Millisecond, 50*time.Millisecond)
+	never(t, 300*time.Millisecond, func() bool { return rc.total() > 0 }, "nothing is sent to the deleted endpoint")
 	_, err = f.admin.DeleteEndpoint(ctx, ep.ID)
 	require.ErrorIs(t, err, outbox.ErrNotFound)
 }
@@ -210,9 +235,7 @@ func TestPruneDiscardsMessagesOfDeletedEndpoints(t *testing.T) {
 	ep := f.endpoint(t, rc, "order.placed")
 	_, err := f.admin.DeleteEndpoint(ctx, ep.ID)
 	require.NoError(t, err)
-	var orphan uuid.UUID
-	require.NoError(t, f.pool.QueryRow(ctx, `INSERT INTO outbox_messages (type, destination, payload)
-		VALUES ('order.placed', $1, '{}') RETURNING id`, ep.ID).Scan(&orphan))
+	orphan := outbox.Seed(t, f.pool, ep.ID, 1, "")[0]
 	cfg := fastConfig()
 	f.startRelay(t, cfg, nil) // the prune job runs at start
 	eventually(t, func() bool { return f.status(t, orphan) == outbox.StatusDiscarded }, "the orphan is discarded")
@@ -242,7 +265,7 @@ func TestRelayHonoursRetryAfter(t *testing.T) {
 			eventually(t, func() bool { m := f.message(t, id); return m.Status == outbox.StatusPending && m.Attempts == 1 },
 				"back to pending after one attempt")
 			m := f.message(t, id)
-			require.WithinDuration(t, start.Add(120*time.Second), m.NextAttemptAt, 10*time.Second,
+			require.WithinDuration(t, start.Add(120*time.Second), *m.NextAttemptAt, 10*time.Second,
 				"next attempt follows Retry-After, not the 20ms backoff")
 			// The whole destination waits, not only this message.
 			ep, err := f.admin.Endpoint(context.Background(), m.Destination)
@@ -250,7 +273,7 @@ func TestRelayHonoursRetryAfter(t *testing.T) {
 			require.NotNil(t, ep.ThrottledUntil)
 			require.WithinDuration(t, start.Add(120*time.Second), *ep.ThrottledUntil, 10*time.Second)
 			second := f.enqueue(t, "order.placed", 2)[0]
-			require.Never(t, func() bool { return f.message(t, second).Attempts > 0 }, 300*time.Millisecond, 50*time.Millisecond,
+			never(t, 300*time.Millisecond, func() bool { return f.message(t, second).Attempts > 0 },
 				"a new message waits for the Retry-After too")
 			mu.Lock()
 			require.Equal(t, 1, hits)
@@ -309,11 +332,11 @@ func TestRelayIsolatesFailingDestinations(t *testing.T) {
 	// more is sent until its probe.
 	cfg := outbox.DefaultRelayConfig()
 	for _, id := range failing {
-		require.Eventually(t, func() bool {
+		within(t, 30*time.Second, func() bool {
 			ep, err := f.admin.Endpoint(ctx, id)
 			require.NoError(t, err)
 			return ep.State == outbox.HealthBackingOff && ep.NextProbeAt != nil
-		}, 30*time.Second, 20*time.Millisecond, "the failing destination backs off as a whole")
+		}, "the failing destination backs off as a whole")
 		ep, err := f.admin.Endpoint(ctx, id)
 		require.NoError(t, err)
 		require.GreaterOrEqual(t, ep.ConsecutiveFailures, cfg.CircuitThreshold)
@@ -363,8 +386,7 @@ func TestBackingOffDestinationRecoversAfterAProbe(t *testing.T) {
 
 	// The first probe comes 5 s (±10%) after it started backing off.
 	for _, id := range ids {
-		require.Eventually(t, func() bool { return f.status(t, id) == outbox.StatusDelivered },
-			20*time.Second, 20*time.Millisecond, "delivered after the probe")
+		within(t, 20*time.Second, func() bool { return f.status(t, id) == outbox.StatusDelivered }, "delivered after the probe")
 	}
 	got, err := f.admin.Endpoint(ctx, ep.ID)
 	require.NoError(t, err)
@@ -419,7 +441,7 @@ func TestRelayStoppedBetweenSendAndMarkRedelivers(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, relay.Start(context.Background()))
 	require.Equal(t, id, <-hold.sent)
-	require.Equal(t, 1, rc.count(id), "the webhook went out")
+	require.Equal(t, 1, rc.count(f.event(t, id)), "the webhook went out")
 	require.Equal(t, outbox.StatusClaimed, f.status(t, id))
 
 	// Stop with no grace left: the request in flight is cut off.
@@ -438,7 +460,7 @@ func TestRelayStoppedBetweenSendAndMarkRedelivers(t *testing.T) {
 
 	f.startRelay(t, fastConfig(), nil)
 	eventually(t, func() bool { return f.status(t, id) == outbox.StatusDelivered }, "redelivered")
-	require.Equal(t, 2, rc.count(id), "delivered twice with one webhook-id: at-least-once, counted")
+	require.Equal(t, 2, rc.count(f.event(t, id)), "delivered twice with one webhook-id: at-least-once, counted")
 }
 
 // A graceful stop within its grace period lets the request in flight finish
@@ -474,7 +496,7 @@ func TestRelayStopLetsRequestsInFlightFinish(t *testing.T) {
 	require.NoError(t, <-stopped)
 	m := f.message(t, id)
 	require.Equal(t, outbox.StatusDelivered, m.Status)
-	require.Equal(t, 1, rc.count(id))
+	require.Equal(t, 1, rc.count(f.event(t, id)))
 }
 
 // A relay that dies holding claims (SIGKILL: no Stop, no heartbeat) is
@@ -503,8 +525,7 @@ func TestDeadRelaysClaimsAreDeliveredWithinSeconds(t *testing.T) {
 	start := time.Now()
 	f.startRelay(t, outbox.RelayConfig{}, nil) // the defaults
 	for _, id := range ids {
-		require.Eventually(t, func() bool { return f.status(t, id) == outbox.StatusDelivered },
-			15*time.Second, 10*time.Millisecond, "the dead relay's claim is delivered")
+		within(t, 15*time.Second, func() bool { return f.status(t, id) == outbox.StatusDelivered }, "the dead relay's claim is delivered")
 	}
 	took := time.Since(start)
 	relayTimeout := outbox.DefaultRelayConfig().RelayTimeout
@@ -573,10 +594,13 @@ func TestStaleClaimsAreReleasedAndDelivered(t *testing.T) {
 	// (written claimed, so no job ever sees it pending): only the claim
 	// timeout can release it.
 	var id uuid.UUID
-	require.NoError(t, f.pool.QueryRow(ctx, `INSERT INTO outbox_messages
-		(type, destination, payload, status, claim_token, claimed_by, claimed_at)
-		VALUES ('order.placed', $1, '1', 'claimed', gen_random_uuid(), (SELECT id FROM outbox_relays), now() - interval '10 minutes')
-		RETURNING id`, ep.ID).Scan(&id))
+	require.NoError(t, pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+		id = outbox.Seed(t, tx, ep.ID, 1, "")[0]
+		_, err := tx.Exec(ctx, `UPDATE outbox_messages
+			SET status = 'claimed', claim_token = gen_random_uuid(), claimed_by = (SELECT id FROM outbox_relays), claimed_at = now() - interval '10 minutes'
+			WHERE id = $1`, id)
+		return err
+	}))
 	eventually(t, func() bool { return f.status(t, id) == outbox.StatusDelivered }, "stuck claim released and delivered")
 	m := f.message(t, id)
 	require.Equal(t, 2, m.Attempts)
@@ -599,10 +623,8 @@ func TestTwoRelaysDeliverEachMessageOnce(t *testing.T) {
 		mu.Unlock()
 		return http.StatusNoContent
 	}
-	f.endpoint(t, rc, "order.placed")
-	_, err := f.pool.Exec(ctx, `INSERT INTO outbox_messages (type, destination, payload)
-		SELECT 'order.placed', id, to_jsonb(g) FROM webhook_endpoints, generate_series(1, 2000) g`)
-	require.NoError(t, err)
+	ep := f.endpoint(t, rc, "order.placed")
+	outbox.Seed(t, f.pool, ep.ID, 2000, "")
 	cfg := fastConfig()
 	cfg.BatchSize = 100
 	f.startRelay(t, cfg, nil)
@@ -635,8 +657,7 @@ func TestClaimsContinueWhileTheLeaderIsDead(t *testing.T) {
 
 	f.startRelay(t, fastConfig(), nil)
 	id := f.enqueue(t, "order.placed", 1)[0]
-	require.Eventually(t, func() bool { return f.status(t, id) == outbox.StatusDelivered },
-		5*time.Second, 10*time.Millisecond, "delivered without a live leader")
+	within(t, 5*time.Second, func() bool { return f.status(t, id) == outbox.StatusDelivered }, "delivered without a live leader")
 	var leader string
 	require.NoError(t, f.pool.QueryRow(ctx, "SELECT leader_id FROM river_leader").Scan(&leader))
 	require.Equal(t, "killed-worker", leader, "the dead leader still held the lease throughout")

@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -38,10 +37,12 @@ const (
 type EndpointHealth struct {
 	Endpoint
 	// Waiting counts its pending and claimed messages; BackingOff those of
-	// them waiting for a retry on their own schedule; Failed those that
-	// gave up.
+	// them waiting for a retry on their own schedule; Parked those waiting
+	// for an earlier message of their ordering key; Failed those that gave
+	// up.
 	Waiting    int64 `json:"waiting"`
 	BackingOff int64 `json:"backing_off"`
+	Parked     int64 `json:"parked"`
 	Failed     int64 `json:"failed"`
 	// NextRetryAt is the earliest retry of a message backing off.
 	NextRetryAt *time.Time `json:"next_retry_at,omitempty"`
@@ -68,7 +69,7 @@ func (a *Admin) EndpointsHealth(ctx context.Context, window time.Duration) ([]En
 				Enabled: r.Enabled, DisabledReason: r.DisabledReason, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
 				Health: r.Health, HealthReason: r.HealthReason, HealthChangedAt: r.HealthChangedAt,
 				ConsecutiveFailures: r.ConsecutiveFailures, BackoffUntil: r.BackoffUntil}),
-			Waiting: r.Waiting, BackingOff: r.BackingOff, Failed: r.Failed, NextRetryAt: r.NextRetryAt,
+			Waiting: r.Waiting, BackingOff: r.BackingOff, Parked: r.Parked, Failed: r.Failed, NextRetryAt: r.NextRetryAt,
 			LastSuccessAt: r.LastSuccessAt, LastErrorAt: r.LastErrorAt, LastAttemptAt: r.LastAttemptAt,
 		}
 		if r.LastError != nil {
@@ -101,7 +102,8 @@ type MinuteActivity struct {
 	// Backlog is the number of pending and claimed messages at the end of the
 	// minute (now, for the current one). It is reconstructed from the present
 	// backlog, the messages enqueued since and the messages settled since; an
-	// operator's requeue of failed messages is not in that history.
+	// operator's requeue of failed messages and a replay's messages are not
+	// in that history.
 	Backlog int64 `json:"backlog"`
 }
 
@@ -135,7 +137,7 @@ func (a *Admin) Activity(ctx context.Context, now time.Time, minutes int) (Activ
 			if attempts, err = q.OpsAttemptsPerMinute(ctx, first); err != nil {
 				return err
 			}
-			if created, err = q.OpsCreatedPerMinute(ctx, uuidV7Floor(first)); err != nil {
+			if created, err = q.OpsCreatedPerMinute(ctx, first); err != nil {
 				return err
 			}
 			if backlog, err = q.MessageBacklog(ctx); err != nil {
@@ -186,16 +188,6 @@ func (a *Admin) Activity(ctx context.Context, now time.Time, minutes int) (Activ
 		b += settled[i] - act.Minutes[i].Created
 	}
 	return act, nil
-}
-
-// uuidV7Floor is the smallest UUIDv7 of t's millisecond: every message id
-// made at or after t sorts at or after it.
-func uuidV7Floor(t time.Time) uuid.UUID {
-	var id uuid.UUID
-	var ms [8]byte
-	binary.BigEndian.PutUint64(ms[:], uint64(t.UnixMilli()))
-	copy(id[:6], ms[2:])
-	return id
 }
 
 // RetryFailedForEndpoint requeues every failed message of one endpoint

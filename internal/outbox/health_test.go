@@ -31,7 +31,7 @@ func TestRetryKeepsTheWholeAttemptHistory(t *testing.T) {
 	cfg := fastConfig()
 	cfg.MaxAttempts = 2
 	f.startRelay(t, cfg, nil)
-	require.Eventually(t, func() bool { return f.message(t, id).Status == outbox.StatusFailed }, 10*time.Second, 10*time.Millisecond)
+	within(t, 10*time.Second, func() bool { return f.message(t, id).Status == outbox.StatusFailed }, "the message fails")
 
 	ctx := context.Background()
 	eps, err := f.admin.EndpointsHealth(ctx, time.Hour)
@@ -47,7 +47,7 @@ func TestRetryKeepsTheWholeAttemptHistory(t *testing.T) {
 	n, err := f.admin.RetryFailedForEndpoint(ctx, ep.ID)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	require.Eventually(t, func() bool { return f.message(t, id).Status == outbox.StatusDelivered }, 10*time.Second, 10*time.Millisecond)
+	within(t, 10*time.Second, func() bool { return f.message(t, id).Status == outbox.StatusDelivered }, "the message is delivered")
 
 	m := f.message(t, id)
 	require.Equal(t, 1, m.Attempts, "the budget started again")

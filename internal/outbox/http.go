@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,21 +14,24 @@ import (
 	"github.com/outboxkit/orders/internal/httpjson"
 )
 
-// Handler returns the admin HTTP routes: webhook endpoints and the outbox's
-// stats, messages and retry. The caller puts authentication in front.
+// Handler returns the admin HTTP routes: webhook endpoints (with replay)
+// and the outbox's stats, messages, retry and skip. The caller puts authentication in front.
 func (a *Admin) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /webhook-endpoints", a.handleCreateEndpoint)
 	mux.HandleFunc("GET /webhook-endpoints", a.handleListEndpoints)
 	mux.HandleFunc("GET /webhook-endpoints/{id}", a.handleGetEndpoint)
+	mux.HandleFunc("PATCH /webhook-endpoints/{id}", a.handleUpdateEndpoint)
 	mux.HandleFunc("DELETE /webhook-endpoints/{id}", a.handleDeleteEndpoint)
 	mux.HandleFunc("POST /webhook-endpoints/{id}/enable", a.handleSetEnabled(true))
 	mux.HandleFunc("POST /webhook-endpoints/{id}/disable", a.handleSetEnabled(false))
 	mux.HandleFunc("POST /webhook-endpoints/{id}/rotate-secret", a.handleRotateSecret)
+	mux.HandleFunc("POST /webhook-endpoints/{id}/replay", a.handleReplay)
 	mux.HandleFunc("GET /outbox/stats", a.handleStats)
 	mux.HandleFunc("GET /outbox/messages", a.handleListMessages)
 	mux.HandleFunc("GET /outbox/messages/{id}", a.handleGetMessage)
 	mux.HandleFunc("POST /outbox/messages/{id}/retry", a.handleRetry)
+	mux.HandleFunc("POST /outbox/messages/{id}/skip", a.handleSkip)
 	return mux
 }
 
@@ -70,6 +74,67 @@ func (a *Admin) handleGetEndpoint(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpjson.Write(w, http.StatusOK, ep)
+}
+
+type updateEndpointRequest struct {
+	URL        *string  `json:"url"`
+	EventTypes []string `json:"event_types"`
+}
+
+func (a *Admin) handleUpdateEndpoint(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathID(w, r)
+	if !ok {
+		return
+	}
+	var req updateEndpointRequest
+	if err := httpjson.Decode(w, r, &req); err != nil {
+		httpjson.WriteError(w, err)
+		return
+	}
+	ep, err := a.UpdateEndpoint(r.Context(), id, EndpointChange(req))
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, ep)
+}
+
+type replayRequest struct {
+	From       time.Time  `json:"from"`
+	To         time.Time  `json:"to"`
+	EventTypes []string   `json:"event_types"`
+	After      *uuid.UUID `json:"after"`
+	Limit      int        `json:"limit"`
+	// DryRun only counts the events the replay would read.
+	DryRun bool `json:"dry_run"`
+}
+
+func (a *Admin) handleReplay(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathID(w, r)
+	if !ok {
+		return
+	}
+	var req replayRequest
+	if err := httpjson.Decode(w, r, &req); err != nil {
+		httpjson.WriteError(w, err)
+		return
+	}
+	rp := Replay{From: req.From, To: req.To, EventTypes: req.EventTypes, After: req.After, Limit: req.Limit}
+	if req.DryRun {
+		n, err := a.ReplayCount(r.Context(), id, rp)
+		if err != nil {
+			a.writeError(w, r, err)
+			return
+		}
+		httpjson.Write(w, http.StatusOK, map[string]any{"dry_run": true, "events": n})
+		return
+	}
+	res, err := a.ReplayEvents(r.Context(), id, rp)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, res)
 }
 
 func (a *Admin) handleDeleteEndpoint(w http.ResponseWriter, r *http.Request) {
@@ -160,7 +225,7 @@ func (a *Admin) handleListMessages(w http.ResponseWriter, r *http.Request) {
 		}
 		f.Limit = n
 	}
-	for name, dst := range map[string]**uuid.UUID{"endpoint": &f.Destination, "cursor": &f.Before} {
+	for name, dst := range map[string]**uuid.UUID{"endpoint": &f.Destination, "event_id": &f.Event, "cursor": &f.Before} {
 		if v := q.Get(name); v != "" {
 			id, err := uuid.Parse(v)
 			if err != nil {
@@ -209,11 +274,19 @@ func (a *Admin) handleGetMessage(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *Admin) handleRetry(w http.ResponseWriter, r *http.Request) {
+	a.handleMessageAction(w, r, a.Retry)
+}
+
+func (a *Admin) handleSkip(w http.ResponseWriter, r *http.Request) {
+	a.handleMessageAction(w, r, a.Skip)
+}
+
+func (a *Admin) handleMessageAction(w http.ResponseWriter, r *http.Request, act func(context.Context, uuid.UUID) (Message, error)) {
 	id, ok := pathID(w, r)
 	if !ok {
 		return
 	}
-	m, err := a.Retry(r.Context(), id)
+	m, err := act(r.Context(), id)
 	if err != nil {
 		a.writeError(w, r, err)
 		return
@@ -230,7 +303,7 @@ func (a *Admin) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		status = http.StatusNotFound
 	case errors.Is(err, ErrConflict):
 		status = http.StatusConflict
-	case errors.Is(err, ErrInvalidEndpoint), errors.Is(err, ErrInvalidStatus):
+	case errors.Is(err, ErrInvalidEndpoint), errors.Is(err, ErrInvalidStatus), errors.Is(err, ErrInvalidReplay):
 		status = http.StatusUnprocessableEntity
 	default:
 		a.logger.ErrorContext(r.Context(), "admin request failed", slog.String("path", r.URL.Path), slog.Any("error", err))

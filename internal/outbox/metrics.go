@@ -20,6 +20,7 @@ type Metrics struct {
 	claimed            prometheus.Counter
 	deliverJobs        prometheus.Counter
 	polls              prometheus.Counter
+	wakeups            prometheus.Counter
 	released           *prometheus.CounterVec
 	relaysDeclaredDead prometheus.Counter
 	stateChanges       *prometheus.CounterVec
@@ -47,6 +48,9 @@ func NewMetrics() *Metrics {
 		polls: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_polls_total", Help: "Looks for destinations with due work: the relay's heartbeat, rising every poll interval even when idle.",
 		}),
+		wakeups: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_wakeups_total", Help: "NOTIFYs received from committing transactions (OUTBOX_NOTIFY); each wakes the dispatch and the deliver jobs.",
+		}),
 		released: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_claims_released_total",
 			Help: "Claims returned to pending without an outcome, by reason: relay_dead (its relay stopped heartbeating), relay_stopped (left at a graceful stop), claim_timeout (the last resort).",
@@ -67,7 +71,7 @@ func NewMetrics() *Metrics {
 // Register adds the metrics to reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
 	for _, c := range []prometheus.Collector{m.deliveries, m.deliveryDuration, m.claimed, m.deliverJobs, m.polls,
-		m.released, m.relaysDeclaredDead, m.stateChanges, m.pruned} {
+		m.wakeups, m.released, m.relaysDeclaredDead, m.stateChanges, m.pruned} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

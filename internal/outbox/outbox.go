@@ -3,10 +3,16 @@
 // and the relay (River jobs run by cmd/worker) delivers what was committed as
 // signed webhooks, retrying with backoff up to a cap.
 //
-// Delivery is at-least-once. A relay killed between sending a webhook and
-// recording the outcome sends it again later; receivers must deduplicate on
-// the webhook-id header, which is the message id and never changes across
-// retries.
+// Every Enqueue records one event (kept for the retention, subscribed or
+// not, so it can be replayed) and one delivery (a message) per subscribed
+// endpoint. Delivery is at-least-once. A relay killed between sending a
+// webhook and recording the outcome sends it again later; receivers must
+// deduplicate on the webhook-id header, which is the event id: the same on
+// every retry, every replay and for every endpoint the event goes to.
+//
+// Events that share an ordering key are delivered to each endpoint in the
+// order they committed: one is not sent until the one before it was
+// delivered (or skipped by a person).
 //
 // This package never imports the modules that use it (orders and others):
 // they depend on it, not the other way round.
@@ -65,38 +71,88 @@ type Event struct {
 	// snapshot of what was true in this transaction, and delivery never
 	// re-reads the business rows.
 	Data any
+	// OrderingKey, when set, orders the event after every earlier event of
+	// the same key, for each endpoint: the orders module keys its events by
+	// order id, so no order.cancelled overtakes its order.placed. Events
+	// without a key are delivered in parallel. A key is a sequence: while
+	// one of its events cannot be delivered, the later ones wait.
+	OrderingKey string
 }
 
-// Enqueue writes the event in tx, as one pending row per endpoint subscribed
-// to ev.Type, and returns the new messages' ids (none when nobody
-// subscribes). A paused (disabled) endpoint gets its row too, delivered when
-// it is enabled again. Enqueue never opens a transaction of its own: the
-// rows commit or roll back with the caller's.
+// maxOrderingKey bounds a key's length: it is compared and indexed, and a
+// key is an identifier, not data.
+const maxOrderingKey = 200
+
+// Enqueue writes the event in tx and returns its id, the webhook-id every
+// delivery of it carries. In the same statement it writes one pending
+// delivery per endpoint subscribed to ev.Type (none when nobody subscribes;
+// the event is recorded all the same). A paused (disabled) endpoint gets its
+// delivery too, sent when it is enabled again. Enqueue never opens a
+// transaction of its own: the rows commit or roll back with the caller's.
+//
+// With an ordering key, Enqueue holds a lock on the key until tx ends, so
+// transactions writing events of one key commit one after the other, in
+// the order of their event ids.
 //
 // When ctx holds a valid OpenTelemetry span, its trace context (from the
-// process's propagator) is stored with the messages, and their deliveries
+// process's propagator) is stored with the event, and its deliveries
 // continue that trace and send traceparent to the receiver.
-func Enqueue(ctx context.Context, tx pgx.Tx, ev Event) ([]uuid.UUID, error) {
+func Enqueue(ctx context.Context, tx pgx.Tx, ev Event) (uuid.UUID, error) {
 	if isNil(tx) {
-		return nil, fmt.Errorf("enqueuing %q: %w", ev.Type, ErrNotInTx)
+		return uuid.Nil, fmt.Errorf("enqueuing %q: %w", ev.Type, ErrNotInTx)
 	}
 	if ev.Type == "" {
-		return nil, fmt.Errorf("enqueuing: %w: empty type", ErrInvalidEvent)
+		return uuid.Nil, fmt.Errorf("enqueuing: %w: empty type", ErrInvalidEvent)
+	}
+	if len(ev.OrderingKey) > maxOrderingKey {
+		return uuid.Nil, fmt.Errorf("enqueuing %q: %w: ordering key longer than %d bytes", ev.Type, ErrInvalidEvent, maxOrderingKey)
 	}
 	payload, err := json.Marshal(ev.Data)
 	if err != nil {
-		return nil, fmt.Errorf("enqueuing %q: %w: %w", ev.Type, ErrInvalidEvent, err)
+		return uuid.Nil, fmt.Errorf("enqueuing %q: %w: %w", ev.Type, ErrInvalidEvent, err)
+	}
+	var key *string
+	if ev.OrderingKey != "" {
+		key = &ev.OrderingKey
 	}
 	// The trace context of the caller's span, if any, travels with the
-	// message so its delivery continues the same trace (see trace.go).
-	ids, err := outboxdb.New(tx).MessageEnqueue(ctx, ev.Type, payload, traceContext(ctx))
+	// event so its deliveries continue the same trace (see trace.go).
+	q := outboxdb.New(tx)
+	id, err := q.EventEnqueue(ctx, outboxdb.EventEnqueueParams{
+		Type: ev.Type, Payload: payload, TraceContext: traceContext(ctx), OrderingKey: key,
+	})
 	if errors.Is(err, pgx.ErrTxClosed) {
-		return nil, fmt.Errorf("enqueuing %q: %w: %w", ev.Type, ErrNotInTx, err)
+		return uuid.Nil, fmt.Errorf("enqueuing %q: %w: %w", ev.Type, ErrNotInTx, err)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("enqueuing %q: %w", ev.Type, err)
+		return uuid.Nil, fmt.Errorf("enqueuing %q: %w", ev.Type, err)
 	}
-	return ids, nil
+	// A second statement, only when asked for: the NOTIFY is what costs,
+	// and the default path does not carry even its check.
+	if tx.Conn().Config().RuntimeParams[notifySetting] == "on" {
+		if err := q.EventNotify(ctx, id); err != nil {
+			return uuid.Nil, fmt.Errorf("notifying relays of %q: %w", ev.Type, err)
+		}
+	}
+	return id, nil
+}
+
+// notifySetting marks the connections made with NotifyRelays (and shows on
+// the server as the session setting outbox.notify).
+const notifySetting = "outbox.notify"
+
+// NotifyRelays makes every Enqueue on connections made with cfg send a
+// NOTIFY naming the event's destinations (when it has any), delivered at
+// commit, so relays started with RelayConfig.Listen claim it at once
+// instead of at their next poll. It costs the write path a second statement
+// and, at commit, a database-wide lock to queue the notification (see
+// docs/PERFORMANCE.md). The poll stays the mechanism that makes delivery
+// correct; the NOTIFY only makes it sooner.
+func NotifyRelays(cfg *pgx.ConnConfig) {
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	cfg.RuntimeParams[notifySetting] = "on"
 }
 
 // isNil catches a nil interface and a typed nil pointer inside one, which

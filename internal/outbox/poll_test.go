@@ -48,13 +48,11 @@ func TestIdleRelayPollsWithoutStartingJobs(t *testing.T) {
 		_ = relay.Stop(c)
 	})
 
-	require.Eventually(t, func() bool { return counter(t, reg, "outbox_polls_total") >= 25 },
-		10*time.Second, 10*time.Millisecond, "the heartbeat rises while idle")
+	within(t, 10*time.Second, func() bool { return counter(t, reg, "outbox_polls_total") >= 25 }, "the heartbeat rises while idle")
 	var jobs int
 	require.NoError(t, f.pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE kind = 'outbox_deliver'").Scan(&jobs))
 	require.Zero(t, jobs, "25 polls of an idle relay started no job")
 
 	id := f.enqueue(t, "order.placed", 1)[0]
-	require.Eventually(t, func() bool { return f.status(t, id) == outbox.StatusDelivered },
-		5*time.Second, 5*time.Millisecond, "a due message starts a deliver job")
+	within(t, 5*time.Second, func() bool { return f.status(t, id) == outbox.StatusDelivered }, "a due message starts a deliver job")
 }

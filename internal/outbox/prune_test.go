@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
@@ -14,35 +15,45 @@ import (
 
 // The prune job (River's leader runs it when the relay starts, then every
 // prune interval) deletes delivered and discarded rows past the retention,
-// in batches, and nothing else.
+// in batches, then the old events no message refers to any more, and
+// nothing else.
 func TestPruneJobDeletesOnlyOldSettledRows(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
 	rc := newReceiver(t)
 	f.endpoint(t, rc, "order.placed")
-	// 12,000 old delivered rows (more than one prune batch), old discarded
-	// rows, and one row of every other kind, all equally old.
+	// Events of nine days ago, each with its message: 12,000 delivered
+	// (more than one prune batch) and 10 discarded long ago, and one of
+	// every other kind. Plus two events without messages, one old, one new.
 	_, err := f.pool.Exec(ctx, `
-		INSERT INTO outbox_messages (type, destination, payload, status, delivered_at, created_at)
-		SELECT 'order.placed', e.id, '{}', 'delivered', now() - interval '8 days', now() - interval '9 days'
-		FROM webhook_endpoints e, generate_series(1, 12000);
-		INSERT INTO outbox_messages (type, destination, payload, status, discarded_at, created_at)
-		SELECT 'order.placed', e.id, '{}', 'discarded', now() - interval '8 days', now() - interval '9 days'
-		FROM webhook_endpoints e, generate_series(1, 10);
-		INSERT INTO outbox_messages (type, destination, payload, status, delivered_at, created_at)
-		SELECT 'order.placed', e.id, '{"keep":"recent"}', 'delivered', now() - interval '1 hour', now() - interval '9 days'
-		FROM webhook_endpoints e;
-		INSERT INTO outbox_messages (type, destination, payload, status, discarded_at, created_at)
-		SELECT 'order.placed', e.id, '{"keep":"recently discarded"}', 'discarded', now() - interval '1 hour', now() - interval '9 days'
-		FROM webhook_endpoints e;
-		INSERT INTO outbox_messages (type, destination, payload, status, last_error, created_at)
-		SELECT 'order.placed', e.id, '{"keep":"failed"}', 'failed', 'x', now() - interval '9 days' FROM webhook_endpoints e;
-		INSERT INTO outbox_messages (type, destination, payload, status, created_at)
-		SELECT 'order.placed', e.id, '{"keep":"pending"}', 'pending', now() - interval '9 days' FROM webhook_endpoints e;
-		INSERT INTO outbox_messages (type, destination, payload, status, claim_token, claimed_at, created_at)
-		SELECT 'order.placed', e.id, '{"keep":"claimed"}', 'claimed', gen_random_uuid(), now(), now() - interval '9 days'
-		FROM webhook_endpoints e;`)
+		CREATE TEMP TABLE seed (keep text, status text, settled_at timestamptz, n integer);
+		INSERT INTO seed VALUES
+			(NULL, 'delivered', now() - interval '8 days', 12000),
+			(NULL, 'discarded', now() - interval '8 days', 10),
+			('recent', 'delivered', now() - interval '1 hour', 1),
+			('recently discarded', 'discarded', now() - interval '1 hour', 1),
+			('failed', 'failed', NULL, 1),
+			('pending', 'pending', NULL, 1),
+			('claimed', 'claimed', NULL, 1);
+		WITH ev AS (
+			INSERT INTO outbox_events (id, type, payload, created_at)
+			SELECT outbox_uuid_v7_at(now() - interval '9 days' + g * interval '1 microsecond'), 'order.placed',
+			       json_build_object('keep', s.keep, 'status', s.status), now() - interval '9 days'
+			FROM seed s, generate_series(1, s.n) g
+			RETURNING id, payload->>'status' AS status, payload->>'keep' AS keep, created_at)
+		INSERT INTO outbox_messages (id, event_id, type, destination, status, delivered_at, discarded_at,
+		                             claim_token, claimed_at, created_at, next_attempt_at)
+		SELECT outbox_uuid_sibling(ev.id), ev.id, 'order.placed', e.id, ev.status,
+		       CASE WHEN ev.status = 'delivered' THEN s.settled_at END,
+		       CASE WHEN ev.status = 'discarded' THEN s.settled_at END,
+		       CASE WHEN ev.status = 'claimed' THEN gen_random_uuid() END,
+		       CASE WHEN ev.status = 'claimed' THEN now() END,
+		       ev.created_at, ev.created_at
+		FROM ev JOIN seed s ON s.status = ev.status AND s.keep IS NOT DISTINCT FROM ev.keep, webhook_endpoints e;
+		INSERT INTO outbox_events (id, type, payload, created_at) VALUES
+			(outbox_uuid_v7_at(now() - interval '9 days'), 'unheard', '{"keep":"old unheard"}', now() - interval '9 days'),
+			(outbox_uuid_v7(), 'unheard', '{"keep":"recent unheard"}', now());`)
 	require.NoError(t, err)
 
 	metrics := outbox.NewMetrics()
@@ -57,17 +68,21 @@ func TestPruneJobDeletesOnlyOldSettledRows(t *testing.T) {
 		defer cancel()
 		_ = relay.Stop(c)
 	})
-	require.Eventually(t, func() bool { return counter(t, reg, "outbox_pruned_total") == 12010 },
-		20*time.Second, 20*time.Millisecond, "the prune job deleted the old settled rows")
+	within(t, 20*time.Second, func() bool { return counter(t, reg, "outbox_pruned_total") == 12010 }, "the prune job deleted the old settled rows")
 
-	rows, err := f.pool.Query(ctx, "SELECT payload->>'keep' FROM outbox_messages ORDER BY 1")
-	require.NoError(t, err)
-	var kept []string
-	for rows.Next() {
-		var k string
-		require.NoError(t, rows.Scan(&k))
-		kept = append(kept, k)
+	kept := func(query string) []string {
+		rows, err := f.pool.Query(ctx, query)
+		require.NoError(t, err)
+		keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return keys
 	}
-	require.NoError(t, rows.Err())
-	require.Equal(t, []string{"claimed", "failed", "pending", "recent", "recently discarded"}, kept)
+	require.Equal(t, []string{"claimed", "failed", "pending", "recent", "recently discarded"},
+		kept("SELECT COALESCE(ev.payload->>'keep', '') FROM outbox_messages m JOIN outbox_events ev ON ev.id = m.event_id ORDER BY 1"))
+	within(t, 10*time.Second, func() bool {
+		return len(kept("SELECT COALESCE(payload->>'keep', '') FROM outbox_events ORDER BY 1")) == 6
+	}, "the old events without messages are pruned after the messages")
+	require.Equal(t, []string{"claimed", "failed", "pending", "recent", "recent unheard", "recently discarded"},
+		kept("SELECT COALESCE(payload->>'keep', '') FROM outbox_events ORDER BY 1"),
+		"an event stays while a message refers to it, and for the retention")
 }

@@ -71,6 +71,13 @@ type Relay struct {
 	stopDispatch, stopKeepAlive context.CancelFunc
 	loops                       sync.WaitGroup
 
+	// Wake-ups (listen.go): the dispatch loop takes one from dispatchNow;
+	// sessions holds the wake-up channel of each deliver job running here,
+	// by destination.
+	dispatchNow chan struct{}
+	wakeMu      sync.Mutex
+	sessions    map[uuid.UUID]chan struct{}
+
 	mu sync.Mutex
 	// unsettled holds the final writes of jobs that could not reach the
 	// database as they ended; the heartbeat loop retries them.
@@ -86,13 +93,14 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig, transport Transport, logger *
 		metrics = NewMetrics()
 	}
 	r := &Relay{pool: pool, cfg: cfg.withDefaults(), transport: transport, logger: logger, metrics: metrics,
-		tracer: cfg.tracer(), id: uuid.New(), drain: make(chan struct{})}
+		tracer: cfg.tracer(), id: uuid.New(), drain: make(chan struct{}),
+		dispatchNow: make(chan struct{}, 1), sessions: map[uuid.UUID]chan struct{}{}}
 	r.progressAt.Store(time.Now().UnixNano())
 	return r, nil
 }
 
-// Start registers the relay, starts its River client and its two loops
-// (dispatch and heartbeat), and returns. The relay runs until Stop; ctx
+// Start registers the relay, starts its River client and its loops
+// (dispatch, heartbeat and, with Listen, the listener), and returns. The relay runs until Stop; ctx
 // only bounds starting (its values, such as a logger's, are kept).
 func (r *Relay) Start(ctx context.Context) error {
 	if r.client != nil {
@@ -119,10 +127,13 @@ func (r *Relay) Start(ctx context.Context) error {
 	r.stopDispatch, r.stopKeepAlive = stopDispatch, stopKeepAlive
 	r.loops.Go(func() { r.dispatchLoop(dispatchCtx) })
 	r.loops.Go(func() { r.keepAlive(keepAliveCtx) })
+	if r.cfg.Listen {
+		r.loops.Go(func() { r.listen(dispatchCtx) })
+	}
 	r.logger.InfoContext(ctx, "relay started", slog.String("relay_id", r.id.String()),
 		slog.Duration("poll_interval", r.cfg.PollInterval),
 		slog.Int("destination_concurrency", r.cfg.DestinationConcurrency),
-		slog.Int("max_attempts", r.cfg.MaxAttempts))
+		slog.Int("max_attempts", r.cfg.MaxAttempts), slog.Bool("listen", r.cfg.Listen))
 	return nil
 }
 
@@ -232,20 +243,29 @@ func (r *Relay) newRiverClient() (*river.Client[pgx.Tx], error) {
 // with a relay that fetched it and died before running it).
 const redispatchAfter = 5 * time.Second
 
-// dispatchLoop dispatches due destinations every poll interval until ctx is
-// done. It runs in every relay, not as a periodic job of River's leader: a
+// dispatchLoop dispatches due destinations every poll interval, and at
+// once when woken (listen.go), until ctx is done. It runs in every relay, not as a periodic job of River's leader: a
 // leader killed without resigning keeps its lease for about 15 seconds, and
 // with it every dispatch would stop cluster-wide.
 func (r *Relay) dispatchLoop(ctx context.Context) {
 	ticker := time.NewTicker(r.cfg.PollInterval)
 	defer ticker.Stop()
-	var warned time.Time
+	var warned, last time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
+		case <-r.dispatchNow:
+			if wait := wakeSpacing - time.Since(last); wait > 0 {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(wait):
+				}
+			}
 		}
+		last = time.Now()
 		r.metrics.polls.Inc()
 		if _, err := r.dispatch(ctx); err != nil && ctx.Err() == nil && time.Since(warned) > 30*time.Second {
 			// The database is unreachable: say so, but not every tick.
@@ -347,12 +367,24 @@ func (w *pruneWorker) Work(ctx context.Context, job *river.Job[pruneArgs]) error
 	if orphans > 0 {
 		r.logger.InfoContext(ctx, "discarded messages of deleted endpoints", slog.Int64("count", orphans))
 	}
+	// Deliver jobs promote their destination's stranded messages as they
+	// end; this reaches the destinations no job has served since.
+	endpoints, err := outboxdb.New(r.pool).EndpointList(ctx)
+	if err != nil {
+		return fmt.Errorf("listing endpoints: %w", err)
+	}
+	for _, e := range endpoints {
+		if _, err := outboxdb.New(r.pool).MessagesPromoteStranded(ctx, e.ID); err != nil {
+			return fmt.Errorf("promoting stranded messages: %w", err)
+		}
+	}
 	return nil
 }
 
 // prune deletes delivered messages delivered, and discarded messages
-// discarded, before cutoff, in batches, and returns how many it deleted.
-// Pending, claimed and failed rows are kept.
+// discarded, before cutoff, then the events written before cutoff that no
+// message refers to any more, in batches, and returns how many messages it
+// deleted. Pending, claimed and failed messages, and their events, are kept.
 func (r *Relay) prune(ctx context.Context, cutoff time.Time) (int64, error) {
 	q := outboxdb.New(r.pool)
 	var total int64
@@ -362,6 +394,24 @@ func (r *Relay) prune(ctx context.Context, cutoff time.Time) (int64, error) {
 		r.metrics.pruned.Add(float64(n))
 		if err != nil {
 			return total, fmt.Errorf("pruning settled messages: %w", err)
+		}
+		if n == 0 {
+			break
+		}
+	}
+	for {
+		var n int64
+		err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) (err error) {
+			q := outboxdb.New(tx)
+			// Not while a replay gives old events new messages.
+			if err := q.EventsLockPrune(ctx); err != nil {
+				return err
+			}
+			n, err = q.EventsPrune(ctx, cutoff, pruneBatch)
+			return err
+		})
+		if err != nil {
+			return total, fmt.Errorf("pruning events: %w", err)
 		}
 		if n == 0 {
 			return total, nil

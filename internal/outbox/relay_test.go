@@ -125,15 +125,43 @@ func (f fixture) endpoint(t *testing.T, rc *receiver, types ...string) outbox.En
 	return ep
 }
 
-// enqueue commits one event and returns the ids of its messages.
+// enqueue commits one event and returns the ids of its messages (its
+// deliveries), in the order of their endpoints' creation.
 func (f fixture) enqueue(t *testing.T, typ string, data any) []uuid.UUID {
 	t.Helper()
+	return f.deliveries(t, f.publish(t, outbox.Event{Type: typ, Data: data}))
+}
+
+// publish commits one event and returns its id.
+func (f fixture) publish(t *testing.T, ev outbox.Event) uuid.UUID {
+	t.Helper()
 	ctx := context.Background()
-	var ids []uuid.UUID
+	var id uuid.UUID
 	err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) (err error) {
-		ids, err = outbox.Enqueue(ctx, tx, outbox.Event{Type: typ, Data: data})
+		id, err = outbox.Enqueue(ctx, tx, ev)
 		return err
 	})
+	require.NoError(t, err)
+	return id
+}
+
+// event returns the event of a message: the webhook-id its receiver sees.
+func (f fixture) event(t *testing.T, message uuid.UUID) uuid.UUID {
+	t.Helper()
+	var id uuid.UUID
+	require.NoError(t, f.pool.QueryRow(context.Background(),
+		"SELECT event_id FROM outbox_messages WHERE id = $1", message).Scan(&id))
+	return id
+}
+
+// deliveries returns the ids of an event's messages, in the order of their
+// endpoints' creation.
+func (f fixture) deliveries(t *testing.T, event uuid.UUID) []uuid.UUID {
+	t.Helper()
+	rows, err := f.pool.Query(context.Background(), `SELECT m.id FROM outbox_messages m
+		JOIN webhook_endpoints e ON e.id = m.destination WHERE m.event_id = $1 ORDER BY e.created_at, e.id`, event)
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 	require.NoError(t, err)
 	return ids
 }
@@ -184,14 +212,15 @@ func TestRelayDeliversSignedWebhook(t *testing.T) {
 	require.Len(t, ids, 1)
 
 	f.startRelay(t, fastConfig(), nil)
-	require.Eventually(t, func() bool { return f.message(t, ids[0]).Status == outbox.StatusDelivered },
-		10*time.Second, 10*time.Millisecond)
+	within(t, 10*time.Second, func() bool { return f.message(t, ids[0]).Status == outbox.StatusDelivered }, "the message is delivered")
 
-	require.Equal(t, 1, rc.count(ids[0]))
+	event := f.event(t, ids[0])
+	require.Equal(t, 1, rc.count(event))
 	rc.mu.Lock()
-	env, h := rc.bodies[ids[0].String()], rc.headers[ids[0].String()]
+	env, h := rc.bodies[event.String()], rc.headers[event.String()]
 	rc.mu.Unlock()
-	require.Equal(t, ids[0].String(), env.ID)
+	require.Equal(t, event.String(), env.ID, "the body's id is the event id, as webhook-id is")
+	require.Equal(t, event.String(), h.Get("webhook-id"))
 	require.Equal(t, "order.placed", env.Type)
 	require.JSONEq(t, `{"order_id":"o-1","total_cents":1000}`, string(env.Data))
 	require.Equal(t, "application/json", h.Get("Content-Type"))

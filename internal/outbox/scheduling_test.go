@@ -25,11 +25,11 @@ import (
 // concurrency is a receiver that counts the requests it has in flight at
 // once, answering each after delay.
 type concurrency struct {
-	delay       time.Duration
-	now, most   atomic.Int64
-	served      atomic.Int64
-	mu          sync.Mutex
-	byMessageID map[string]int
+	delay     time.Duration
+	now, most atomic.Int64
+	served    atomic.Int64
+	mu        sync.Mutex
+	byEventID map[string]int
 }
 
 func (c *concurrency) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -39,7 +39,7 @@ func (c *concurrency) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	time.Sleep(c.delay) // the receiver's own work
 	c.now.Add(-1)
 	c.mu.Lock()
-	c.byMessageID[r.Header.Get("webhook-id")]++
+	c.byEventID[r.Header.Get("webhook-id")]++
 	c.mu.Unlock()
 	c.served.Add(1)
 	w.WriteHeader(http.StatusNoContent)
@@ -52,14 +52,12 @@ func TestDestinationConcurrencyIsBoundedAcrossRelays(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
-	rc := &concurrency{delay: 30 * time.Millisecond, byMessageID: map[string]int{}}
+	rc := &concurrency{delay: 30 * time.Millisecond, byEventID: map[string]int{}}
 	srv := httptest.NewServer(rc)
 	t.Cleanup(srv.Close)
-	_, err := f.admin.CreateEndpoint(ctx, srv.URL, []string{"order.placed"})
+	ep, err := f.admin.CreateEndpoint(ctx, srv.URL, []string{"order.placed"})
 	require.NoError(t, err)
-	_, err = f.pool.Exec(ctx, `INSERT INTO outbox_messages (type, destination, payload)
-		SELECT 'order.placed', id, to_jsonb(g) FROM webhook_endpoints, generate_series(1, 300) g`)
-	require.NoError(t, err)
+	outbox.Seed(t, f.pool, ep.ID, 300, "")
 	f.startRelay(t, outbox.RelayConfig{}, nil)
 	f.startRelay(t, outbox.RelayConfig{}, nil)
 
@@ -69,8 +67,8 @@ func TestDestinationConcurrencyIsBoundedAcrossRelays(t *testing.T) {
 	require.Equal(t, limit, rc.most.Load(), "and the destination gets all of them")
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	require.Len(t, rc.byMessageID, 300)
-	for id, n := range rc.byMessageID {
+	require.Len(t, rc.byEventID, 300)
+	for id, n := range rc.byEventID {
 		require.Equal(t, 1, n, "message %s sent %d times", id, n)
 	}
 }
@@ -82,7 +80,7 @@ func TestClaimsLastAsLongAsTheirRequest(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
-	rc := &concurrency{delay: 300 * time.Millisecond, byMessageID: map[string]int{}}
+	rc := &concurrency{delay: 300 * time.Millisecond, byEventID: map[string]int{}}
 	srv := httptest.NewServer(rc)
 	t.Cleanup(srv.Close)
 	_, err := f.admin.CreateEndpoint(ctx, srv.URL, []string{"order.placed"})
@@ -140,7 +138,7 @@ func TestOutcomesAreRecordedAsTheyHappen(t *testing.T) {
 	t.Cleanup(func() { close(release) })
 	f.endpoint(t, rc, "order.placed")
 	slow := f.enqueue(t, "order.placed", "slow")[0]
-	slowID.Store(slow.String())
+	slowID.Store(f.event(t, slow).String())
 	var fast []uuid.UUID
 	for i := range 10 {
 		fast = append(fast, f.enqueue(t, "order.placed", i)...)
@@ -188,21 +186,21 @@ func TestDestinationStateChangesAreLoggedOnce(t *testing.T) {
 	})
 
 	// Backing off, then at least one failed probe (after 5 s).
-	require.Eventually(t, func() bool {
+	within(t, 20*time.Second, func() bool {
 		got, err := f.admin.Endpoint(ctx, ep.ID)
 		require.NoError(t, err)
 		return got.State == outbox.HealthBackingOff && got.ConsecutiveFailures > outbox.DefaultRelayConfig().CircuitThreshold
-	}, 20*time.Second, 20*time.Millisecond, "a probe failed")
+	}, "a probe failed")
 	down.Store(false)
 	// Probe now, as the ops page's button does, rather than wait out the
 	// doubled wait.
 	_, err = f.admin.SetEndpointEnabled(ctx, ep.ID, true)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool {
+	within(t, 10*time.Second, func() bool {
 		got, err := f.admin.Endpoint(ctx, ep.ID)
 		require.NoError(t, err)
 		return got.State == outbox.HealthHealthy
-	}, 10*time.Second, 20*time.Millisecond, "recovered")
+	}, "recovered")
 
 	lines := func(msg string) []map[string]any {
 		var out []map[string]any

@@ -74,6 +74,7 @@ func (c RelayConfig) tracer() trace.Tracer {
 func (r *Relay) startDeliverSpan(ctx context.Context, destination uuid.UUID, row outboxdb.MessageClaimRow) (context.Context, trace.Span, http.Header) {
 	attrs := trace.WithAttributes(
 		attribute.String("outbox.message_id", row.ID.String()),
+		attribute.String("outbox.event_id", row.EventID.String()),
 		attribute.String("outbox.event_type", row.Type),
 		attribute.String("outbox.destination", destination.String()),
 		attribute.Int("outbox.attempt", int(row.Attempts)+1),

@@ -42,19 +42,17 @@ func TestRelayPassesTheStoredTraceContextOnWithTracingOff(t *testing.T) {
 	ctx := trace.ContextWithSpanContext(context.Background(), sc)
 	var traced []string
 	require.NoError(t, pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
-		ids, err := outbox.Enqueue(ctx, tx, outbox.Event{Type: "order.placed", Data: map[string]any{"n": 1}})
-		for _, id := range ids {
-			traced = append(traced, id.String())
-		}
+		id, err := outbox.Enqueue(ctx, tx, outbox.Event{Type: "order.placed", Data: map[string]any{"n": 1}})
+		traced = append(traced, id.String())
 		return err
 	}))
 	untraced := f.enqueue(t, "order.placed", map[string]any{"n": 2})
 
 	f.startRelay(t, fastConfig(), nil)
-	require.Eventually(t, func() bool { return rc.total() == 2 }, 10*time.Second, 10*time.Millisecond)
+	within(t, 10*time.Second, func() bool { return rc.total() == 2 }, "both messages delivered")
 
 	rc.mu.Lock()
-	h, plain := rc.headers[traced[0]], rc.headers[untraced[0].String()]
+	h, plain := rc.headers[traced[0]], rc.headers[f.event(t, untraced[0]).String()]
 	rc.mu.Unlock()
 	require.Equal(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", h.Get("traceparent"))
 	require.Equal(t, "vendor=abc", h.Get("tracestate"))

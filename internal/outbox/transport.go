@@ -14,7 +14,7 @@ import (
 )
 
 // HTTPTransport delivers webhooks over HTTP in the Standard Webhooks format:
-// webhook-id (the message id, the receiver's dedup key), webhook-timestamp
+// webhook-id (the event id, the receiver's dedup key), webhook-timestamp
 // and webhook-signature headers over the JSON body.
 type HTTPTransport struct {
 	// Client sends the requests. Use netguard.Guard.Client so the SSRF guard
@@ -46,12 +46,12 @@ func (t *HTTPTransport) Deliver(ctx context.Context, d Delivery) Result {
 		req.Header[k] = v
 	}
 	ts := now()
-	signer.SetHeaders(req.Header, d.MessageID.String(), ts, d.Body)
+	signer.SetHeaders(req.Header, d.EventID.String(), ts, d.Body)
 	if d.PreviousSecret != "" {
 		// During a rotation's overlap: one signature per secret, space-separated.
 		if key, err := webhook.ParseSecret(d.PreviousSecret); err == nil {
 			req.Header.Set(webhook.HeaderSignature, req.Header.Get(webhook.HeaderSignature)+" "+
-				webhook.Sign(key, d.MessageID.String(), ts, d.Body))
+				webhook.Sign(key, d.EventID.String(), ts, d.Body))
 		}
 	}
 	req.Header.Set("User-Agent", "outboxkit-relay/1")

@@ -179,14 +179,18 @@ func durationAsText(_ []string, a slog.Attr) slog.Attr {
 	return a
 }
 
-// OpenPool connects to PostgreSQL and checks the connection.
-func OpenPool(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
+// OpenPool connects to PostgreSQL and checks the connection; configure
+// functions adjust the pool's configuration first.
+func OpenPool(ctx context.Context, url string, maxConns int32, configure ...func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("parsing DATABASE_URL: %w", err)
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
+	}
+	for _, f := range configure {
+		f(cfg)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

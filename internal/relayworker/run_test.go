@@ -533,6 +533,7 @@ func TestEndToEnd(t *testing.T) {
 
 type message struct {
 	ID          string     `json:"id"`
+	EventID     string     `json:"event_id"`
 	Status      string     `json:"status"`
 	Attempts    int        `json:"attempts"`
 	LastError   string     `json:"last_error"`
@@ -561,7 +562,7 @@ func TestFailedMessageRetried(t *testing.T) {
 	require.Contains(t, msg.LastError, "500")
 	_, attempts, bad := rec.snapshot()
 	require.Empty(t, bad)
-	require.Equal(t, map[string]int{msg.ID: 2}, attempts, "one request per attempt, all with the message id")
+	require.Equal(t, map[string]int{msg.EventID: 2}, attempts, "one request per attempt, all with the event id")
 	require.Equal(t, stats{Failed: 1}, api.stats(t))
 
 	rec.setStatus(http.StatusNoContent)
@@ -576,8 +577,8 @@ func TestFailedMessageRetried(t *testing.T) {
 	}, 30*time.Second, 20*time.Millisecond, "the retried message was never delivered")
 	delivered, attempts, bad := rec.snapshot()
 	require.Empty(t, bad)
-	require.Contains(t, delivered, msg.ID, "the retry keeps the webhook-id")
-	require.Equal(t, 3, attempts[msg.ID])
+	require.Contains(t, delivered, msg.EventID, "the retry keeps the webhook-id")
+	require.Equal(t, 3, attempts[msg.EventID])
 	require.Equal(t, stats{Delivered: 1}, api.stats(t))
 
 	require.Equal(t, http.StatusConflict, api.admin(t, http.MethodPost, "/outbox/messages/"+msg.ID+"/retry", "", nil),

@@ -22,7 +22,8 @@ type setting struct {
 	// outbox.FieldError; empty for a setting of the worker process itself.
 	field string
 	doc   string
-	// bind points into c: at a time.Duration, an int or a []time.Duration.
+	// bind points into c: at a time.Duration, an int, a bool or a
+	// []time.Duration.
 	bind func(c *config) any
 }
 
@@ -67,11 +68,14 @@ var settings = []setting{
 		"one webhook request",
 		func(c *config) any { return &c.relay.DeliveryTimeout }},
 	{"OUTBOX_RETENTION", "Retention",
-		"how long delivered and discarded rows are kept",
+		"how long delivered and discarded rows are kept, and events (what a replay can re-send)",
 		func(c *config) any { return &c.relay.Retention }},
 	{"OUTBOX_PRUNE_INTERVAL", "PruneInterval",
 		"how often the prune job runs",
 		func(c *config) any { return &c.relay.PruneInterval }},
+	{"OUTBOX_NOTIFY", "Listen",
+		"`true`: workers LISTEN and deliver at commit instead of at the next poll; set it on the api too, whose order transactions then NOTIFY (it costs write throughput: docs/PERFORMANCE.md)",
+		func(c *config) any { return &c.relay.Listen }},
 	{"OUTBOX_STALL_THRESHOLD", "",
 		"`/readyz` fails when a deliverable message has waited this long and this worker claimed nothing meanwhile",
 		func(c *config) any { return &c.stallThreshold }},
@@ -106,6 +110,8 @@ func parseSettings(env *process.Env, c *config) {
 			*p = env.Int(s.env, *p)
 		case *[]time.Duration:
 			*p = env.Durations(s.env, *p)
+		case *bool:
+			*p = env.Bool(s.env, *p)
 		default:
 			panic(fmt.Sprintf("setting %s: unsupported type %T", s.env, p))
 		}
@@ -158,6 +164,8 @@ func formatDefault(p any) string {
 		return "`" + formatDuration(*p) + "`"
 	case *int:
 		return fmt.Sprintf("`%d`", *p)
+	case *bool:
+		return fmt.Sprintf("`%t`", *p)
 	case *[]time.Duration:
 		parts := make([]string, len(*p))
 		for i, d := range *p {

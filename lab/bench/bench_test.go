@@ -47,10 +47,15 @@ func TestSmoke(t *testing.T) {
 	doc := string(b)
 	for _, want := range []string{"## Targets", "## 1. Write path", "## 2. Drain", "## 3. Latency",
 		"## 4. History does not slow the claim", "## 5. Scale-out", "## 6. Prune under load", "## 7. Knobs",
-		"## 8. Head-of-line isolation at the defaults", "## 9. Recovery after SIGKILL", "Index Scan"} {
+		"## 8. Head-of-line isolation at the defaults", "## 9. Recovery after SIGKILL", "## 10. Ordered drain",
+		"Ordered drain: ", "| keyed |", "Poll or NOTIFY", "Index Scan"} {
 		if !strings.Contains(doc, want) {
 			t.Errorf("report lacks %q", want)
 		}
+	}
+	// Sections by number: 9 before 10.
+	if i, j := strings.Index(doc, "## 9. "), strings.Index(doc, "## 10. "); i < 0 || j < i {
+		t.Errorf("section 10 is not after section 9")
 	}
 }
 
@@ -72,17 +77,17 @@ func BenchmarkPlace(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer db.drop() //nolint:errcheck
-	pool, err := db.pool(ctx, 16)
+	pools, err := newWritePools(ctx, db, 16)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer pool.Close()
-	if err := addEndpoints(ctx, pool, 1, "http://127.0.0.1:9/hook"); err != nil {
+	defer pools.close()
+	if err := addEndpoints(ctx, pools.plain, 1, "http://127.0.0.1:9/hook"); err != nil {
 		b.Fatal(err)
 	}
 	for _, v := range writeVariants {
 		b.Run(strings.ReplaceAll(v.name, " ", "_"), func(b *testing.B) {
-			place := v.place(pool)
+			place := v.place(pools)
 			b.RunParallel(func(pb *testing.PB) {
 				for i := int64(0); pb.Next(); i++ {
 					if err := place(ctx, i); err != nil {

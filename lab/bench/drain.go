@@ -71,13 +71,15 @@ func rawDrain(ctx context.Context, url string, n, conns int, send outbox.Transpo
 					var dest uuid.UUID
 					var payload []byte
 					var created time.Time
-					if err := rows.Scan(&d.MessageID, &dest, &d.Type, &payload, &created); err != nil {
+					if err := rows.Scan(&d.MessageID, &d.EventID, &dest, &d.Type, &payload, &created); err != nil {
 						fail(err)
 						rows.Close()
 						return
 					}
 					d.URL, d.Secret = endpoints[dest].url, endpoints[dest].secret
-					d.Body = outbox.Message{ID: d.MessageID, Type: d.Type, CreatedAt: created, Payload: payload}.Body()
+					// webhook-id and the body's id are the event's, as the relay sends them.
+					d.Body = outbox.Message{ID: d.MessageID, EventID: d.EventID, Type: d.Type,
+						CreatedAt: created, EventCreatedAt: created, Payload: payload}.Body()
 					batch = append(batch, d)
 				}
 				rows.Close()
@@ -311,7 +313,7 @@ func scenarioDrain(ctx context.Context, cfg config, rep *report) error {
 	}
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "A backlog of **%s pending messages over %d endpoints** (one `INSERT … SELECT generate_series`, ~300-byte order payloads), drained until nothing is pending or claimed. "+
+	fmt.Fprintf(&b, "A backlog of **%s pending messages over %d endpoints** (each the one delivery of its own event; one `INSERT … SELECT generate_series`, ~300-byte order payloads), drained until nothing is pending or claimed. "+
 		"Medians of %d runs, cases interleaved run by run. Relay cases use `outbox.NewRelay` + `relay.Start` (real River, dispatch and heartbeat) with `DefaultRelayConfig()` and a 20-connection pool, as `cmd/worker`; the clock starts before the relay starts, so River's start and the first dispatch are included. "+
 		"The receiver is a `net/http` server on 127.0.0.1 in the same process (it does not verify signatures); the relay and the raw HTTP loop use `outbox.HTTPTransport` with `netguard.Guard{AllowPrivate: true}.Client()`. "+
 		"The raw loops claim with one statement over the whole outbox, the relay one destination at a time under its lease.\n\n",

@@ -51,6 +51,19 @@ func (d *database) pool(ctx context.Context, maxConns int32) (*pgxpool.Pool, err
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
+// notifyPool is a pool whose connections are made with outbox.NotifyRelays,
+// as the api's are with OUTBOX_NOTIFY=true: every Enqueue (EventEnqueue) on
+// it NOTIFYs listening relays at commit.
+func (d *database) notifyPool(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(d.url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = maxConns
+	outbox.NotifyRelays(cfg.ConnConfig)
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
 // addEndpoints registers n endpoints for order.placed, all at url.
 func addEndpoints(ctx context.Context, pool *pgxpool.Pool, n int, url string) error {
 	_, err := pool.Exec(ctx, `INSERT INTO webhook_endpoints (url, secret, event_types)
@@ -59,53 +72,77 @@ func addEndpoints(ctx context.Context, pool *pgxpool.Pool, n int, url string) er
 	return err
 }
 
-// preloadPending inserts n pending messages spread over every endpoint, with
-// an order-sized payload, in one INSERT … SELECT generate_series.
+// preloadPending inserts n pending messages spread over every endpoint, each
+// the one delivery of its own event with an order-sized payload, in one
+// INSERT … SELECT generate_series. Ids, times and due times are as
+// EventEnqueue writes them: the event's id is a UUIDv7 of its time, its
+// delivery's id shares the event's first 64 bits, and the delivery is due
+// at the event's time.
 func preloadPending(ctx context.Context, pool *pgxpool.Pool, n int) error {
 	_, err := pool.Exec(ctx, `
-		WITH e AS (SELECT array_agg(id ORDER BY id) AS ids FROM webhook_endpoints)
-		INSERT INTO outbox_messages (type, destination, payload)
-		SELECT 'order.placed', e.ids[1 + g % cardinality(e.ids)],
-		       jsonb_build_object('id', gen_random_uuid(), 'customer_id', 'c-' || g, 'status', 'placed',
-		                          'total_cents', 1000, 'created_at', now(),
-		                          'lines', jsonb_build_array(
-		                              jsonb_build_object('sku', 'A-1', 'quantity', 1, 'unit_price_cents', 500),
-		                              jsonb_build_object('sku', 'B-2', 'quantity', 1, 'unit_price_cents', 500)))
-		FROM e, generate_series(1, $1::int) g`, n)
+		WITH e AS (SELECT array_agg(id ORDER BY id) AS ids FROM webhook_endpoints),
+		src AS MATERIALIZED (
+			SELECT g, t.at, outbox_uuid_v7_at(t.at) AS id
+			FROM (SELECT g, clock_timestamp() AS at FROM generate_series(1, $1::int) g) t
+		), ev AS (
+			INSERT INTO outbox_events (id, type, payload, created_at)
+			SELECT src.id, 'order.placed',
+			       jsonb_build_object('id', gen_random_uuid(), 'customer_id', 'c-' || g, 'status', 'placed',
+			                          'total_cents', 1000, 'created_at', src.at,
+			                          'lines', jsonb_build_array(
+			                              jsonb_build_object('sku', 'A-1', 'quantity', 1, 'unit_price_cents', 500),
+			                              jsonb_build_object('sku', 'B-2', 'quantity', 1, 'unit_price_cents', 500)))::json,
+			       src.at
+			FROM src
+		)
+		INSERT INTO outbox_messages (id, event_id, type, destination, next_attempt_at, created_at)
+		SELECT outbox_uuid_sibling(src.id), src.id, 'order.placed', e.ids[1 + g % cardinality(e.ids)], src.at, src.at
+		FROM e, src`, n)
 	if err != nil {
 		return fmt.Errorf("preloading %d pending messages: %w", n, err)
 	}
-	_, err = pool.Exec(ctx, "VACUUM ANALYZE outbox_messages")
+	_, err = pool.Exec(ctx, "VACUUM ANALYZE outbox_events, outbox_messages")
 	return err
 }
 
-// preloadDelivered inserts n delivered rows as the retained history, in
-// chunks, delivered ageDays ago (so a prune with a week's retention takes them).
+// preloadDelivered inserts n delivered rows as the retained history, each
+// with its event, in chunks, delivered ageDays ago (so a prune with a week's
+// retention takes them, and their events after them).
 func preloadDelivered(ctx context.Context, pool *pgxpool.Pool, n int, ageDays int) error {
 	const chunk = 500_000
 	for done := 0; done < n; done += chunk {
 		m := min(chunk, n-done)
 		_, err := pool.Exec(ctx, `
-			WITH e AS (SELECT array_agg(id ORDER BY id) AS ids FROM webhook_endpoints)
-			INSERT INTO outbox_messages (type, destination, payload, status, attempts, delivered_at, created_at)
-			SELECT 'order.placed', e.ids[1 + g % cardinality(e.ids)],
-			       jsonb_build_object('id', gen_random_uuid(), 'customer_id', 'c-' || g, 'status', 'placed',
-			                          'total_cents', 1000, 'lines', jsonb_build_array(
-			                              jsonb_build_object('sku', 'A-1', 'quantity', 1, 'unit_price_cents', 500))),
-			       'delivered', 1, now() - make_interval(days => $2) + g * interval '1 ms',
-			       now() - make_interval(days => $2) + g * interval '1 ms'
-			FROM e, generate_series(1, $1::int) g`, m, ageDays)
+			WITH e AS (SELECT array_agg(id ORDER BY id) AS ids FROM webhook_endpoints),
+			src AS MATERIALIZED (
+				SELECT g, t.at, outbox_uuid_v7_at(t.at) AS id
+				FROM (SELECT g, now() - make_interval(days => $2) + ($3 + g) * interval '1 ms' AS at
+				      FROM generate_series(1, $1::int) g) t
+			), ev AS (
+				INSERT INTO outbox_events (id, type, payload, created_at)
+				SELECT src.id, 'order.placed',
+				       jsonb_build_object('id', gen_random_uuid(), 'customer_id', 'c-' || g, 'status', 'placed',
+				                          'total_cents', 1000, 'lines', jsonb_build_array(
+				                              jsonb_build_object('sku', 'A-1', 'quantity', 1, 'unit_price_cents', 500)))::json,
+				       src.at
+				FROM src
+			)
+			INSERT INTO outbox_messages (id, event_id, type, destination, status, attempts, next_attempt_at, delivered_at, created_at)
+			SELECT outbox_uuid_sibling(src.id), src.id, 'order.placed', e.ids[1 + g % cardinality(e.ids)],
+			       'delivered', 1, src.at, src.at, src.at
+			FROM e, src`, m, ageDays, done)
 		if err != nil {
 			return fmt.Errorf("preloading %d delivered messages: %w", n, err)
 		}
 	}
-	_, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_messages")
+	_, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_events, outbox_messages")
 	return err
 }
 
-// resetOutbox empties the outbox and River's job table between runs.
+// resetOutbox empties the outbox (events, messages and their attempts) and
+// River's job table between runs.
 func resetOutbox(ctx context.Context, pool *pgxpool.Pool) error {
-	_, err := pool.Exec(ctx, "TRUNCATE outbox_attempts, outbox_messages, river_job")
+	_, err := pool.Exec(ctx, "TRUNCATE outbox_attempts, outbox_messages, outbox_events, river_job")
 	return err
 }
 

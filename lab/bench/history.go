@@ -196,10 +196,11 @@ func scenarioHistory(ctx context.Context, cfg config, rep *report) error {
 	if err != nil {
 		return err
 	}
-	var tableSize, attemptsSize, pendingIdx string
+	var tableSize, eventsSize, attemptsSize, pendingIdx string
 	_ = pool.QueryRow(ctx, `SELECT pg_size_pretty(pg_total_relation_size('outbox_messages')),
+		pg_size_pretty(pg_total_relation_size('outbox_events')),
 		pg_size_pretty(pg_total_relation_size('outbox_attempts')),
-		pg_size_pretty(pg_relation_size('outbox_messages_pending_idx'))`).Scan(&tableSize, &attemptsSize, &pendingIdx)
+		pg_size_pretty(pg_relation_size('outbox_messages_pending_idx'))`).Scan(&tableSize, &eventsSize, &attemptsSize, &pendingIdx)
 	logf("  claim p50 %s → %s, p99 %s → %s", ms(empty.p50), ms(full.p50), ms(empty.p99), ms(full.p99))
 
 	// 6. Prune under load: claims paced every 10 ms (a relay claiming
@@ -233,9 +234,10 @@ func scenarioHistory(ctx context.Context, cfg config, rep *report) error {
 			return err
 		}
 	}
+	var prunedEvents int64
 	go func() {
 		pruneStart = time.Now()
-		pruned, pruneErr = labsql.Prune(ctx, pool, time.Now().Add(-7*24*time.Hour))
+		pruned, prunedEvents, pruneErr = labsql.Prune(ctx, pool, time.Now().Add(-7*24*time.Hour))
 		pruneTook = time.Since(pruneStart)
 		once.Do(func() { close(pruneDone) })
 	}()
@@ -254,12 +256,12 @@ func scenarioHistory(ctx context.Context, cfg config, rep *report) error {
 	if pruneErr != nil {
 		return fmt.Errorf("prune: %w", pruneErr)
 	}
-	logf("  prune %d rows in %s: claim p99 %s → %s", pruned, pruneTook.Round(time.Millisecond), ms(base.p99), ms(during.p99))
+	logf("  prune %d rows (and %d events) in %s: claim p99 %s → %s", pruned, prunedEvents, pruneTook.Round(time.Millisecond), ms(base.p99), ms(during.p99))
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "The relay's claim statement (`MessageClaim`, batch 100, for one of the %d destinations under its lease, as a deliver job runs it) timed on its own, %d times back to back, in a transaction rolled back after each claim so every sample sees the same backlog of %s pending messages; then %s delivered rows (each with its `outbox_attempts` record, delivered 30 days ago) are added in bulk (%s) and `VACUUM ANALYZE` runs, as autovacuum would have, and the claim is timed again. "+
-		"With the history: `outbox_messages` %s in total, `outbox_attempts` %s; the partial pending index stays %s.\n\n",
-		cfg.Endpoints, cfg.ClaimSamples, commas(int64(backlog)), commas(int64(cfg.History)), loadTook.Round(time.Second), tableSize, attemptsSize, pendingIdx)
+	fmt.Fprintf(&b, "The relay's claim statement (`MessageClaim`, batch 100, for one of the %d destinations under its lease, as a deliver job runs it) timed on its own, %d times back to back, in a transaction rolled back after each claim so every sample sees the same backlog of %s pending messages; then %s delivered rows (each with its event in `outbox_events` and its `outbox_attempts` record, delivered 30 days ago) are added in bulk (%s) and `VACUUM ANALYZE` runs, as autovacuum would have, and the claim is timed again. "+
+		"With the history: `outbox_messages` %s in total, `outbox_events` %s, `outbox_attempts` %s; the partial pending index stays %s.\n\n",
+		cfg.Endpoints, cfg.ClaimSamples, commas(int64(backlog)), commas(int64(cfg.History)), loadTook.Round(time.Second), tableSize, eventsSize, attemptsSize, pendingIdx)
 	b.WriteString("| delivered rows retained | claims | p50 | p99 | max |\n|---:|---:|---:|---:|---:|\n")
 	fmt.Fprintf(&b, "| 0 | %d | %s | %s | %s |\n", empty.n, msf(empty.p50)+" ms", msf(empty.p99)+" ms", ms(empty.max))
 	fmt.Fprintf(&b, "| %s | %d | %s | %s | %s |\n", commas(int64(cfg.History)), full.n, msf(full.p50)+" ms", msf(full.p99)+" ms", ms(full.max))
@@ -269,8 +271,8 @@ func scenarioHistory(ctx context.Context, cfg config, rep *report) error {
 	rep.section("4. History does not slow the claim", b.String())
 
 	b.Reset()
-	fmt.Fprintf(&b, "Claims (as above) paced one every %s, first for %s alone, then while the prune job's statement (`MessagesPrune`: `DELETE` of 5,000 delivered and 5,000 discarded rows at most, cascading to `outbox_attempts`, repeated until none is left) deletes %s delivered rows past retention. The prune took %s (%s rows/s).\n\n",
-		pace, baseWindow, commas(pruned), pruneTook.Round(100*time.Millisecond), rate(float64(pruned)/pruneTook.Seconds()))
+	fmt.Fprintf(&b, "Claims (as above) paced one every %s, first for %s alone, then while the prune job's statements (`MessagesPrune`: `DELETE` of 5,000 delivered and 5,000 discarded rows at most, cascading to `outbox_attempts`, repeated until none is left; then `EventsPrune`: 5,000 events no message refers to any more, repeated likewise) delete %s delivered rows past retention and their %s events. The prune took %s (%s rows/s).\n\n",
+		pace, baseWindow, commas(pruned), commas(prunedEvents), pruneTook.Round(100*time.Millisecond), rate(float64(pruned)/pruneTook.Seconds()))
 	b.WriteString("| | claims | p50 | p99 | max |\n|---|---:|---:|---:|---:|\n")
 	fmt.Fprintf(&b, "| without pruning | %d | %s | %s | %s |\n", base.n, ms(base.p50), ms(base.p99), ms(base.max))
 	fmt.Fprintf(&b, "| during pruning | %d | %s | %s | %s |\n", during.n, ms(during.p50), ms(during.p99), ms(during.max))

@@ -2,7 +2,7 @@
 // docs/PERFORMANCE.md measured side by side in one run, against the local
 // PostgreSQL, on fresh databases it creates (dbtest.Create) and drops.
 //
-//	go run ./lab/bench                 # the full suite (≈17 min), writes docs/PERFORMANCE.md
+//	go run ./lab/bench                 # the full suite (≈20 min), writes docs/PERFORMANCE.md
 //	go run ./lab/bench -smoke -out -   # every scenario at tiny size (CI runs this via go test)
 //	go run ./lab/bench -only drain,latency
 //
@@ -42,6 +42,9 @@ type config struct {
 	KnobDrain  int
 	Knobs      bool
 
+	OrderedDrain int
+	OrderedKeys  int
+
 	LatencyRates    []int
 	LatencyDuration time.Duration
 	IdleWindow      time.Duration
@@ -76,6 +79,7 @@ var scenarios = []struct {
 	{"knobs", scenarioKnobs},
 	{"isolation", scenarioIsolation},
 	{"recovery", scenarioRecovery},
+	{"ordered", scenarioOrdered},
 }
 
 func defaultConfig() config {
@@ -84,6 +88,7 @@ func defaultConfig() config {
 		WriteDuration: 3 * time.Second,
 		Endpoints:     4, Drain: 200_000, SlowDrain: 150_000, SlowWarmup: 2 * time.Second, SlowWindow: 5 * time.Second,
 		KnobDrain: 50_000, Knobs: true,
+		OrderedDrain: 50_000, OrderedKeys: 10_000,
 		LatencyRates: []int{200, 1000}, LatencyDuration: 10 * time.Second, IdleWindow: 5 * time.Second,
 		History: 1_000_000, ClaimSamples: 500, PruneRows: 1_000_000,
 		Relays: []int{1, 2, 4}, RelayProcs: true, ScaleDrain: 100_000, ScaleReps: 2,
@@ -98,6 +103,7 @@ func smokeConfig(c config) config {
 	c.WriteDuration = 300 * time.Millisecond
 	c.Endpoints, c.Drain, c.SlowDrain, c.SlowWarmup, c.SlowWindow = 2, 2_000, 30_000, time.Second, 500*time.Millisecond
 	c.KnobDrain = 1_000
+	c.OrderedDrain, c.OrderedKeys = 2_000, 500
 	c.LatencyRates, c.LatencyDuration, c.IdleWindow = []int{50}, time.Second, 300*time.Millisecond
 	c.History, c.ClaimSamples, c.PruneRows = 10_000, 20, 10_000
 	c.Relays, c.ScaleDrain, c.ScaleReps = []int{1, 2}, 2_000, 1
@@ -140,6 +146,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.SlowWindow, "slow-window", c.SlowWindow, "drain (d): measurement window")
 	fs.IntVar(&c.KnobDrain, "knob-drain", c.KnobDrain, "knobs: pending messages per drain")
 	fs.BoolVar(&c.Knobs, "knobs", c.Knobs, "run the knob study")
+	fs.IntVar(&c.OrderedDrain, "ordered-drain", c.OrderedDrain, "ordered: pending messages preloaded, drained unkeyed and keyed")
+	fs.IntVar(&c.OrderedKeys, "ordered-keys", c.OrderedKeys, "ordered: distinct ordering keys of the keyed backlog (message i has key i mod this)")
 	rates := fs.String("rates", "200,1000", "latency: open-loop order rates per second")
 	fs.DurationVar(&c.LatencyDuration, "latency-duration", c.LatencyDuration, "latency: length of each open-loop run")
 	fs.IntVar(&c.History, "history", c.History, "history: delivered rows retained (the issue's large case is 10000000)")

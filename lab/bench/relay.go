@@ -91,8 +91,10 @@ func relayDrain(ctx context.Context, url string, watch *pgxpool.Pool, n int, s r
 func drainLimit(n int) time.Duration { return 30*time.Second + time.Duration(n/500)*time.Second }
 
 // rawClaimSQL is the raw loop's claim: the oldest due messages, whatever
-// their destination, in one statement with SKIP LOCKED and no lease. It is
-// the floor of what claiming costs, not the relay's statement.
+// their destination, in one statement with SKIP LOCKED and no lease, each
+// returned with its event (id, payload and time, from outbox_events, as the
+// relay's claim returns them). It is the floor of what claiming costs, not
+// the relay's statement.
 const rawClaimSQL = `WITH due AS (
     SELECT id FROM outbox_messages
     WHERE status = 'pending' AND next_attempt_at <= now()
@@ -102,9 +104,9 @@ const rawClaimSQL = `WITH due AS (
 )
 UPDATE outbox_messages m
 SET status = 'claimed', claim_token = $2::uuid, claimed_at = now()
-FROM due
-WHERE m.id = due.id
-RETURNING m.id, m.destination, m.type, m.payload, m.created_at`
+FROM due, outbox_events ev
+WHERE m.id = due.id AND ev.id = m.event_id
+RETURNING m.id, m.event_id, m.destination, m.type, ev.payload, ev.created_at`
 
 const markDeliveredSQL = `UPDATE outbox_messages
 SET status = 'delivered', delivered_at = now(), claim_token = NULL, claimed_at = NULL

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -26,6 +28,16 @@ func (r *report) section(title, body string) {
 
 func (r *report) target(name, target, measured string, met bool) {
 	r.targets = append(r.targets, targetRow{name, target, measured, met})
+}
+
+// sectionNumber is the number a section's title starts with ("## 10. …"),
+// or a large one for a section without.
+func sectionNumber(s string) int {
+	n, err := strconv.Atoi(strings.TrimPrefix(strings.SplitN(s, ".", 2)[0], "## "))
+	if err != nil {
+		return 1 << 30
+	}
+	return n
 }
 
 func (r *report) markdown(cfg config, m machine, started time.Time, took time.Duration) string {
@@ -56,9 +68,9 @@ func (r *report) markdown(cfg config, m machine, started time.Time, took time.Du
 		b.WriteString("\n")
 	}
 	// Scenarios write their sections in run order (history writes 4 and 6);
-	// the document lists them by number.
+	// the document lists them by number (10 after 9).
 	sections := slices.Clone(r.sections)
-	slices.SortStableFunc(sections, func(a, b string) int { return strings.Compare(a, b) })
+	slices.SortStableFunc(sections, func(a, b string) int { return cmp.Compare(sectionNumber(a), sectionNumber(b)) })
 	for _, s := range sections {
 		b.WriteString(s)
 		b.WriteString("\n")
@@ -110,29 +122,53 @@ statement costs 0.85 ms whatever is in flight.
 order committed just after a look waits for the next one: latency is about
 half the poll interval plus the pipeline (section 3). At 200 ms the p50
 target (< 50 ms) cannot be met; at 50 ms it is, with p99 far inside 250 ms.
-The price is the idle cost in section 3's second table: each worker looks
+The price is the idle cost in section 3's last table: each worker looks
 for due destinations (a skip scan of the pending index) every interval and
-heartbeats every second, and starts no River job while nothing is due. A
-NOTIFY per order transaction, the alternative, costs the write throughput of
-section 1's last column.
+heartbeats every second, and starts no River job while nothing is due. The
+alternative, a NOTIFY per order transaction, is opt-in
+(` + "`" + `OUTBOX_NOTIFY=true` + "`" + ` on the api and the workers: ` + "`" + `outbox.NotifyRelays` + "`" + ` on the
+api's pool, ` + "`" + `RelayConfig.Listen` + "`" + ` in the worker). Section 3 measures its latency
+beside the poll's in the same run, section 1 (*outbox + NOTIFY*) what it
+costs the write path; the poll goes on either way, and is what makes
+delivery correct.
 
 ## What limits the targets
 
 **Write path, ≥ 0.75 at 8 clients.** With the outbox an order transaction
-is five round trips instead of four (BEGIN, order, lines, outbox row,
-COMMIT) and writes one more row with two index entries and a ~300-byte JSON
-payload; on 2 cores shared by the clients and PostgreSQL every round trip
-is CPU, so runs land between about 0.68 and 0.77 (this run's figure is in
-section 1). This version's schema does not move it: the same order
-transactions against this version's outbox table and against one with the
-previous pending index, interleaved in one run (8 × 3 s at 8 clients),
-placed 2,859 and 2,816 orders/s (1.02). A NOTIFY in the same transaction
-costs a further fifth or more (last column).
+is five round trips instead of four (BEGIN, order, lines, outbox
+statement, COMMIT). The outbox statement (` + "`" + `EventEnqueue` + "`" + `, one round trip
+whatever the number of endpoints) takes a transaction-scoped advisory lock
+on the order id (the event's ordering key: an order's events are keyed) and
+writes an event row, with its ~300-byte JSON payload and one index entry,
+and a delivery row per subscribed endpoint, each with two index entries:
+here one endpoint, so two rows. The lock is not what costs: in an
+investigation run (8 clients, 5 × 2 s interleaved) the same transaction
+placed 1,715 orders/s with the key and 1,668 without it, against 2,992
+without the outbox. On 2 cores shared by the clients and
+PostgreSQL every round trip is CPU; with one outbox row per order (before
+events had a table of their own) runs landed between about 0.68 and 0.77,
+and moving the pending index to the destination did not move it (the same
+order transactions against both, interleaved in one run, 8 × 3 s at 8
+clients: 2,859 and 2,816 orders/s, 1.02). This run's figure is in section
+1. With ` + "`" + `OUTBOX_NOTIFY=true` + "`" + ` the same statement also queues a NOTIFY, and
+the commit takes a database-wide lock to send it: section 1's *outbox +
+NOTIFY* column is what that costs.
+
+**Ordered drain, ≥ 0.8.** Keyed messages make the claim do more per
+message: for each due one, a probe of ` + "`" + `outbox_messages_ordering_idx` + "`" + ` for an
+earlier unfinished message of its key, and a window over the batch for two
+of one key; and while it is claimed a keyed delivery has an entry in that
+index (a new one, and an unkeyed one, never do). Section 10 measures this
+where ordering holds nothing back, each key's previous event delivered
+long before. When a key's events are close together (an order cancelled
+while its placement is on its way) the later one is parked until the
+earlier one is delivered: that wait is the guarantee, not a cost of the
+relay, and its promotion is part of recording the earlier one's outcome.
 
 **Drains (b) and (c).** The relay is CPU-bound, sharing the machine's 2
 cores with PostgreSQL. Per message it does what the raw loops do not: a
-claim per destination under its lease (returning the payload and the
-endpoint), an ` + "`" + `outbox_attempts` + "`" + ` row (the delivery history: a heap tuple,
+claim per destination under its lease (returning each event's payload,
+joined from ` + "`" + `outbox_events` + "`" + `, and the endpoint), an ` + "`" + `outbox_attempts` + "`" + ` row (the delivery history: a heap tuple,
 index entries, a foreign-key check and WAL), a goroutine per request, and
 its share of the River job and the lease per destination and slice. Over
 HTTP the client and the receiver, both in the bench process, take as much
@@ -163,6 +199,7 @@ pool size (5 to 40) changes it by less than the noise.
 go tool -modfile=tools/go.mod task bench          # the full suite, rewrites this file
 go tool -modfile=tools/go.mod task bench:smoke    # every scenario at tiny size (CI: go test ./lab/bench)
 go run ./lab/bench -only drain,knobs -reps 5      # a subset, more repetitions
+go run ./lab/bench -only ordered,latency           # per-key order's cost; poll vs NOTIFY
 go run ./lab/bench -history-large -only history   # 10,000,000 delivered rows retained
 go run ./lab/bench -only drain -cpuprofile cpu.out # profile the relay's process
 go test -run '^$' -bench . ./lab/bench            # the Go benchmarks (write path, claim)

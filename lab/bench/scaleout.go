@@ -128,8 +128,9 @@ func scenarioScaleOut(ctx context.Context, cfg config, rep *report) error {
 			req, distinct := e.fast.duplicates()
 			var multi int64
 			_ = e.watch.QueryRow(ctx, "SELECT count(*) FROM outbox_messages WHERE attempts > 1").Scan(&multi)
+			// One event per preloaded message: as many distinct webhook-ids.
 			if distinct != int64(cfg.ScaleDrain) {
-				return fmt.Errorf("%d relays: receiver saw %d distinct messages of %d", n, distinct, cfg.ScaleDrain)
+				return fmt.Errorf("%d relays: receiver saw %d distinct webhook-ids (events) of %d", n, distinct, cfg.ScaleDrain)
 			}
 			samples[n] = append(samples[n], r)
 			dupTotal += req - distinct

@@ -44,8 +44,14 @@ type chaosProxy struct {
 	inFlight atomic.Int64
 	counts   [numModes]atomic.Int64
 	client   *http.Client
+	// conflicts counts the consumer's 409 answers (out of order: an
+	// order.cancelled before its order.placed), whatever the mode did with
+	// them: unlike the consumer's own counter, it survives a restart of the
+	// consumer.
+	conflicts atomic.Int64
 
-	// applied records, per webhook-id, how each delivery the consumer
+	// applied records, per webhook-id (the event id: the proxy is one
+	// endpoint, so one message per event), how each delivery the consumer
 	// accepted was answered to the relay: so that each duplicate can be
 	// put down to a lost answer or to the relay itself.
 	appliedMu sync.Mutex
@@ -125,6 +131,9 @@ func (p *chaosProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if p.journal != nil {
 		p.journal("delivery %s %s -> %d", r.Header.Get("webhook-id"), modeNames[mode], resp.status)
+	}
+	if resp.status == http.StatusConflict {
+		p.conflicts.Add(1)
 	}
 	if resp.status/100 == 2 {
 		answered := mode == forward && r.Context().Err() == nil // the relay is still listening

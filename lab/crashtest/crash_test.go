@@ -65,11 +65,14 @@ func databaseName(t *testing.T, dbURL string) string {
 	return strings.TrimPrefix(u.Path, "/")
 }
 
-// TestCrash places orders over HTTP while it SIGKILLs and restarts the
-// workers and the api, cuts their database connections and makes the
-// receiver fail; then, with the chaos stopped and the backlog drained, it
-// checks that nothing acknowledged was lost, nothing was invented, and the
-// consumer applied every order exactly once.
+// TestCrash places orders over HTTP, and cancels about a third of them as
+// soon as they are acknowledged, while it SIGKILLs and restarts the workers
+// and the api, cuts their database connections and makes the receiver fail;
+// then, with the chaos stopped and the backlog drained, it checks that
+// nothing acknowledged was lost, nothing was invented, the consumer applied
+// every event exactly once, and per-key order held: the consumer's endpoint
+// takes both order.placed and order.cancelled, and no order.cancelled
+// reached it before its order's order.placed had been delivered.
 //
 // Size: CRASH_ORDERS orders spread over CRASH_SECONDS seconds of chaos
 // (default 900 over 45 s, a CI size), CRASH_WORKERS workers (default 3).
@@ -125,7 +128,7 @@ func TestCrash(t *testing.T) {
 	require.NoError(t, api.supervise(restartSoon))
 	api.waitReady(t)
 
-	_, secret := register(t, apiURL, proxy.url)
+	endpointID, secret := register(t, apiURL, proxy.url)
 	// The consumer is mid-rotation: it also accepts a secret being retired.
 	retiring, err := webhook.NewSecret()
 	require.NoError(t, err)
@@ -264,15 +267,20 @@ func TestCrash(t *testing.T) {
 	})
 
 	// Load: nOrders orders at a steady rate over the chaos period, from 8
-	// concurrent clients.
+	// concurrent clients. A third of them are cancelled as soon as their
+	// placement is acknowledged, so the order.cancelled is committed while
+	// its order.placed is often still on its way (or being retried through
+	// the chaos): per-key order has to hold it back.
 	type acked struct {
 		id, customer string
 		total        int64
 	}
 	var (
-		mu      sync.Mutex
-		acks    []acked
-		unknown []string // orders that never got an answer
+		mu             sync.Mutex
+		acks           []acked
+		cancelAcks     []string // orders whose cancellation was answered 200
+		unknown        []string // orders that never got an answer
+		unknownCancels []string // cancellations that never got an answer
 	)
 	start := time.Now()
 	interval := time.Duration(seconds) * time.Second / time.Duration(nOrders)
@@ -306,6 +314,19 @@ func TestCrash(t *testing.T) {
 					acks = append(acks, acked{o.ID, o.CustomerID, o.TotalCents})
 				}
 				mu.Unlock()
+				if err != nil || i%3 != 0 {
+					continue
+				}
+				loadInFlight.Add(1)
+				err = cancelOrder(ctx, apiURL, o.ID, time.Now().Add(30*time.Second))
+				loadInFlight.Add(-1)
+				mu.Lock()
+				if err != nil {
+					unknownCancels = append(unknownCancels, err.Error())
+				} else {
+					cancelAcks = append(cancelAcks, o.ID)
+				}
+				mu.Unlock()
 			}
 		})
 	}
@@ -318,6 +339,7 @@ func TestCrash(t *testing.T) {
 	proxy.on.Store(false)
 	note("chaos stopped")
 	require.Empty(t, unknown, "orders that never got an answer through the chaos")
+	require.Empty(t, unknownCancels, "cancellations that never got an answer through the chaos")
 
 	// Drain: every service back up, then the backlog to zero.
 	for _, s := range services {
@@ -339,65 +361,133 @@ func TestCrash(t *testing.T) {
 	final, err := getStats(apiURL)
 	require.NoError(t, err)
 	var consumerStats struct {
-		Applied, Duplicates, BadSignature int64
-		StaleTimestamp                    int64 `json:"stale_timestamp"`
-		Errors                            int64
+		Applied        int64 `json:"applied"`
+		Duplicates     int64 `json:"duplicates"`
+		BadSignature   int64 `json:"bad_signature"`
+		StaleTimestamp int64 `json:"stale_timestamp"`
+		OutOfOrder     int64 `json:"out_of_order"`
+		Errors         int64 `json:"errors"`
 	}
 	code, body, err := request(http.MethodGet, "http://"+consumerAddr+"/stats", "", nil, &consumerStats)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, code, "body: %s", body)
 
 	committed := map[string]int64{} // order id → total, from the orders table
-	rows, err := ordersPool.Query(ctx, "SELECT id::text, total_cents FROM orders")
+	cancelled := map[string]bool{}  // order id → its status is 'cancelled'
+	rows, err := ordersPool.Query(ctx, "SELECT id::text, total_cents, status FROM orders")
 	require.NoError(t, err)
 	for rows.Next() {
-		var id string
+		var id, status string
 		var total int64
-		require.NoError(t, rows.Scan(&id, &total))
+		require.NoError(t, rows.Scan(&id, &total, &status))
 		committed[id] = total
+		if status == "cancelled" {
+			cancelled[id] = true
+		}
 	}
 	require.NoError(t, rows.Err())
-	messages := map[string]bool{}
-	rows, err = ordersPool.Query(ctx, "SELECT id::text FROM outbox_messages")
+	// The events: one order.placed per committed order and one
+	// order.cancelled per cancelled one, each written with its change.
+	type event struct{ typ, orderID string }
+	events := map[string]event{}     // event id → what it says about which order
+	eventsOf := map[event][]string{} // (type, order) → event ids
+	var unkeyed []string             // events not keyed by their order's id
+	rows, err = ordersPool.Query(ctx, "SELECT id::text, type, payload->>'id', coalesce(ordering_key, '') FROM outbox_events")
+	require.NoError(t, err)
+	for rows.Next() {
+		var id, key string
+		var ev event
+		require.NoError(t, rows.Scan(&id, &ev.typ, &ev.orderID, &key))
+		events[id] = ev
+		eventsOf[ev] = append(eventsOf[ev], id)
+		if key != ev.orderID {
+			unkeyed = append(unkeyed, fmt.Sprintf("%s %s (key %q)", ev.typ, id, key))
+		}
+	}
+	require.NoError(t, rows.Err())
+	// Cancellations committed while their order.placed was not yet
+	// delivered: the ones per-key order had to hold back.
+	var heldBack int
+	require.NoError(t, ordersPool.QueryRow(ctx, `
+		SELECT count(*) FROM outbox_events c
+		JOIN outbox_events p ON p.ordering_key = c.ordering_key AND p.type = 'order.placed'
+		JOIN outbox_messages pm ON pm.event_id = p.id AND pm.destination = $1
+		WHERE c.type = 'order.cancelled' AND c.created_at < pm.delivered_at`, endpointID).Scan(&heldBack))
+	// The deliveries to the consumer's endpoint, by event: a webhook-id is
+	// an event id, and the consumer's dedup key. The endpoint was
+	// subscribed before the first order, so every event has one.
+	deliveries := map[string]int{} // event id → messages to the consumer
+	var messages int
+	rows, err = ordersPool.Query(ctx, "SELECT event_id::text FROM outbox_messages WHERE destination = $1", endpointID)
 	require.NoError(t, err)
 	for rows.Next() {
 		var id string
 		require.NoError(t, rows.Scan(&id))
-		messages[id] = true
+		deliveries[id]++
+		messages++
 	}
 	require.NoError(t, rows.Err())
+	var allMessages int
+	require.NoError(t, ordersPool.QueryRow(ctx, "SELECT count(*) FROM outbox_messages").Scan(&allMessages))
 
-	applied := map[string]int{} // order id → ledger entries
-	inbox := map[string]bool{}
-	rows, err = consumerPool.Query(ctx, "SELECT order_id::text, webhook_id FROM consumer_ledger")
+	// The consumer's ledger, in the order it applied events (its id is an
+	// identity): per order, how many entries of each type and where the
+	// first of each stands.
+	applied := map[event]int{}    // (type, order) → ledger entries
+	ledgerAt := map[event]int64{} // (type, order) → ledger id of its first entry
+	inbox := map[string]event{}   // webhook-id → the entry it made
+	rows, err = consumerPool.Query(ctx, "SELECT id, order_id::text, event_type, webhook_id FROM consumer_ledger ORDER BY id")
 	require.NoError(t, err)
 	for rows.Next() {
-		var orderID, webhookID string
-		require.NoError(t, rows.Scan(&orderID, &webhookID))
-		applied[orderID]++
-		inbox[webhookID] = true
+		var ledgerID int64
+		var ev event
+		var webhookID string
+		require.NoError(t, rows.Scan(&ledgerID, &ev.orderID, &ev.typ, &webhookID))
+		if applied[ev] == 0 {
+			ledgerAt[ev] = ledgerID
+		}
+		applied[ev]++
+		inbox[webhookID] = ev
 	}
 	require.NoError(t, rows.Err())
 	var inboxRows int
 	require.NoError(t, consumerPool.QueryRow(ctx, "SELECT count(*) FROM consumer_inbox").Scan(&inboxRows))
-	var balance, wantBalance int64
-	require.NoError(t, consumerPool.QueryRow(ctx, "SELECT coalesce(sum(balance_cents), 0) FROM consumer_customers").Scan(&balance))
-	for _, total := range committed {
-		wantBalance += total
+	var balance, wantBalance, placedCount, cancelledCount int64
+	require.NoError(t, consumerPool.QueryRow(ctx, `SELECT coalesce(sum(balance_cents), 0),
+		coalesce(sum(orders_placed), 0), coalesce(sum(orders_cancelled), 0) FROM consumer_customers`).Scan(
+		&balance, &placedCount, &cancelledCount))
+	for id, total := range committed {
+		if !cancelled[id] { // a cancellation reverses its order's total
+			wantBalance += total
+		}
 	}
 
-	var lost, phantom, twice []string
+	placed := func(id string) event { return event{"order.placed", id} }
+	cancel := func(id string) event { return event{"order.cancelled", id} }
+	var lost, lostCancels, phantom, twice, outOfOrder []string
 	for _, a := range acks {
-		if applied[a.id] == 0 {
+		if applied[placed(a.id)] == 0 {
 			lost = append(lost, a.id)
 		}
 	}
-	for id, n := range applied {
-		if _, ok := committed[id]; !ok {
-			phantom = append(phantom, id)
+	for _, id := range cancelAcks {
+		if applied[cancel(id)] == 0 {
+			lostCancels = append(lostCancels, id)
+		}
+	}
+	for ev, n := range applied {
+		if _, ok := committed[ev.orderID]; !ok || (ev.typ == "order.cancelled" && !cancelled[ev.orderID]) {
+			phantom = append(phantom, ev.typ+" "+ev.orderID)
 		}
 		if n > 1 {
-			twice = append(twice, id)
+			twice = append(twice, ev.typ+" "+ev.orderID)
+		}
+	}
+	for id := range cancelled {
+		p, pok := ledgerAt[placed(id)]
+		c, cok := ledgerAt[cancel(id)]
+		if pok && cok && c < p {
+			outOfOrder = append(outOfOrder, fmt.Sprintf("%s (order.placed at ledger id %d, order.cancelled at %d)", id, p, c))
 		}
 	}
 	unacked := len(committed) - len(acks) // committed, but the answer died with an api
@@ -414,6 +504,8 @@ func TestCrash(t *testing.T) {
 
 	t.Logf("crash suite: %d orders over %s with %d workers (drained in %s)", nOrders, loadTime.Round(time.Millisecond), nWorkers, drainTime.Round(time.Millisecond))
 	t.Logf("  orders acknowledged (201): %d; committed: %d (%d committed while their answer was lost to a kill)", len(acks), len(committed), unacked)
+	t.Logf("  cancellations acknowledged (200): %d; orders cancelled: %d (%d committed while their order.placed was not yet delivered)",
+		len(cancelAcks), len(cancelled), heldBack)
 	t.Logf("  worker kills: %d (%d with deliveries in flight); api kills: %d (%d with requests in flight)",
 		workerKills.Load(), workerKillsInFlight.Load(), apiKills.Load(), apiKillsInFlight.Load())
 	t.Logf("  connection cuts: %d rounds, %d backends terminated", cutRounds.Load(), cutBackends.Load())
@@ -432,23 +524,79 @@ func TestCrash(t *testing.T) {
 	t.Logf("  longest claim seen during chaos: %s (a claim lives as long as its request); most connections at once: %d",
 		time.Duration(maxClaimedAge.Load())*time.Millisecond, maxBackends.Load())
 	t.Logf("  outbox at the end: %+v", final)
-	t.Logf("  consumer: applied %d, duplicates delivered %d, bad signatures %d, stale %d, errors %d",
-		consumerStats.Applied, consumerStats.Duplicates, consumerStats.BadSignature, consumerStats.StaleTimestamp, consumerStats.Errors)
+	t.Logf("  consumer: applied %d, duplicates delivered %d, bad signatures %d, stale %d, out of order %d (409s seen at the proxy: %d), errors %d",
+		consumerStats.Applied, consumerStats.Duplicates, consumerStats.BadSignature, consumerStats.StaleTimestamp,
+		consumerStats.OutOfOrder, proxy.conflicts.Load(), consumerStats.Errors)
 	afterLost, afterAnswer := proxy.duplicateCauses()
 	t.Logf("  duplicates by cause: %d after an answer the relay never got, %d after a 2xx the relay got but did not record (killed, or its connection cut)",
 		afterLost, afterAnswer)
-	t.Logf("  LOST %d, PHANTOM %d, applied twice %d", len(lost), len(phantom), len(twice))
+	t.Logf("  LOST %d (and %d cancellations), PHANTOM %d, applied twice %d, OUT OF ORDER %d",
+		len(lost), len(lostCancels), len(phantom), len(twice), len(outOfOrder))
 
 	require.Empty(t, lost, "acknowledged orders never delivered")
-	require.Empty(t, phantom, "deliveries for orders that do not exist")
-	require.Empty(t, twice, "orders applied more than once")
-	require.Len(t, applied, len(committed), "every committed order applied, acknowledged or not")
-	require.Equal(t, len(messages), inboxRows, "one inbox row per outbox message")
-	for id := range inbox {
-		require.True(t, messages[id], "webhook-id %s is not an outbox message id", id)
+	require.Empty(t, lostCancels, "acknowledged cancellations never delivered")
+	require.Empty(t, phantom, "deliveries for orders that do not exist, or cancellations of orders not cancelled")
+	require.Empty(t, twice, "events applied more than once")
+	require.Empty(t, outOfOrder, "orders whose order.cancelled the consumer applied before their order.placed")
+	require.Zero(t, consumerStats.OutOfOrder, "the consumer answered 409: an order.cancelled came before its order.placed")
+	require.Zero(t, proxy.conflicts.Load(), "the consumer answered 409 (out of order) through the proxy")
+	var placedApplied, cancelsApplied int
+	for ev := range applied {
+		if ev.typ == "order.placed" {
+			placedApplied++
+		} else {
+			cancelsApplied++
+		}
 	}
-	require.Equal(t, wantBalance, balance, "customer balances: each order's total counted exactly once")
-	require.Equal(t, outboxStats{Delivered: int64(len(messages))}, outboxStats{
+	require.Equal(t, len(committed), placedApplied, "every committed order applied, acknowledged or not")
+	require.Equal(t, len(cancelled), cancelsApplied, "every cancellation applied")
+	require.Positive(t, heldBack, "no cancellation was committed before its order.placed was delivered: per-key order was not exercised")
+	// The cancellations: the orders cancelled are exactly those the test
+	// cancelled (each acknowledged once it answered 200; a retry of one
+	// whose answer was lost finds it cancelled and answers 200 again).
+	acknowledged := map[string]bool{}
+	for _, id := range cancelAcks {
+		acknowledged[id] = true
+	}
+	require.Equal(t, acknowledged, cancelled, "the orders cancelled are the cancellations acknowledged")
+	// Events: exactly one order.placed per committed order and one
+	// order.cancelled per cancelled order, none otherwise (an event commits
+	// or rolls back with its change; cancelling twice emits nothing new).
+	for id, ev := range events {
+		_, ok := committed[ev.orderID]
+		require.True(t, ok, "event %s (%s) is about order %s, which was not committed", id, ev.typ, ev.orderID)
+		require.Contains(t, []string{"order.placed", "order.cancelled"}, ev.typ, "event %s", id)
+		require.False(t, ev.typ == "order.cancelled" && !cancelled[ev.orderID], "event %s cancels order %s, which is not cancelled", id, ev.orderID)
+	}
+	for id := range committed {
+		require.Len(t, eventsOf[placed(id)], 1, "order.placed events of order %s", id)
+		want := 0
+		if cancelled[id] {
+			want = 1
+		}
+		require.Len(t, eventsOf[cancel(id)], want, "order.cancelled events of order %s", id)
+	}
+	require.Len(t, events, len(committed)+len(cancelled), "one event per committed order and per cancellation")
+	require.Empty(t, unkeyed, "events not keyed by their order's id")
+	// Deliveries: one message per event and destination, and the consumer
+	// holds each event exactly once (its inbox, keyed by webhook-id).
+	require.Len(t, deliveries, len(events), "every committed event has a delivery to the consumer's endpoint")
+	for id, n := range deliveries {
+		_, ok := events[id]
+		require.True(t, ok, "a message to the consumer refers to event %s, which is not an order event", id)
+		require.Equal(t, 1, n, "event %s has %d messages to the consumer's endpoint", id, n)
+	}
+	require.Equal(t, messages, allMessages, "the consumer's endpoint is the only destination")
+	require.Equal(t, len(deliveries), inboxRows, "one inbox row per event delivered to the consumer")
+	for id, ev := range inbox {
+		_, ok := deliveries[id]
+		require.True(t, ok, "webhook-id %s is not the id of an event delivered to the consumer", id)
+		require.Equal(t, events[id], ev, "webhook-id %s: the ledger entry is not what its event says", id)
+	}
+	require.Equal(t, wantBalance, balance, "customer balances: committed totals minus the cancelled ones, each counted exactly once")
+	require.EqualValues(t, len(committed), placedCount, "orders placed, summed over customers")
+	require.EqualValues(t, len(cancelled), cancelledCount, "orders cancelled, summed over customers")
+	require.Equal(t, outboxStats{Delivered: int64(messages)}, outboxStats{
 		Pending: final.Pending, Claimed: final.Claimed, Delivered: final.Delivered, Failed: final.Failed,
 	}, "no row stuck in claimed or pending, none failed")
 	require.Zero(t, consumerStats.BadSignature, "every delivery was signed with a secret the consumer holds")

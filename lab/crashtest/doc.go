@@ -2,7 +2,9 @@
 // binaries (api, worker, consumer) as separate processes against a real
 // PostgreSQL: its tests SIGKILL and restart them, cut their database
 // connections, make the receiver fail, and then count what was lost,
-// invented or applied twice. They also measure head-of-line isolation and
+// invented, applied twice or applied out of order (orders are placed and a
+// third of them cancelled at once, so an order.cancelled is often written
+// while its order.placed is still on its way). They also measure head-of-line isolation and
 // recovery from a killed worker, at the default settings.
 //
 // The package has no code of its own beyond this comment; everything is in

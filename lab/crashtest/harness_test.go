@@ -264,8 +264,8 @@ func request(method, url, body string, header http.Header, out any) (int, []byte
 
 func bearer() http.Header { return http.Header{"Authorization": {"Bearer " + adminToken}} }
 
-// register subscribes url to order.placed on the api and returns the
-// endpoint's id and secret.
+// register subscribes url to the orders module's events, order.placed and
+// order.cancelled, on the api and returns the endpoint's id and secret.
 func register(t *testing.T, apiURL, url string) (id, secret string) {
 	t.Helper()
 	var ep struct {
@@ -273,7 +273,7 @@ func register(t *testing.T, apiURL, url string) (id, secret string) {
 		Secret string `json:"secret"`
 	}
 	code, body, err := request(http.MethodPost, apiURL+"/webhook-endpoints",
-		`{"url":"`+url+`","event_types":["order.placed"]}`, bearer(), &ep)
+		`{"url":"`+url+`","event_types":["order.placed","order.cancelled"]}`, bearer(), &ep)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusCreated, code, "body: %s", body)
 	return ep.ID, ep.Secret
@@ -328,6 +328,39 @@ func placeOrder(ctx context.Context, apiURL, key, body string, deadline time.Tim
 		}
 	}
 	return placedOrder{}, fmt.Errorf("no answer before the deadline: %w", lastErr)
+}
+
+// cancelOrder POSTs /orders/{id}/cancel, retrying through api restarts and
+// cut connections until it gets an answer or the deadline passes. Cancel is
+// idempotent (cancelling a cancelled order answers 200 and emits nothing),
+// so a retry after an api killed mid-request is safe whether or not the
+// first attempt committed. A 200 is the acknowledgement.
+func cancelOrder(ctx context.Context, apiURL, id string, deadline time.Time) error {
+	var lastErr error
+	for time.Now().Before(deadline) {
+		var o struct {
+			Status string `json:"status"`
+		}
+		code, b, err := request(http.MethodPost, apiURL+"/orders/"+id+"/cancel", "", nil, &o)
+		switch {
+		case err == nil && code == http.StatusOK && o.Status == "cancelled":
+			return nil
+		case err == nil && code == http.StatusOK:
+			return fmt.Errorf("POST /orders/%s/cancel: 200 with status %q", id, o.Status)
+		case err == nil && code < 500:
+			return fmt.Errorf("POST /orders/%s/cancel: %d %s", id, code, b)
+		case err != nil:
+			lastErr = err
+		default:
+			lastErr = fmt.Errorf("POST /orders/%s/cancel: %d %s", id, code, b)
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Join(ctx.Err(), lastErr)
+		case <-time.After(50 * time.Millisecond): // retry pacing
+		}
+	}
+	return fmt.Errorf("no answer before the deadline: %w", lastErr)
 }
 
 // percentile returns the q-quantile of sorted durations.

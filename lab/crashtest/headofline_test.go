@@ -24,13 +24,14 @@ import (
 )
 
 // arrivals records when each order's event first reached a receiver, and
-// every request per webhook-id.
+// every request per webhook-id (the event id: one endpoint here, so one
+// message per event).
 type arrivals struct {
 	delay time.Duration // before answering 204
 
 	mu       sync.Mutex
 	at       map[string]time.Time   // order id → first arrival
-	requests map[string][]time.Time // webhook-id → every request
+	requests map[string][]time.Time // webhook-id (event id) → every request
 }
 
 func newArrivals(delay time.Duration) *arrivals {
@@ -359,6 +360,25 @@ func TestRecoveryAfterSIGKILL(t *testing.T) {
 	require.Eventually(t, func() bool { return deliveredAll(all) }, 30*time.Second, 10*time.Millisecond, "every message delivered")
 	drained := time.Since(killedAt)
 
+	// The receiver saw each event under its id: webhook-id is the event id
+	// of the one message per event (one endpoint).
+	var events []string
+	rows, err = pool.Query(ctx, `SELECT event_id::text FROM outbox_messages`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		events = append(events, id)
+	}
+	require.NoError(t, rows.Err())
+	receiver.mu.Lock()
+	received := make([]string, 0, len(receiver.requests))
+	for id := range receiver.requests {
+		received = append(received, id)
+	}
+	receiver.mu.Unlock()
+	require.ElementsMatch(t, events, received, "the webhook-ids received are the messages' event ids")
+
 	// Duplicates only where the dead worker had already sent the request.
 	receiver.mu.Lock()
 	var duplicates, sentBeforeKill int
@@ -368,9 +388,9 @@ func TestRecoveryAfterSIGKILL(t *testing.T) {
 		}
 		if len(reqs) > 1 {
 			duplicates++
-			require.True(t, reqs[0].Before(killedAt), "message %s was delivered twice but first sent %s after the kill", id, reqs[0].Sub(killedAt))
+			require.True(t, reqs[0].Before(killedAt), "event %s was delivered twice but first sent %s after the kill", id, reqs[0].Sub(killedAt))
 		}
-		require.LessOrEqual(t, len(reqs), 2, "message %s sent %d times", id, len(reqs))
+		require.LessOrEqual(t, len(reqs), 2, "event %s sent %d times", id, len(reqs))
 	}
 	receiver.mu.Unlock()
 	var interrupted int

@@ -106,24 +106,36 @@ func (n *planNode) find(nodeType string) *planNode {
 	return nil
 }
 
+// outboxSize is the size of the outbox: its messages and their events.
 func (l *lab) outboxSize() (int64, error) {
-	return l.count("SELECT pg_total_relation_size('outbox_messages')")
+	return l.count("SELECT pg_total_relation_size('outbox_messages') + pg_total_relation_size('outbox_events')")
 }
 
-// addHistory inserts n delivered rows, delivered age ago, with a payload
-// the size of an order event.
+// addHistory inserts n delivered messages, delivered age ago, each the one
+// delivery of its own event, with a payload the size of an order event. Ids
+// are as EventEnqueue writes them: the event's a UUIDv7 of its time, its
+// delivery's sharing the event's first 64 bits.
 func (l *lab) addHistory(n int, age time.Duration) error {
 	_, err := l.pool.Exec(l.ctx, `
-INSERT INTO outbox_messages (type, destination, payload, status, attempts, delivered_at, created_at)
-SELECT 'order.placed', gen_random_uuid(),
-       jsonb_build_object('id', gen_random_uuid(), 'customer_id', 'customer-' || g, 'status', 'placed',
-                          'total_cents', 1000, 'lines', jsonb_build_array(jsonb_build_object('sku', 'A-1', 'quantity', 2, 'unit_price_cents', 500))),
-       'delivered', 1, now() - make_interval(secs => $2), now() - make_interval(secs => $2)
-FROM generate_series(1, $1) g`, n, age.Seconds())
+WITH src AS MATERIALIZED (
+    SELECT g, t.at, outbox_uuid_v7_at(t.at) AS id
+    FROM (SELECT g, now() - make_interval(secs => $2) + g * interval '1 microsecond' AS at
+          FROM generate_series(1, $1) g) t
+), ev AS (
+    INSERT INTO outbox_events (id, type, payload, created_at)
+    SELECT src.id, 'order.placed',
+           jsonb_build_object('id', gen_random_uuid(), 'customer_id', 'customer-' || g, 'status', 'placed',
+                              'total_cents', 1000, 'lines', jsonb_build_array(jsonb_build_object('sku', 'A-1', 'quantity', 2, 'unit_price_cents', 500)))::json,
+           src.at
+    FROM src
+)
+INSERT INTO outbox_messages (id, event_id, type, destination, status, attempts, next_attempt_at, delivered_at, created_at)
+SELECT outbox_uuid_sibling(src.id), src.id, 'order.placed', gen_random_uuid(), 'delivered', 1, src.at, src.at, src.at
+FROM src`, n, age.Seconds())
 	if err != nil {
 		return fmt.Errorf("adding history: %w", err)
 	}
-	_, err = l.pool.Exec(l.ctx, "ANALYZE outbox_messages")
+	_, err = l.pool.Exec(l.ctx, "ANALYZE outbox_events, outbox_messages")
 	return err
 }
 
@@ -142,11 +154,18 @@ func lab7(l *lab) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := l.pool.Exec(l.ctx, `INSERT INTO outbox_messages (type, destination, payload)
-		SELECT 'order.placed', $2, jsonb_build_object('n', g) FROM generate_series(1, $1) g`, pending, ep.ID); err != nil {
+	if _, err := l.pool.Exec(l.ctx, `
+		WITH ev AS (
+			INSERT INTO outbox_events (id, type, payload, created_at)
+			SELECT outbox_uuid_v7_at(t.at), 'order.placed', json_build_object('n', t.g), t.at
+			FROM (SELECT g, clock_timestamp() AS at FROM generate_series(1, $1) g) t
+			RETURNING id, type, created_at
+		)
+		INSERT INTO outbox_messages (id, event_id, type, destination, next_attempt_at, created_at)
+		SELECT outbox_uuid_sibling(ev.id), ev.id, ev.type, $2, ev.created_at, ev.created_at FROM ev`, pending, ep.ID); err != nil {
 		return nil, err
 	}
-	if _, err := l.pool.Exec(l.ctx, "ANALYZE outbox_messages"); err != nil {
+	if _, err := l.pool.Exec(l.ctx, "ANALYZE outbox_events, outbox_messages"); err != nil {
 		return nil, err
 	}
 	before, err := l.explainClaim(false)
@@ -178,13 +197,13 @@ func lab7(l *lab) (*Report, error) {
 		return nil, err
 	}
 
-	l.p.Step("running the prune (the relay's prune job's statement: settled rows past the retention, in batches), then VACUUM")
-	pruned, err := labsql.Prune(l.ctx, l.pool, time.Now().Add(-retention))
+	l.p.Step("running the prune (the relay's prune job's statements: settled rows past the retention, then their events, in batches), then VACUUM")
+	pruned, prunedEvents, err := labsql.Prune(l.ctx, l.pool, time.Now().Add(-retention))
 	if err != nil {
 		return nil, err
 	}
 	// Autovacuum does this on its own schedule; the lab does not wait for it.
-	if _, err := l.pool.Exec(l.ctx, "VACUUM (ANALYZE) outbox_messages"); err != nil {
+	if _, err := l.pool.Exec(l.ctx, "VACUUM (ANALYZE) outbox_events, outbox_messages"); err != nil {
 		return nil, err
 	}
 	after, err := l.explainClaim(false)
@@ -216,10 +235,11 @@ func lab7(l *lab) (*Report, error) {
 	r.Text("plan.noindex", "same, without the partial index", noIndex.scan, fmt.Sprintf("%d buffers, %.2f ms", noIndex.buffers, noIndex.ms))
 	r.Text("plan.after", "after the prune", after.scan, fmt.Sprintf("%d buffers, %.2f ms", after.buffers, after.ms))
 	r.Counts["buffers.before"], r.Counts["buffers.grown"], r.Counts["buffers.noindex"] = before.buffers, grown.buffers, noIndex.buffers
-	r.Section("the table (pg_total_relation_size: heap and indexes)")
+	r.Section("the tables (pg_total_relation_size of outbox_messages and outbox_events: heap and indexes)")
 	r.Text("size.before", "with no history", kb(sizeBefore), "")
 	r.Text("size.grown", fmt.Sprintf("with %d delivered rows", history), kb(sizeGrown), "")
 	r.Count("pruned", "pruned", pruned, "delivered before the retention")
+	r.Count("events_pruned", "events pruned", prunedEvents, "written before the retention, no message left")
 	r.Count("kept", "kept", kept, "delivered within the retention: the audit record")
 	r.Text("size.pruned", "after the prune and VACUUM", kb(sizePruned), "the file keeps its size; its free space is reusable")
 	r.Text("size.refilled", fmt.Sprintf("after %d more rows", old), kb(sizeRefilled), fmt.Sprintf("without the prune: about %s", kb(sizeGrown+(sizeGrown-sizeBefore)*int64(old)/int64(history))))
@@ -228,7 +248,7 @@ func lab7(l *lab) (*Report, error) {
 	r.Verdict("Pruning keeps the table's size bounded; PostgreSQL reuses the freed space rather than shrinking the file.")
 	const idx = "using outbox_messages_pending_idx"
 	if !strings.Contains(grown.scan, idx) || !strings.Contains(after.scan, idx) ||
-		strings.Contains(noIndex.scan, idx) || noIndex.buffers <= 10*grown.buffers || pruned != int64(old) ||
+		strings.Contains(noIndex.scan, idx) || noIndex.buffers <= 10*grown.buffers || pruned != int64(old) || prunedEvents != int64(old) ||
 		sizeRefilled >= sizeGrown+(sizeGrown-sizeBefore)*int64(old)/int64(history) {
 		return r, fmt.Errorf("%w: lab 7's invariants do not hold", errInvariant)
 	}

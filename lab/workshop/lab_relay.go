@@ -16,16 +16,16 @@ import (
 )
 
 // enqueue commits n events of type typ in one transaction with the real
-// outbox.Enqueue, and returns the messages' ids (one per subscribed endpoint).
+// outbox.Enqueue, and returns the events' ids.
 func (l *lab) enqueue(typ string, n int, data func(i int) any) ([]uuid.UUID, error) {
 	var all []uuid.UUID
 	err := pgx.BeginFunc(l.ctx, l.pool, func(tx pgx.Tx) error {
 		for i := range n {
-			ids, err := outbox.Enqueue(l.ctx, tx, outbox.Event{Type: typ, Data: data(i)})
+			id, err := outbox.Enqueue(l.ctx, tx, outbox.Event{Type: typ, Data: data(i)})
 			if err != nil {
 				return err
 			}
-			all = append(all, ids...)
+			all = append(all, id)
 		}
 		return nil
 	})
@@ -98,7 +98,7 @@ func lab4(l *lab) (*Report, error) {
 	r.Duration("naive.time", "time", naiveTime, "")
 
 	// With the claim: the real relay, twice.
-	if _, err := l.pool.Exec(l.ctx, "TRUNCATE outbox_messages CASCADE"); err != nil {
+	if _, err := l.pool.Exec(l.ctx, "TRUNCATE outbox_messages, outbox_events CASCADE"); err != nil {
 		return nil, err
 	}
 	rc.reset()
@@ -230,8 +230,12 @@ func lab6(l *lab) (*Report, error) {
 	if _, err := l.endpoint(srv.URL, "order.placed"); err != nil {
 		return nil, err
 	}
-	poison, err := l.enqueue("order.placed", 1, func(int) any { return map[string]any{"order": "p-1", "currency": "XXX"} })
+	poisonEvent, err := l.enqueue("order.placed", 1, func(int) any { return map[string]any{"order": "p-1", "currency": "XXX"} })
 	if err != nil {
+		return nil, err
+	}
+	var poison uuid.UUID // its one delivery
+	if err := l.pool.QueryRow(l.ctx, "SELECT id FROM outbox_messages WHERE event_id = $1", poisonEvent[0]).Scan(&poison); err != nil {
 		return nil, err
 	}
 	if _, err := l.enqueue("order.placed", n, func(i int) any { return map[string]any{"order": i, "currency": "EUR"} }); err != nil {
@@ -248,7 +252,7 @@ func lab6(l *lab) (*Report, error) {
 	var healthyAt, failedAt time.Duration
 	var healthyWhenFailed int64
 	err = l.waitFor(time.Minute, "the poison message to fail and the rest to be delivered", func() (bool, string, error) {
-		m, err := admin.Message(l.ctx, poison[0])
+		m, err := admin.Message(l.ctx, poison)
 		if err != nil {
 			return false, "", err
 		}
@@ -269,7 +273,7 @@ func lab6(l *lab) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	m, err := admin.Message(l.ctx, poison[0])
+	m, err := admin.Message(l.ctx, poison)
 	if err != nil {
 		return nil, err
 	}
@@ -278,22 +282,22 @@ func lab6(l *lab) (*Report, error) {
 	mu.Lock()
 	fixed = true
 	mu.Unlock()
-	if _, err := admin.Retry(l.ctx, poison[0]); err != nil {
+	if _, err := admin.Retry(l.ctx, poison); err != nil {
 		return nil, err
 	}
 	err = l.waitFor(30*time.Second, "the requeued message delivered", func() (bool, string, error) {
-		m, err := admin.Message(l.ctx, poison[0])
+		m, err := admin.Message(l.ctx, poison)
 		return err == nil && m.Status == outbox.StatusDelivered, "poison message: " + m.Status, err
 	})
 	if err != nil {
 		return nil, err
 	}
-	after, err := admin.Message(l.ctx, poison[0])
+	after, err := admin.Message(l.ctx, poison)
 	if err != nil {
 		return nil, err
 	}
 	r := newReport("Lab 6: a poison message")
-	healthyDelivered, err := l.count("SELECT count(*) FROM outbox_messages WHERE status = 'delivered' AND payload->>'currency' <> 'XXX'")
+	healthyDelivered, err := l.count("SELECT count(*) FROM outbox_messages WHERE status = 'delivered' AND event_id <> $1", poisonEvent[0])
 	if err != nil {
 		return nil, err
 	}
@@ -385,7 +389,7 @@ func lab8(l *lab) (*Report, error) {
 	report("naive", all)
 
 	// With isolation: the real relay.
-	if _, err := l.pool.Exec(l.ctx, "TRUNCATE outbox_messages CASCADE"); err != nil {
+	if _, err := l.pool.Exec(l.ctx, "TRUNCATE outbox_messages, outbox_events CASCADE"); err != nil {
 		return nil, err
 	}
 	healthy.reset()

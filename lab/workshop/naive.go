@@ -73,7 +73,9 @@ func (p *publisher) publish(ctx context.Context, o orders.Order) error {
 	if err != nil {
 		return err
 	}
-	body := outbox.Message{ID: id, Type: orders.EventPlaced, CreatedAt: time.Now(), Payload: data}.Body()
+	// There is no outbox: the event is its own and only delivery.
+	now := time.Now()
+	body := outbox.Message{ID: id, EventID: id, Type: orders.EventPlaced, CreatedAt: now, EventCreatedAt: now, Payload: data}.Body()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url, bytes.NewReader(body))
 	if err != nil {
 		return err
@@ -222,19 +224,23 @@ func runRelayChild(ctx context.Context, raw []byte) error {
 	return fmt.Errorf("relay child: never died")
 }
 
-// pendingRow is what the naive relays read.
+// pendingRow is what the naive relays read: a message (one delivery of an
+// event to one endpoint), with its event and its endpoint.
 type pendingRow struct {
-	id               uuid.UUID
+	id, eventID      uuid.UUID
 	typ, url, secret string
 	payload          []byte
-	createdAt        time.Time
+	eventCreatedAt   time.Time
 }
 
 // naiveSelect is the poll of a relay without a claim, and of a relay with a
-// single queue: the oldest due pending rows, whatever their destination.
+// single queue: the oldest due pending rows, whatever their destination,
+// each with its event's id, payload and time.
 const naiveSelect = `
-SELECT m.id, m.type, e.url, e.secret, m.payload, m.created_at
-FROM outbox_messages m JOIN webhook_endpoints e ON e.id = m.destination
+SELECT m.id, m.event_id, m.type, e.url, e.secret, ev.payload, ev.created_at
+FROM outbox_messages m
+JOIN outbox_events ev ON ev.id = m.event_id
+JOIN webhook_endpoints e ON e.id = m.destination
 WHERE m.status = 'pending' AND m.next_attempt_at <= now()
 ORDER BY m.next_attempt_at, m.id
 LIMIT $1`
@@ -246,17 +252,18 @@ func readPending(ctx context.Context, pool *pgxpool.Pool, limit int) ([]pendingR
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (pendingRow, error) {
 		var p pendingRow
-		err := r.Scan(&p.id, &p.typ, &p.url, &p.secret, &p.payload, &p.createdAt)
+		err := r.Scan(&p.id, &p.eventID, &p.typ, &p.url, &p.secret, &p.payload, &p.eventCreatedAt)
 		return p, err
 	})
 }
 
-// send delivers one row as the real relay's transport would.
+// send delivers one row as the real relay's transport would: webhook-id and
+// the body's id are the event's.
 func send(ctx context.Context, t outbox.Transport, p pendingRow, timeout time.Duration) outbox.Result {
-	body := outbox.Message{ID: p.id, Type: p.typ, CreatedAt: p.createdAt, Payload: p.payload}.Body()
+	body := outbox.Message{ID: p.id, EventID: p.eventID, Type: p.typ, EventCreatedAt: p.eventCreatedAt, Payload: p.payload}.Body()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	return t.Deliver(ctx, outbox.Delivery{MessageID: p.id, Type: p.typ, URL: p.url, Secret: p.secret, Body: body})
+	return t.Deliver(ctx, outbox.Delivery{EventID: p.eventID, MessageID: p.id, Type: p.typ, URL: p.url, Secret: p.secret, Body: body})
 }
 
 // naiveRelayNoClaim is lab 4's relay without a claim: SELECT the pending

@@ -42,3 +42,79 @@ SELECT count(*) FILTER (WHERE enabled AND health = 'healthy')     AS healthy,
        count(*) FILTER (WHERE enabled AND health = 'backing_off') AS backing_off,
        count(*) FILTER (WHERE NOT enabled)                        AS paused
 FROM webhook_endpoints;
+
+-- name: EndpointUpdate :one
+-- Changes an endpoint's URL and event types in place (NULL keeps one as it
+-- is). Its messages already written stay and are sent to the new URL; the
+-- new types apply to events written from now on.
+UPDATE webhook_endpoints
+SET url = COALESCE(sqlc.narg(url), url),
+    event_types = COALESCE(sqlc.narg(event_types)::text[], event_types),
+    updated_at = now()
+WHERE id = @id
+RETURNING *;
+
+-- name: EndpointReplay :one
+-- One bounded batch of a replay: the events written in [@from, @to) after
+-- the cursor @after, of the endpoint's subscribed types (and of @types
+-- unless it is empty), oldest first, each given a new pending message for
+-- the endpoint under its original event id, unless one of its messages to
+-- the endpoint is still unfinished (pending, claimed or failed): a replay
+-- never sends an event twice at once. Replayed messages are due now, in
+-- event order; they keep that order among themselves per ordering key, not
+-- against messages of the key queued before. Returns how many events the
+-- batch read and replayed, and the last one read (the nil uuid when none):
+-- the next batch's cursor.
+-- The caller holds EventsLockReplay, so the prune cannot delete an event
+-- under it.
+WITH ep AS (
+    SELECT e.id, e.event_types FROM webhook_endpoints e WHERE e.id = @endpoint::uuid
+), batch AS (
+    SELECT ev.id, ev.type, ev.ordering_key
+    FROM outbox_events ev, ep
+    WHERE ev.id >= outbox_uuid_at(@from_time::timestamptz) AND ev.id < outbox_uuid_at(@to_time::timestamptz)
+      AND ev.created_at >= @from_time::timestamptz AND ev.created_at < @to_time::timestamptz
+      AND (sqlc.narg(after)::uuid IS NULL OR ev.id > sqlc.narg(after)::uuid)
+      AND ev.type = ANY (ep.event_types)
+      AND (COALESCE(cardinality(@types::text[]), 0) = 0 OR ev.type = ANY (@types::text[]))
+    ORDER BY ev.id
+    LIMIT @batch_size
+), fresh AS (
+    SELECT b.id, b.type, b.ordering_key FROM batch b
+    WHERE NOT EXISTS (
+        SELECT 1 FROM outbox_messages m
+        WHERE m.id BETWEEN outbox_uuid_floor(b.id) AND outbox_uuid_ceil(b.id)
+          AND m.event_id = b.id AND m.destination = @endpoint::uuid
+          AND m.status IN ('pending', 'claimed', 'failed')
+        OFFSET 0)
+), replayed AS (
+    INSERT INTO outbox_messages (id, event_id, type, destination, ordering_key, next_attempt_at, created_at)
+    SELECT outbox_uuid_sibling(f.id), f.id, f.type, @endpoint::uuid, f.ordering_key, now(), now()
+    FROM fresh f
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM batch)    AS read,
+       (SELECT count(*) FROM replayed) AS replayed,
+       COALESCE((SELECT b.id FROM batch b ORDER BY b.id DESC LIMIT 1), '00000000-0000-0000-0000-000000000000')::uuid AS last_id;
+
+-- name: EndpointReplayCount :one
+-- How many events a replay of [@from, @to) would read for the endpoint:
+-- what the confirmation says before it starts.
+SELECT count(*)
+FROM outbox_events ev, webhook_endpoints e
+WHERE e.id = @endpoint::uuid
+  AND ev.id >= outbox_uuid_at(@from_time::timestamptz) AND ev.id < outbox_uuid_at(@to_time::timestamptz)
+  AND ev.created_at >= @from_time::timestamptz AND ev.created_at < @to_time::timestamptz
+  AND ev.type = ANY (e.event_types)
+  AND (COALESCE(cardinality(@types::text[]), 0) = 0 OR ev.type = ANY (@types::text[]));
+
+-- name: EventsLockReplay :exec
+-- Taken (shared) by a replay's transaction before it reads events, and
+-- (exclusive) by each batch of the event prune before it deletes: a replay
+-- never gives a message to an event being deleted, and replays do not wait
+-- for one another. Its own statement, so the next one's snapshot is taken
+-- with the lock held.
+SELECT pg_advisory_xact_lock_shared(1869574764, 0);
+
+-- name: EventsLockPrune :exec
+SELECT pg_advisory_xact_lock(1869574764, 0);

@@ -1,44 +1,100 @@
--- name: MessageEnqueue :many
--- Fans one event out to a row per subscribed endpoint, in the caller's
--- transaction. Reading the endpoints and writing the rows is one statement:
--- one round trip on the order's write path. Disabled endpoints get their rows
--- too: disabled means paused, and the rows wait to be delivered after the
--- endpoint is enabled again.
-INSERT INTO outbox_messages (type, destination, payload, trace_context)
-SELECT @type::text, e.id, @payload::jsonb, sqlc.narg(trace_context)::jsonb
-FROM webhook_endpoints e
-WHERE @type::text = ANY (e.event_types)
-RETURNING id;
+-- name: EventEnqueue :one
+-- Records one event and fans it out to a pending delivery per subscribed
+-- endpoint, in the caller's transaction and in ONE statement: one round trip
+-- on the order's write path. Disabled endpoints get their deliveries too:
+-- disabled means paused, and they wait until the endpoint is enabled again.
+--
+-- An event with an ordering key first takes a transaction-scoped advisory
+-- lock on the key, and only then reads the clock (the subquery under OFFSET
+-- 0 runs before the clock is read): two transactions writing events of one
+-- key are serialized, the second reads the clock after the first
+-- committed, and ids and due times of one key follow commit order. The lock
+-- is in the two-integer space, apart from River's, and costs nothing when
+-- the business rows already serialize the key (an order's row lock does).
+--
+-- Each delivery's id shares its event's time prefix (outbox_uuid_sibling),
+-- and a new delivery is due at the event's time, so within a key the claim's
+-- order (next_attempt_at, id) is commit order.
+WITH event AS (
+    INSERT INTO outbox_events (id, type, payload, trace_context, ordering_key, created_at)
+    SELECT outbox_uuid_v7_at(s.at), @type::text, @payload::json, sqlc.narg(trace_context)::jsonb,
+           sqlc.narg(ordering_key)::text, s.at
+    FROM (SELECT CASE WHEN sqlc.narg(ordering_key)::text IS NULL THEN clock_timestamp()
+                 ELSE (SELECT clock_timestamp()
+                       FROM (SELECT pg_advisory_xact_lock(1869574763, hashtext(sqlc.narg(ordering_key)::text)) AS locked
+                             OFFSET 0) l)
+                 END AS at) s
+    RETURNING id, type, ordering_key, created_at
+), delivery AS (
+    INSERT INTO outbox_messages (id, event_id, type, destination, ordering_key, next_attempt_at, created_at)
+    SELECT outbox_uuid_sibling(ev.id), ev.id, ev.type, e.id, ev.ordering_key, ev.created_at, ev.created_at
+    FROM event ev JOIN webhook_endpoints e ON ev.type = ANY (e.event_types)
+)
+SELECT id FROM event;
+
+-- name: EventNotify :exec
+-- Wakes LISTENing relays at commit (NotifyRelays, OUTBOX_NOTIFY): names the
+-- destinations of the event's deliveries, or '' (wake all) past what a
+-- notification's 8000 bytes hold; nothing when it has none. Identical
+-- notifications of one transaction are sent once.
+SELECT pg_notify('outbox', CASE WHEN count(*) > 200 THEN '' ELSE string_agg(m.destination::text, ',') END)
+FROM outbox_messages m
+WHERE m.id BETWEEN outbox_uuid_floor(@event_id::uuid) AND outbox_uuid_ceil(@event_id::uuid)
+  AND m.event_id = @event_id::uuid
+HAVING count(*) > 0;
 
 -- name: MessageClaim :many
 -- Claims up to @batch_size of one destination's due messages, oldest due
 -- first, for the deliver job holding the destination's lease, in ONE
 -- statement. The job sends what it claims at once, so a claim's age is the
 -- age of its request: a claim never waits in a queue. SKIP LOCKED keeps
--- concurrent claimers from waiting on or duplicating each other. If the
--- lease is no longer this job's (its relay was declared dead, or the
--- endpoint was disabled or deleted), nothing is claimed. Each row comes with
--- the endpoint's URL and secrets as they are now, so a rotated secret takes
--- effect at the next claim. The attempt is counted when its outcome is
--- recorded, not here.
+-- the claim from waiting on a deletion's discard. If the lease is no longer
+-- this job's (its relay was declared dead, or the endpoint was disabled or
+-- deleted), nothing is claimed. Each row comes with its event (payload,
+-- trace context) and the endpoint's URL and secrets as they are now, so a
+-- rotated secret takes effect at the next claim. The attempt is counted
+-- when its outcome is recorded, not here.
+--
+-- Per-key order: a due message with an ordering key is claimed only if it
+-- is the first of its key among those due and no earlier message of its key
+-- is unfinished (on outbox_messages_ordering_idx). Otherwise it is parked:
+-- out of the pending index, so out of every later claim's way, until the
+-- message ahead of it settles and promotes it (MessagesRecordOutcomes,
+-- MessageSkip). New messages of a key are due in commit order, so the first
+-- of a key among the due ones is never behind one that is not due.
 WITH lease AS (
     SELECT e.url, e.secret,
            COALESCE(CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END, '')::text AS previous_secret
     FROM webhook_endpoints e
     WHERE e.id = @destination::uuid AND e.lease_token = @claim_token::uuid AND e.enabled
 ), due AS (
-    SELECT p.id FROM outbox_messages p
-    WHERE p.destination = @destination::uuid AND p.status = 'pending' AND p.next_attempt_at <= now()
+    SELECT p.id, p.ordering_key FROM outbox_messages p
+    WHERE p.destination = @destination::uuid AND p.status = 'pending' AND NOT p.parked AND p.next_attempt_at <= now()
       AND EXISTS (SELECT 1 FROM lease)
     ORDER BY p.next_attempt_at, p.id
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
+), judged AS (
+    SELECT d.id,
+           d.ordering_key IS NOT NULL AND (
+               row_number() OVER (PARTITION BY d.ordering_key ORDER BY d.id) > 1
+               OR EXISTS (
+                   SELECT 1 FROM outbox_messages b
+                   WHERE b.destination = @destination::uuid AND b.ordering_key = d.ordering_key AND b.id < d.id
+                     AND (b.status IN ('claimed', 'failed')
+                          OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))))
+           ) AS behind
+    FROM due d
+), parked AS (
+    UPDATE outbox_messages m SET parked = true
+    FROM judged j
+    WHERE m.id = j.id AND j.behind
 )
 UPDATE outbox_messages m
 SET status = 'claimed', claim_token = @claim_token::uuid, claimed_by = @relay_id::uuid, claimed_at = now()
-FROM due, lease
-WHERE m.id = due.id
-RETURNING m.id, m.type, m.payload, m.attempts, m.created_at, m.trace_context,
+FROM judged j, lease, outbox_events ev
+WHERE m.id = j.id AND NOT j.behind AND ev.id = m.event_id
+RETURNING m.id, m.event_id, m.type, ev.payload, m.attempts, ev.created_at, ev.trace_context,
           lease.url AS endpoint_url, lease.secret AS endpoint_secret, lease.previous_secret AS endpoint_previous_secret;
 
 -- name: MessagesRecordOutcomes :execrows
@@ -51,7 +107,9 @@ RETURNING m.id, m.type, m.payload, m.attempts, m.created_at, m.trace_context,
 -- key finds the rows. @attempts is each message's attempt number, counted
 -- from its last requeue; the history numbers it after the attempts made
 -- before that requeue (attempts_before). ON CONFLICT keeps a rare double
--- record harmless.
+-- record harmless. A delivered message with an ordering key promotes the
+-- next parked message of its key (see MessageClaim): due again at its own
+-- time, so ahead of any newer one of the key.
 WITH o AS (
     SELECT unnest(@ids::uuid[])                 AS id,
            unnest(@statuses::text[])            AS status,
@@ -76,7 +134,15 @@ WITH o AS (
         last_error = COALESCE(NULLIF(o.last_error, ''), m.last_error)
     FROM o
     WHERE m.id = o.id AND m.claim_token = @claim_token::uuid
-    RETURNING m.id, m.attempts_before
+    RETURNING m.id, m.attempts_before, m.status, m.destination, m.ordering_key
+), promoted AS (
+    UPDATE outbox_messages n SET parked = false
+    FROM held h
+    WHERE h.status = 'delivered' AND h.ordering_key IS NOT NULL
+      AND n.id = (SELECT w.id FROM outbox_messages w
+                  WHERE w.destination = h.destination AND w.ordering_key = h.ordering_key AND w.id > h.id
+                    AND w.status = 'pending' AND w.parked
+                  ORDER BY w.id LIMIT 1)
 )
 INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code, error)
 SELECT h.id, h.attempts_before + o.attempt, o.outcome, o.started_at, o.finished_at,
@@ -169,6 +235,49 @@ WHERE id IN (
      LIMIT @batch_size)
 );
 
+-- name: EventsPrune :execrows
+-- Deletes one bounded batch of events written before @created_before that no
+-- delivery refers to any more; the caller loops after pruning deliveries. An
+-- event lives as long as any of its deliveries, so a failed or pending one
+-- keeps its payload. A delivery's id shares its event's time prefix, so an
+-- event's deliveries are a primary-key range: no index on event_id.
+DELETE FROM outbox_events
+WHERE id IN (
+    SELECT o.id FROM outbox_events o
+    WHERE o.id < outbox_uuid_at(@created_before::timestamptz)
+      AND NOT EXISTS (
+          -- OFFSET 0 keeps this a probe per event: as an anti-join the
+          -- planner would hash every message instead.
+          SELECT 1 FROM outbox_messages m
+          WHERE m.id BETWEEN outbox_uuid_floor(o.id) AND outbox_uuid_ceil(o.id) AND m.event_id = o.id
+          OFFSET 0)
+    ORDER BY o.id
+    LIMIT @batch_size
+);
+
+-- name: MessagesPromoteStranded :execrows
+-- The safety net of per-key order, for one destination: promotes parked
+-- messages (see MessageClaim) that nothing earlier of their key holds back
+-- any more, such as one a claim parked while a person skipped the message
+-- ahead of it (the skip's promotion could not see it yet). Promoting one
+-- that still has to wait is harmless: the next claim parks it again. Every
+-- deliver job runs it as it ends, and the prune job for every endpoint; with
+-- nothing parked it is one probe of outbox_messages_ordering_idx.
+UPDATE outbox_messages m
+SET parked = false
+WHERE m.id IN (
+    SELECT DISTINCT ON (w.ordering_key) w.id
+    FROM outbox_messages w
+    WHERE w.destination = @destination::uuid AND w.ordering_key IS NOT NULL
+      AND w.status = 'pending' AND w.parked
+    ORDER BY w.ordering_key, w.id
+)
+AND NOT EXISTS (
+    SELECT 1 FROM outbox_messages b
+    WHERE b.destination = m.destination AND b.ordering_key = m.ordering_key AND b.id < m.id
+      AND (b.status IN ('claimed', 'failed')
+           OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))));
+
 -- name: MessagesDiscardOrphans :execrows
 -- Discards pending messages whose endpoint no longer exists: rows an order
 -- transaction wrote while their endpoint was being deleted, which the
@@ -176,71 +285,92 @@ WHERE id IN (
 -- with pending messages, one index probe each.
 WITH RECURSIVE heads AS (
     (SELECT destination FROM outbox_messages
-     WHERE status = 'pending' ORDER BY destination LIMIT 1)
+     WHERE status = 'pending' AND NOT parked ORDER BY destination LIMIT 1)
     UNION ALL
     SELECT n.destination
     FROM heads h, LATERAL (
         SELECT m.destination FROM outbox_messages m
-        WHERE m.status = 'pending' AND m.destination > h.destination
+        WHERE m.status = 'pending' AND NOT m.parked AND m.destination > h.destination
         ORDER BY m.destination LIMIT 1
     ) n
+), orphans AS (
+    SELECT h.destination FROM heads h
+    WHERE NOT EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = h.destination)
 )
 UPDATE outbox_messages m
-SET status = 'discarded', discarded_at = now(), last_error = 'endpoint deleted'
-FROM heads h
-WHERE m.destination = h.destination AND m.status = 'pending'
-  AND NOT EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = h.destination);
+SET status = 'discarded', discarded_at = now(), last_error = 'endpoint deleted', parked = false
+WHERE m.id IN (
+    SELECT p.id FROM outbox_messages p JOIN orphans o ON p.destination = o.destination
+    WHERE p.status = 'pending' AND NOT p.parked
+    UNION ALL
+    SELECT w.id FROM outbox_messages w JOIN orphans o ON w.destination = o.destination
+    WHERE w.ordering_key IS NOT NULL AND w.status = 'pending' AND w.parked
+);
 
 -- name: MessageStats :one
--- Each count runs on its status's partial index.
+-- Each count runs on its status's partial index; parked messages (pending
+-- behind an earlier message of their ordering key) on the ordering index.
 SELECT
-    (SELECT count(*) FROM outbox_messages WHERE status = 'pending')   AS pending,
+    ((SELECT count(*) FROM outbox_messages WHERE status = 'pending' AND NOT parked)
+      + (SELECT count(*) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked))::bigint AS pending,
     (SELECT count(*) FROM outbox_messages WHERE status = 'claimed')   AS claimed,
     (SELECT count(*) FROM outbox_messages WHERE status = 'delivered') AS delivered,
     (SELECT count(*) FROM outbox_messages WHERE status = 'failed')    AS failed,
     (SELECT count(*) FROM outbox_messages WHERE status = 'discarded') AS discarded,
-    COALESCE(EXTRACT(epoch FROM now() - (
-        SELECT min(created_at) FROM outbox_messages WHERE status = 'pending')), 0)::float8
+    (SELECT count(*) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked) AS parked,
+    COALESCE(EXTRACT(epoch FROM now() - LEAST(
+        (SELECT min(created_at) FROM outbox_messages WHERE status = 'pending' AND NOT parked),
+        (SELECT min(created_at) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked))), 0)::float8
         AS oldest_pending_age_seconds;
 
 -- name: MessageBacklog :one
 -- The monitoring numbers, without counting the delivered history.
 SELECT
-    (SELECT count(*) FROM outbox_messages WHERE status = 'pending') AS pending,
+    ((SELECT count(*) FROM outbox_messages WHERE status = 'pending' AND NOT parked)
+      + (SELECT count(*) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked))::bigint AS pending,
     (SELECT count(*) FROM outbox_messages WHERE status = 'claimed') AS claimed,
     (SELECT count(*) FROM outbox_messages WHERE status = 'failed')  AS failed,
-    COALESCE(EXTRACT(epoch FROM now() - (
-        SELECT min(created_at) FROM outbox_messages WHERE status = 'pending')), 0)::float8
+    COALESCE(EXTRACT(epoch FROM now() - LEAST(
+        (SELECT min(created_at) FROM outbox_messages WHERE status = 'pending' AND NOT parked),
+        (SELECT min(created_at) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked))), 0)::float8
         AS oldest_pending_age_seconds;
 
 -- name: MessageList :many
--- Newest first with optional filters. Ids are UUIDv7, so the primary key
--- orders by creation time and doubles as the pagination cursor.
-SELECT * FROM outbox_messages
-WHERE (sqlc.narg(status)::text IS NULL OR status = sqlc.narg(status))
-  AND (sqlc.narg(type)::text IS NULL OR type = sqlc.narg(type))
-  AND (sqlc.narg(destination)::uuid IS NULL OR destination = sqlc.narg(destination))
-  AND (sqlc.narg(created_from)::timestamptz IS NULL OR created_at >= sqlc.narg(created_from))
-  AND (sqlc.narg(created_to)::timestamptz IS NULL OR created_at < sqlc.narg(created_to))
-  AND (sqlc.narg(before_id)::uuid IS NULL OR id < sqlc.narg(before_id))
-ORDER BY id DESC
+-- Newest first with optional filters. Delivery ids are UUIDv7 with their
+-- event's time, so the primary key orders by event time and doubles as the
+-- pagination cursor.
+SELECT m.id, m.event_id, m.type, m.destination, m.status, m.attempts,
+       m.parked, m.next_attempt_at,
+       m.claimed_at, m.delivered_at, m.discarded_at, m.last_error, m.created_at, m.ordering_key,
+       ev.created_at AS event_created_at, ev.payload
+FROM outbox_messages m
+JOIN outbox_events ev ON ev.id = m.event_id
+WHERE (sqlc.narg(status)::text IS NULL OR m.status = sqlc.narg(status))
+  AND (sqlc.narg(type)::text IS NULL OR m.type = sqlc.narg(type))
+  AND (sqlc.narg(destination)::uuid IS NULL OR m.destination = sqlc.narg(destination))
+  AND (sqlc.narg(event_id)::uuid IS NULL OR (m.id BETWEEN outbox_uuid_floor(sqlc.narg(event_id)) AND outbox_uuid_ceil(sqlc.narg(event_id))
+                                             AND m.event_id = sqlc.narg(event_id)))
+  AND (sqlc.narg(created_from)::timestamptz IS NULL OR m.created_at >= sqlc.narg(created_from))
+  AND (sqlc.narg(created_to)::timestamptz IS NULL OR m.created_at < sqlc.narg(created_to))
+  AND (sqlc.narg(before_id)::uuid IS NULL OR m.id < sqlc.narg(before_id))
+ORDER BY m.id DESC
 LIMIT @max_rows;
 
 -- name: MessageOverdue :one
 -- How long the oldest deliverable message has waited past its due time. A
 -- message is deliverable when its endpoint is enabled and not backing off;
 -- it is due from the later of its own next attempt and the end of its
--- endpoint's backoff. A healthy relay keeps this near the poll interval,
+-- endpoint's backoff (a parked message is not due). A healthy relay keeps this near the poll interval,
 -- whatever waits for paused or failing endpoints. One index probe per
 -- destination with pending messages (a skip scan), never a scan of them all.
 WITH RECURSIVE heads AS (
     (SELECT destination, next_attempt_at FROM outbox_messages
-     WHERE status = 'pending' ORDER BY destination, next_attempt_at LIMIT 1)
+     WHERE status = 'pending' AND NOT parked ORDER BY destination, next_attempt_at LIMIT 1)
     UNION ALL
     SELECT n.destination, n.next_attempt_at
     FROM heads h, LATERAL (
         SELECT m.destination, m.next_attempt_at FROM outbox_messages m
-        WHERE m.status = 'pending' AND m.destination > h.destination
+        WHERE m.status = 'pending' AND NOT m.parked AND m.destination > h.destination
         ORDER BY m.destination, m.next_attempt_at LIMIT 1
     ) n
 )
@@ -250,17 +380,44 @@ JOIN webhook_endpoints e ON e.id = h.destination
 WHERE e.enabled AND GREATEST(h.next_attempt_at, e.backoff_until) <= now();
 
 -- name: MessageGet :one
-SELECT * FROM outbox_messages WHERE id = @id;
+SELECT m.id, m.event_id, m.type, m.destination, m.status, m.attempts,
+       m.parked, m.next_attempt_at,
+       m.claimed_at, m.delivered_at, m.discarded_at, m.last_error, m.created_at, m.ordering_key,
+       ev.created_at AS event_created_at, ev.payload
+FROM outbox_messages m
+JOIN outbox_events ev ON ev.id = m.event_id
+WHERE m.id = @id;
 
 -- name: MessageRetry :one
 -- A person's requeue of a failed message: back to pending, due now, with a
--- fresh attempt budget; attempts_before keeps the history's numbering going.
--- Only while its endpoint exists: a deleted endpoint's messages are settled.
+-- fresh attempt budget; attempts_before keeps the history's numbering going
+-- (and keeps it in the ordering index: it still holds back the later
+-- messages of its key until it is delivered). Only while its endpoint
+-- exists: a deleted endpoint's messages are settled.
 UPDATE outbox_messages m
 SET status = 'pending', attempts_before = attempts_before + attempts, attempts = 0, next_attempt_at = now()
 WHERE m.id = @id AND m.status = 'failed'
   AND EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = m.destination)
-RETURNING *;
+RETURNING m.id;
+
+-- name: MessageSkip :one
+-- A person gives up on a failed message: it is settled as discarded, never
+-- sent, and the next message of its ordering key, parked behind it, is due
+-- again (MessagePromoteNext, in the same transaction). MessagesPromoteStranded
+-- catches one that a concurrent claim parked after this statement read.
+UPDATE outbox_messages
+SET status = 'discarded', discarded_at = now(), last_error = @reason::text
+WHERE id = @id AND status = 'failed'
+RETURNING id, destination, ordering_key;
+
+-- name: MessagePromoteNext :execrows
+-- Promotes the first message parked behind @id in its destination and
+-- ordering key: due again at its own time.
+UPDATE outbox_messages n SET parked = false
+WHERE n.id = (SELECT w.id FROM outbox_messages w
+              WHERE w.destination = @destination::uuid AND w.ordering_key = @ordering_key::text AND w.id > @id::uuid
+                AND w.status = 'pending' AND w.parked
+              ORDER BY w.id LIMIT 1);
 
 -- name: MessagesDiscardForDestination :execrows
 -- Settles every undelivered message of an endpoint being deleted, in the
@@ -269,11 +426,32 @@ RETURNING *;
 -- its own partial index, never by scanning the delivered history.
 UPDATE outbox_messages
 SET status = 'discarded', discarded_at = now(), last_error = @reason::text,
-    claim_token = NULL, claimed_at = NULL, claimed_by = NULL
+    claim_token = NULL, claimed_at = NULL, claimed_by = NULL, parked = false
 WHERE id IN (
-    SELECT p.id FROM outbox_messages p WHERE p.destination = @destination AND p.status = 'pending'
+    SELECT p.id FROM outbox_messages p WHERE p.destination = @destination AND p.status = 'pending' AND NOT p.parked
+    UNION ALL
+    SELECT w.id FROM outbox_messages w
+    WHERE w.destination = @destination AND w.ordering_key IS NOT NULL AND w.status = 'pending' AND w.parked
     UNION ALL
     SELECT c.id FROM outbox_messages c WHERE c.destination = @destination AND c.status = 'claimed'
     UNION ALL
     SELECT f.id FROM outbox_messages f WHERE f.destination = @destination AND f.status = 'failed'
 );
+
+-- name: MessageKeyHead :one
+-- What a parked message waits for: the earliest unfinished message of its
+-- destination and ordering key before it (on the ordering index). None
+-- means it waits only to be promoted (MessagesPromoteStranded).
+SELECT b.id, b.status FROM outbox_messages b
+WHERE b.destination = @destination::uuid AND b.ordering_key = @ordering_key::text AND b.id < @id::uuid
+  AND (b.status IN ('claimed', 'failed')
+       OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked)))
+ORDER BY b.id
+LIMIT 1;
+
+-- name: MessagesParkedBehind :one
+-- How many messages of a destination and ordering key are parked after @id:
+-- what waits for a failed message to be retried or skipped.
+SELECT count(*) FROM outbox_messages w
+WHERE w.destination = @destination::uuid AND w.ordering_key = @ordering_key::text AND w.id > @id::uuid
+  AND w.status = 'pending' AND w.parked;

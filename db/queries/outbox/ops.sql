@@ -11,27 +11,34 @@ GROUP BY 1, 2
 ORDER BY 1, 2;
 
 -- name: OpsCreatedPerMinute :many
--- Messages created per minute since the time encoded in @min_id. Ids are
--- UUIDv7, so the primary key finds the window without an index on created_at.
+-- Messages created per minute since @since. Their ids are UUIDv7 with their
+-- event's time, so the primary key finds the window without an index on
+-- created_at (a replay's messages carry their old event's time: they are
+-- not in this window).
 SELECT date_trunc('minute', created_at)::timestamptz AS minute, count(*) AS created
 FROM outbox_messages
-WHERE id >= @min_id::uuid
+WHERE id >= outbox_uuid_at(@since::timestamptz)
 GROUP BY 1
 ORDER BY 1;
 
 -- name: OpsEndpointHealth :many
 -- Per endpoint: what waits (pending and claimed), what is backing off, what
--- failed, and its latest success and error in the last @window_seconds.
+-- is parked behind an earlier message of its ordering key, what failed, and its latest success and error in the last @window_seconds.
 -- Each status is read on its own partial index.
 WITH waiting AS (
     SELECT destination,
            count(*) AS waiting,
-           count(*) FILTER (WHERE attempts > 0 AND next_attempt_at > now()) AS backing_off,
-           min(next_attempt_at) FILTER (WHERE attempts > 0 AND next_attempt_at > now())::timestamptz AS next_retry_at
+           count(*) FILTER (WHERE attempts > 0 AND NOT parked AND next_attempt_at > now()) AS backing_off,
+           min(next_attempt_at) FILTER (WHERE attempts > 0 AND NOT parked AND next_attempt_at > now())::timestamptz AS next_retry_at,
+           count(*) FILTER (WHERE parked) AS parked
     FROM (
-        SELECT destination, attempts, next_attempt_at FROM outbox_messages WHERE status = 'pending'
+        SELECT destination, attempts, next_attempt_at, false AS parked FROM outbox_messages
+        WHERE status = 'pending' AND NOT parked
         UNION ALL
-        SELECT destination, attempts, now() FROM outbox_messages WHERE status = 'claimed'
+        SELECT destination, attempts, next_attempt_at, true FROM outbox_messages
+        WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked
+        UNION ALL
+        SELECT destination, attempts, now(), false FROM outbox_messages WHERE status = 'claimed'
     ) w
     GROUP BY destination
 ), failed AS (
@@ -61,6 +68,7 @@ SELECT e.id, e.url, e.event_types, e.enabled, e.disabled_reason, e.created_at,
        COALESCE(w.waiting, 0)::bigint     AS waiting,
        COALESCE(w.backing_off, 0)::bigint AS backing_off,
        w.next_retry_at,
+       COALESCE(w.parked, 0)::bigint      AS parked,
        COALESCE(f.failed, 0)::bigint      AS failed,
        ls.at                              AS last_success_at,
        le.at                              AS last_error_at,

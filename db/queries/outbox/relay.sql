@@ -38,12 +38,12 @@ SELECT * FROM outbox_relays ORDER BY started_at, id;
 -- every worker run this at once without waiting on one another.
 WITH RECURSIVE heads AS (
     (SELECT destination, next_attempt_at FROM outbox_messages
-     WHERE status = 'pending' ORDER BY destination, next_attempt_at LIMIT 1)
+     WHERE status = 'pending' AND NOT parked ORDER BY destination, next_attempt_at LIMIT 1)
     UNION ALL
     SELECT n.destination, n.next_attempt_at
     FROM heads h, LATERAL (
         SELECT m.destination, m.next_attempt_at FROM outbox_messages m
-        WHERE m.status = 'pending' AND m.destination > h.destination
+        WHERE m.status = 'pending' AND NOT m.parked AND m.destination > h.destination
         ORDER BY m.destination, m.next_attempt_at LIMIT 1
     ) n
 ), ready AS (
@@ -116,7 +116,7 @@ SET lease_token = NULL,
     dispatched_at = CASE
         WHEN e.enabled AND NOT @gone::boolean AND sqlc.narg(backoff_until)::timestamptz IS NULL
              AND EXISTS (SELECT 1 FROM outbox_messages m
-                         WHERE m.destination = e.id AND m.status = 'pending' AND m.next_attempt_at <= now())
+                         WHERE m.destination = e.id AND m.status = 'pending' AND NOT m.parked AND m.next_attempt_at <= now())
         THEN now() END
 WHERE e.id = @id AND e.lease_token = @lease_token::uuid
 RETURNING (e.dispatched_at IS NOT NULL)::boolean AS redispatch;

@@ -29,3 +29,8 @@ SELECT * FROM consumer_ledger WHERE customer_id = @customer_id ORDER BY id;
 SELECT
     (SELECT count(*) FROM consumer_inbox)  AS inbox,
     (SELECT count(*) FROM consumer_ledger) AS ledger;
+
+-- name: LedgerHasPlaced :one
+-- Whether the order's order.placed was applied: an order.cancelled must come
+-- after it.
+SELECT EXISTS (SELECT 1 FROM consumer_ledger WHERE order_id = @order_id AND event_type = 'order.placed');

@@ -142,23 +142,46 @@ type Execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// prune is the prune job's statement.
-var prune = MustQuery("outbox", "MessagesPrune")
+// The prune job's statements: settled messages first, then the events no
+// message refers to any more.
+var (
+	prune       = MustQuery("outbox", "MessagesPrune")
+	pruneEvents = MustQuery("outbox", "EventsPrune")
+)
 
-// Prune deletes the settled (delivered and discarded) rows older than
-// cutoff as the relay's prune job does: its statement, in batches of at
-// most 5,000 of each, until a batch deletes nothing. It returns how many it
-// deleted.
-func Prune(ctx context.Context, db Execer, cutoff time.Time) (int64, error) {
-	args, err := prune.Args(map[string]any{"settled_before": cutoff, "batch_size": 5000})
+// pruneBatch is the prune job's batch size (internal/outbox: pruneBatch).
+const pruneBatch = 5000
+
+// Prune deletes what the relay's prune job deletes, with its statements:
+// the settled (delivered and discarded) messages older than cutoff, in
+// batches of at most 5,000 of each until a batch deletes nothing, then, in
+// batches, the events written before cutoff that no message refers to any
+// more. It returns how many messages and events it deleted.
+func Prune(ctx context.Context, db Execer, cutoff time.Time) (messages, events int64, err error) {
+	args, err := prune.Args(map[string]any{"settled_before": cutoff, "batch_size": pruneBatch})
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
+	if messages, err = loop(ctx, db, prune.SQL, args); err != nil {
+		return messages, 0, fmt.Errorf("pruning messages: %w", err)
+	}
+	if args, err = pruneEvents.Args(map[string]any{"created_before": cutoff, "batch_size": pruneBatch}); err != nil {
+		return messages, 0, err
+	}
+	if events, err = loop(ctx, db, pruneEvents.SQL, args); err != nil {
+		return messages, events, fmt.Errorf("pruning events: %w", err)
+	}
+	return messages, events, nil
+}
+
+// loop runs a batch statement until it affects no row, and returns how
+// many rows it affected in all.
+func loop(ctx context.Context, db Execer, sql string, args []any) (int64, error) {
 	var total int64
 	for {
-		tag, err := db.Exec(ctx, prune.SQL, args...)
+		tag, err := db.Exec(ctx, sql, args...)
 		if err != nil {
-			return total, fmt.Errorf("pruning: %w", err)
+			return total, err
 		}
 		total += tag.RowsAffected()
 		if tag.RowsAffected() == 0 {

@@ -132,6 +132,19 @@ func (q *Queries) LedgerForCustomer(ctx context.Context, customerID string) ([]C
 	return items, nil
 }
 
+const ledgerHasPlaced = `-- name: LedgerHasPlaced :one
+SELECT EXISTS (SELECT 1 FROM consumer_ledger WHERE order_id = $1 AND event_type = 'order.placed')
+`
+
+// Whether the order's order.placed was applied: an order.cancelled must come
+// after it.
+func (q *Queries) LedgerHasPlaced(ctx context.Context, orderID uuid.UUID) (bool, error) {
+	row := q.db.QueryRow(ctx, ledgerHasPlaced, orderID)
+	var exists bool
+	err := row.Scan(&exists)
+	return exists, err
+}
+
 const totals = `-- name: Totals :one
 SELECT
     (SELECT count(*) FROM consumer_inbox)  AS inbox,

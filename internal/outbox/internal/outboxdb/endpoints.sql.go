@@ -7,6 +7,7 @@ package outboxdb
 
 import (
 	"context"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -128,6 +129,110 @@ func (q *Queries) EndpointList(ctx context.Context) ([]WebhookEndpoint, error) {
 	return items, nil
 }
 
+const endpointReplay = `-- name: EndpointReplay :one
+WITH ep AS (
+    SELECT e.id, e.event_types FROM webhook_endpoints e WHERE e.id = $1::uuid
+), batch AS (
+    SELECT ev.id, ev.type, ev.ordering_key
+    FROM outbox_events ev, ep
+    WHERE ev.id >= outbox_uuid_at($2::timestamptz) AND ev.id < outbox_uuid_at($3::timestamptz)
+      AND ev.created_at >= $2::timestamptz AND ev.created_at < $3::timestamptz
+      AND ($4::uuid IS NULL OR ev.id > $4::uuid)
+      AND ev.type = ANY (ep.event_types)
+      AND (COALESCE(cardinality($5::text[]), 0) = 0 OR ev.type = ANY ($5::text[]))
+    ORDER BY ev.id
+    LIMIT $6
+), fresh AS (
+    SELECT b.id, b.type, b.ordering_key FROM batch b
+    WHERE NOT EXISTS (
+        SELECT 1 FROM outbox_messages m
+        WHERE m.id BETWEEN outbox_uuid_floor(b.id) AND outbox_uuid_ceil(b.id)
+          AND m.event_id = b.id AND m.destination = $1::uuid
+          AND m.status IN ('pending', 'claimed', 'failed')
+        OFFSET 0)
+), replayed AS (
+    INSERT INTO outbox_messages (id, event_id, type, destination, ordering_key, next_attempt_at, created_at)
+    SELECT outbox_uuid_sibling(f.id), f.id, f.type, $1::uuid, f.ordering_key, now(), now()
+    FROM fresh f
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM batch)    AS read,
+       (SELECT count(*) FROM replayed) AS replayed,
+       COALESCE((SELECT b.id FROM batch b ORDER BY b.id DESC LIMIT 1), '00000000-0000-0000-0000-000000000000')::uuid AS last_id
+`
+
+type EndpointReplayParams struct {
+	Endpoint  uuid.UUID
+	FromTime  time.Time
+	ToTime    time.Time
+	After     *uuid.UUID
+	Types     []string
+	BatchSize int32
+}
+
+type EndpointReplayRow struct {
+	Read     int64
+	Replayed int64
+	LastID   uuid.UUID
+}
+
+// One bounded batch of a replay: the events written in [@from, @to) after
+// the cursor @after, of the endpoint's subscribed types (and of @types
+// unless it is empty), oldest first, each given a new pending message for
+// the endpoint under its original event id, unless one of its messages to
+// the endpoint is still unfinished (pending, claimed or failed): a replay
+// never sends an event twice at once. Replayed messages are due now, in
+// event order; they keep that order among themselves per ordering key, not
+// against messages of the key queued before. Returns how many events the
+// batch read and replayed, and the last one read (the nil uuid when none):
+// the next batch's cursor.
+// The caller holds EventsLockReplay, so the prune cannot delete an event
+// under it.
+func (q *Queries) EndpointReplay(ctx context.Context, arg EndpointReplayParams) (EndpointReplayRow, error) {
+	row := q.db.QueryRow(ctx, endpointReplay,
+		arg.Endpoint,
+		arg.FromTime,
+		arg.ToTime,
+		arg.After,
+		arg.Types,
+		arg.BatchSize,
+	)
+	var i EndpointReplayRow
+	err := row.Scan(&i.Read, &i.Replayed, &i.LastID)
+	return i, err
+}
+
+const endpointReplayCount = `-- name: EndpointReplayCount :one
+SELECT count(*)
+FROM outbox_events ev, webhook_endpoints e
+WHERE e.id = $1::uuid
+  AND ev.id >= outbox_uuid_at($2::timestamptz) AND ev.id < outbox_uuid_at($3::timestamptz)
+  AND ev.created_at >= $2::timestamptz AND ev.created_at < $3::timestamptz
+  AND ev.type = ANY (e.event_types)
+  AND (COALESCE(cardinality($4::text[]), 0) = 0 OR ev.type = ANY ($4::text[]))
+`
+
+type EndpointReplayCountParams struct {
+	Endpoint uuid.UUID
+	FromTime time.Time
+	ToTime   time.Time
+	Types    []string
+}
+
+// How many events a replay of [@from, @to) would read for the endpoint:
+// what the confirmation says before it starts.
+func (q *Queries) EndpointReplayCount(ctx context.Context, arg EndpointReplayCountParams) (int64, error) {
+	row := q.db.QueryRow(ctx, endpointReplayCount,
+		arg.Endpoint,
+		arg.FromTime,
+		arg.ToTime,
+		arg.Types,
+	)
+	var count int64
+	err := row.Scan(&count)
+	return count, err
+}
+
 const endpointRotateSecret = `-- name: EndpointRotateSecret :one
 UPDATE webhook_endpoints
 SET previous_secret = secret,
@@ -225,4 +330,65 @@ func (q *Queries) EndpointStates(ctx context.Context) (EndpointStatesRow, error)
 	var i EndpointStatesRow
 	err := row.Scan(&i.Healthy, &i.BackingOff, &i.Paused)
 	return i, err
+}
+
+const endpointUpdate = `-- name: EndpointUpdate :one
+UPDATE webhook_endpoints
+SET url = COALESCE($1, url),
+    event_types = COALESCE($2::text[], event_types),
+    updated_at = now()
+WHERE id = $3
+RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay
+`
+
+// Changes an endpoint's URL and event types in place (NULL keeps one as it
+// is). Its messages already written stay and are sent to the new URL; the
+// new types apply to events written from now on.
+func (q *Queries) EndpointUpdate(ctx context.Context, url *string, eventTypes []string, iD uuid.UUID) (WebhookEndpoint, error) {
+	row := q.db.QueryRow(ctx, endpointUpdate, url, eventTypes, iD)
+	var i WebhookEndpoint
+	err := row.Scan(
+		&i.ID,
+		&i.Url,
+		&i.Secret,
+		&i.EventTypes,
+		&i.Enabled,
+		&i.DisabledReason,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.PreviousSecret,
+		&i.PreviousSecretExpiresAt,
+		&i.Health,
+		&i.HealthReason,
+		&i.HealthChangedAt,
+		&i.ConsecutiveFailures,
+		&i.BackoffUntil,
+		&i.DispatchedAt,
+		&i.LeaseToken,
+		&i.LeaseRelay,
+	)
+	return i, err
+}
+
+const eventsLockPrune = `-- name: EventsLockPrune :exec
+SELECT pg_advisory_xact_lock(1869574764, 0)
+`
+
+func (q *Queries) EventsLockPrune(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, eventsLockPrune)
+	return err
+}
+
+const eventsLockReplay = `-- name: EventsLockReplay :exec
+SELECT pg_advisory_xact_lock_shared(1869574764, 0)
+`
+
+// Taken (shared) by a replay's transaction before it reads events, and
+// (exclusive) by each batch of the event prune before it deletes: a replay
+// never gives a message to an event being deleted, and replays do not wait
+// for one another. Its own statement, so the next one's snapshot is taken
+// with the lock held.
+func (q *Queries) EventsLockReplay(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, eventsLockReplay)
+	return err
 }

@@ -7,7 +7,6 @@ package outboxdb
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 
 	"github.com/google/uuid"
@@ -45,13 +44,115 @@ func (q *Queries) AttemptsList(ctx context.Context, messageID uuid.UUID) ([]Outb
 	return items, nil
 }
 
+const eventEnqueue = `-- name: EventEnqueue :one
+WITH event AS (
+    INSERT INTO outbox_events (id, type, payload, trace_context, ordering_key, created_at)
+    SELECT outbox_uuid_v7_at(s.at), $1::text, $2::json, $3::jsonb,
+           $4::text, s.at
+    FROM (SELECT CASE WHEN $4::text IS NULL THEN clock_timestamp()
+                 ELSE (SELECT clock_timestamp()
+                       FROM (SELECT pg_advisory_xact_lock(1869574763, hashtext($4::text)) AS locked
+                             OFFSET 0) l)
+                 END AS at) s
+    RETURNING id, type, ordering_key, created_at
+), delivery AS (
+    INSERT INTO outbox_messages (id, event_id, type, destination, ordering_key, next_attempt_at, created_at)
+    SELECT outbox_uuid_sibling(ev.id), ev.id, ev.type, e.id, ev.ordering_key, ev.created_at, ev.created_at
+    FROM event ev JOIN webhook_endpoints e ON ev.type = ANY (e.event_types)
+)
+SELECT id FROM event
+`
+
+type EventEnqueueParams struct {
+	Type         string
+	Payload      []byte
+	TraceContext []byte
+	OrderingKey  *string
+}
+
+// Records one event and fans it out to a pending delivery per subscribed
+// endpoint, in the caller's transaction and in ONE statement: one round trip
+// on the order's write path. Disabled endpoints get their deliveries too:
+// disabled means paused, and they wait until the endpoint is enabled again.
+//
+// An event with an ordering key first takes a transaction-scoped advisory
+// lock on the key, and only then reads the clock (the subquery under OFFSET
+// 0 runs before the clock is read): two transactions writing events of one
+// key are serialized, the second reads the clock after the first
+// committed, and ids and due times of one key follow commit order. The lock
+// is in the two-integer space, apart from River's, and costs nothing when
+// the business rows already serialize the key (an order's row lock does).
+//
+// Each delivery's id shares its event's time prefix (outbox_uuid_sibling),
+// and a new delivery is due at the event's time, so within a key the claim's
+// order (next_attempt_at, id) is commit order.
+func (q *Queries) EventEnqueue(ctx context.Context, arg EventEnqueueParams) (uuid.UUID, error) {
+	row := q.db.QueryRow(ctx, eventEnqueue,
+		arg.Type,
+		arg.Payload,
+		arg.TraceContext,
+		arg.OrderingKey,
+	)
+	var id uuid.UUID
+	err := row.Scan(&id)
+	return id, err
+}
+
+const eventNotify = `-- name: EventNotify :exec
+SELECT pg_notify('outbox', CASE WHEN count(*) > 200 THEN '' ELSE string_agg(m.destination::text, ',') END)
+FROM outbox_messages m
+WHERE m.id BETWEEN outbox_uuid_floor($1::uuid) AND outbox_uuid_ceil($1::uuid)
+  AND m.event_id = $1::uuid
+HAVING count(*) > 0
+`
+
+// Wakes LISTENing relays at commit (NotifyRelays, OUTBOX_NOTIFY): names the
+// destinations of the event's deliveries, or ” (wake all) past what a
+// notification's 8000 bytes hold; nothing when it has none. Identical
+// notifications of one transaction are sent once.
+func (q *Queries) EventNotify(ctx context.Context, eventID uuid.UUID) error {
+	_, err := q.db.Exec(ctx, eventNotify, eventID)
+	return err
+}
+
+const eventsPrune = `-- name: EventsPrune :execrows
+DELETE FROM outbox_events
+WHERE id IN (
+    SELECT o.id FROM outbox_events o
+    WHERE o.id < outbox_uuid_at($1::timestamptz)
+      AND NOT EXISTS (
+          -- OFFSET 0 keeps this a probe per event: as an anti-join the
+          -- planner would hash every message instead.
+          SELECT 1 FROM outbox_messages m
+          WHERE m.id BETWEEN outbox_uuid_floor(o.id) AND outbox_uuid_ceil(o.id) AND m.event_id = o.id
+          OFFSET 0)
+    ORDER BY o.id
+    LIMIT $2
+)
+`
+
+// Deletes one bounded batch of events written before @created_before that no
+// delivery refers to any more; the caller loops after pruning deliveries. An
+// event lives as long as any of its deliveries, so a failed or pending one
+// keeps its payload. A delivery's id shares its event's time prefix, so an
+// event's deliveries are a primary-key range: no index on event_id.
+func (q *Queries) EventsPrune(ctx context.Context, createdBefore time.Time, batchSize int32) (int64, error) {
+	result, err := q.db.Exec(ctx, eventsPrune, createdBefore, batchSize)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const messageBacklog = `-- name: MessageBacklog :one
 SELECT
-    (SELECT count(*) FROM outbox_messages WHERE status = 'pending') AS pending,
+    ((SELECT count(*) FROM outbox_messages WHERE status = 'pending' AND NOT parked)
+      + (SELECT count(*) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked))::bigint AS pending,
     (SELECT count(*) FROM outbox_messages WHERE status = 'claimed') AS claimed,
     (SELECT count(*) FROM outbox_messages WHERE status = 'failed')  AS failed,
-    COALESCE(EXTRACT(epoch FROM now() - (
-        SELECT min(created_at) FROM outbox_messages WHERE status = 'pending')), 0)::float8
+    COALESCE(EXTRACT(epoch FROM now() - LEAST(
+        (SELECT min(created_at) FROM outbox_messages WHERE status = 'pending' AND NOT parked),
+        (SELECT min(created_at) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked))), 0)::float8
         AS oldest_pending_age_seconds
 `
 
@@ -82,18 +183,33 @@ WITH lease AS (
     FROM webhook_endpoints e
     WHERE e.id = $3::uuid AND e.lease_token = $1::uuid AND e.enabled
 ), due AS (
-    SELECT p.id FROM outbox_messages p
-    WHERE p.destination = $3::uuid AND p.status = 'pending' AND p.next_attempt_at <= now()
+    SELECT p.id, p.ordering_key FROM outbox_messages p
+    WHERE p.destination = $3::uuid AND p.status = 'pending' AND NOT p.parked AND p.next_attempt_at <= now()
       AND EXISTS (SELECT 1 FROM lease)
     ORDER BY p.next_attempt_at, p.id
     LIMIT $4
     FOR UPDATE SKIP LOCKED
+), judged AS (
+    SELECT d.id,
+           d.ordering_key IS NOT NULL AND (
+               row_number() OVER (PARTITION BY d.ordering_key ORDER BY d.id) > 1
+               OR EXISTS (
+                   SELECT 1 FROM outbox_messages b
+                   WHERE b.destination = $3::uuid AND b.ordering_key = d.ordering_key AND b.id < d.id
+                     AND (b.status IN ('claimed', 'failed')
+                          OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))))
+           ) AS behind
+    FROM due d
+), parked AS (
+    UPDATE outbox_messages m SET parked = true
+    FROM judged j
+    WHERE m.id = j.id AND j.behind
 )
 UPDATE outbox_messages m
 SET status = 'claimed', claim_token = $1::uuid, claimed_by = $2::uuid, claimed_at = now()
-FROM due, lease
-WHERE m.id = due.id
-RETURNING m.id, m.type, m.payload, m.attempts, m.created_at, m.trace_context,
+FROM judged j, lease, outbox_events ev
+WHERE m.id = j.id AND NOT j.behind AND ev.id = m.event_id
+RETURNING m.id, m.event_id, m.type, ev.payload, m.attempts, ev.created_at, ev.trace_context,
           lease.url AS endpoint_url, lease.secret AS endpoint_secret, lease.previous_secret AS endpoint_previous_secret
 `
 
@@ -106,8 +222,9 @@ type MessageClaimParams struct {
 
 type MessageClaimRow struct {
 	ID                     uuid.UUID
+	EventID                uuid.UUID
 	Type                   string
-	Payload                json.RawMessage
+	Payload                []byte
 	Attempts               int32
 	CreatedAt              time.Time
 	TraceContext           []byte
@@ -120,12 +237,20 @@ type MessageClaimRow struct {
 // first, for the deliver job holding the destination's lease, in ONE
 // statement. The job sends what it claims at once, so a claim's age is the
 // age of its request: a claim never waits in a queue. SKIP LOCKED keeps
-// concurrent claimers from waiting on or duplicating each other. If the
-// lease is no longer this job's (its relay was declared dead, or the
-// endpoint was disabled or deleted), nothing is claimed. Each row comes with
-// the endpoint's URL and secrets as they are now, so a rotated secret takes
-// effect at the next claim. The attempt is counted when its outcome is
-// recorded, not here.
+// the claim from waiting on a deletion's discard. If the lease is no longer
+// this job's (its relay was declared dead, or the endpoint was disabled or
+// deleted), nothing is claimed. Each row comes with its event (payload,
+// trace context) and the endpoint's URL and secrets as they are now, so a
+// rotated secret takes effect at the next claim. The attempt is counted
+// when its outcome is recorded, not here.
+//
+// Per-key order: a due message with an ordering key is claimed only if it
+// is the first of its key among those due and no earlier message of its key
+// is unfinished (on outbox_messages_ordering_idx). Otherwise it is parked:
+// out of the pending index, so out of every later claim's way, until the
+// message ahead of it settles and promotes it (MessagesRecordOutcomes,
+// MessageSkip). New messages of a key are due in commit order, so the first
+// of a key among the due ones is never behind one that is not due.
 func (q *Queries) MessageClaim(ctx context.Context, arg MessageClaimParams) ([]MessageClaimRow, error) {
 	rows, err := q.db.Query(ctx, messageClaim,
 		arg.ClaimToken,
@@ -142,6 +267,7 @@ func (q *Queries) MessageClaim(ctx context.Context, arg MessageClaimParams) ([]M
 		var i MessageClaimRow
 		if err := rows.Scan(
 			&i.ID,
+			&i.EventID,
 			&i.Type,
 			&i.Payload,
 			&i.Attempts,
@@ -161,96 +287,141 @@ func (q *Queries) MessageClaim(ctx context.Context, arg MessageClaimParams) ([]M
 	return items, nil
 }
 
-const messageEnqueue = `-- name: MessageEnqueue :many
-INSERT INTO outbox_messages (type, destination, payload, trace_context)
-SELECT $1::text, e.id, $2::jsonb, $3::jsonb
-FROM webhook_endpoints e
-WHERE $1::text = ANY (e.event_types)
-RETURNING id
+const messageGet = `-- name: MessageGet :one
+SELECT m.id, m.event_id, m.type, m.destination, m.status, m.attempts,
+       m.parked, m.next_attempt_at,
+       m.claimed_at, m.delivered_at, m.discarded_at, m.last_error, m.created_at, m.ordering_key,
+       ev.created_at AS event_created_at, ev.payload
+FROM outbox_messages m
+JOIN outbox_events ev ON ev.id = m.event_id
+WHERE m.id = $1
 `
 
-// Fans one event out to a row per subscribed endpoint, in the caller's
-// transaction. Reading the endpoints and writing the rows is one statement:
-// one round trip on the order's write path. Disabled endpoints get their rows
-// too: disabled means paused, and the rows wait to be delivered after the
-// endpoint is enabled again.
-func (q *Queries) MessageEnqueue(ctx context.Context, type_ string, payload json.RawMessage, traceContext []byte) ([]uuid.UUID, error) {
-	rows, err := q.db.Query(ctx, messageEnqueue, type_, payload, traceContext)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []uuid.UUID
-	for rows.Next() {
-		var id uuid.UUID
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		items = append(items, id)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
+type MessageGetRow struct {
+	ID             uuid.UUID
+	EventID        uuid.UUID
+	Type           string
+	Destination    uuid.UUID
+	Status         string
+	Attempts       int32
+	Parked         bool
+	NextAttemptAt  time.Time
+	ClaimedAt      *time.Time
+	DeliveredAt    *time.Time
+	DiscardedAt    *time.Time
+	LastError      *string
+	CreatedAt      time.Time
+	OrderingKey    *string
+	EventCreatedAt time.Time
+	Payload        []byte
 }
 
-const messageGet = `-- name: MessageGet :one
-SELECT id, type, destination, payload, status, attempts, next_attempt_at, claim_token, claimed_at, delivered_at, last_error, created_at, trace_context, attempts_before, claimed_by, discarded_at FROM outbox_messages WHERE id = $1
-`
-
-func (q *Queries) MessageGet(ctx context.Context, id uuid.UUID) (OutboxMessage, error) {
+func (q *Queries) MessageGet(ctx context.Context, id uuid.UUID) (MessageGetRow, error) {
 	row := q.db.QueryRow(ctx, messageGet, id)
-	var i OutboxMessage
+	var i MessageGetRow
 	err := row.Scan(
 		&i.ID,
+		&i.EventID,
 		&i.Type,
 		&i.Destination,
-		&i.Payload,
 		&i.Status,
 		&i.Attempts,
+		&i.Parked,
 		&i.NextAttemptAt,
-		&i.ClaimToken,
 		&i.ClaimedAt,
 		&i.DeliveredAt,
+		&i.DiscardedAt,
 		&i.LastError,
 		&i.CreatedAt,
-		&i.TraceContext,
-		&i.AttemptsBefore,
-		&i.ClaimedBy,
-		&i.DiscardedAt,
+		&i.OrderingKey,
+		&i.EventCreatedAt,
+		&i.Payload,
 	)
 	return i, err
 }
 
+const messageKeyHead = `-- name: MessageKeyHead :one
+SELECT b.id, b.status FROM outbox_messages b
+WHERE b.destination = $1::uuid AND b.ordering_key = $2::text AND b.id < $3::uuid
+  AND (b.status IN ('claimed', 'failed')
+       OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked)))
+ORDER BY b.id
+LIMIT 1
+`
+
+type MessageKeyHeadRow struct {
+	ID     uuid.UUID
+	Status string
+}
+
+// What a parked message waits for: the earliest unfinished message of its
+// destination and ordering key before it (on the ordering index). None
+// means it waits only to be promoted (MessagesPromoteStranded).
+func (q *Queries) MessageKeyHead(ctx context.Context, destination uuid.UUID, orderingKey string, iD uuid.UUID) (MessageKeyHeadRow, error) {
+	row := q.db.QueryRow(ctx, messageKeyHead, destination, orderingKey, iD)
+	var i MessageKeyHeadRow
+	err := row.Scan(&i.ID, &i.Status)
+	return i, err
+}
+
 const messageList = `-- name: MessageList :many
-SELECT id, type, destination, payload, status, attempts, next_attempt_at, claim_token, claimed_at, delivered_at, last_error, created_at, trace_context, attempts_before, claimed_by, discarded_at FROM outbox_messages
-WHERE ($1::text IS NULL OR status = $1)
-  AND ($2::text IS NULL OR type = $2)
-  AND ($3::uuid IS NULL OR destination = $3)
-  AND ($4::timestamptz IS NULL OR created_at >= $4)
-  AND ($5::timestamptz IS NULL OR created_at < $5)
-  AND ($6::uuid IS NULL OR id < $6)
-ORDER BY id DESC
-LIMIT $7
+SELECT m.id, m.event_id, m.type, m.destination, m.status, m.attempts,
+       m.parked, m.next_attempt_at,
+       m.claimed_at, m.delivered_at, m.discarded_at, m.last_error, m.created_at, m.ordering_key,
+       ev.created_at AS event_created_at, ev.payload
+FROM outbox_messages m
+JOIN outbox_events ev ON ev.id = m.event_id
+WHERE ($1::text IS NULL OR m.status = $1)
+  AND ($2::text IS NULL OR m.type = $2)
+  AND ($3::uuid IS NULL OR m.destination = $3)
+  AND ($4::uuid IS NULL OR (m.id BETWEEN outbox_uuid_floor($4) AND outbox_uuid_ceil($4)
+                                             AND m.event_id = $4))
+  AND ($5::timestamptz IS NULL OR m.created_at >= $5)
+  AND ($6::timestamptz IS NULL OR m.created_at < $6)
+  AND ($7::uuid IS NULL OR m.id < $7)
+ORDER BY m.id DESC
+LIMIT $8
 `
 
 type MessageListParams struct {
 	Status      *string
 	Type        *string
 	Destination *uuid.UUID
+	EventID     *uuid.UUID
 	CreatedFrom *time.Time
 	CreatedTo   *time.Time
 	BeforeID    *uuid.UUID
 	MaxRows     int32
 }
 
-// Newest first with optional filters. Ids are UUIDv7, so the primary key
-// orders by creation time and doubles as the pagination cursor.
-func (q *Queries) MessageList(ctx context.Context, arg MessageListParams) ([]OutboxMessage, error) {
+type MessageListRow struct {
+	ID             uuid.UUID
+	EventID        uuid.UUID
+	Type           string
+	Destination    uuid.UUID
+	Status         string
+	Attempts       int32
+	Parked         bool
+	NextAttemptAt  time.Time
+	ClaimedAt      *time.Time
+	DeliveredAt    *time.Time
+	DiscardedAt    *time.Time
+	LastError      *string
+	CreatedAt      time.Time
+	OrderingKey    *string
+	EventCreatedAt time.Time
+	Payload        []byte
+}
+
+// Newest first with optional filters. Delivery ids are UUIDv7 with their
+// event's time, so the primary key orders by event time and doubles as the
+// pagination cursor.
+func (q *Queries) MessageList(ctx context.Context, arg MessageListParams) ([]MessageListRow, error) {
 	rows, err := q.db.Query(ctx, messageList,
 		arg.Status,
 		arg.Type,
 		arg.Destination,
+		arg.EventID,
 		arg.CreatedFrom,
 		arg.CreatedTo,
 		arg.BeforeID,
@@ -260,26 +431,26 @@ func (q *Queries) MessageList(ctx context.Context, arg MessageListParams) ([]Out
 		return nil, err
 	}
 	defer rows.Close()
-	var items []OutboxMessage
+	var items []MessageListRow
 	for rows.Next() {
-		var i OutboxMessage
+		var i MessageListRow
 		if err := rows.Scan(
 			&i.ID,
+			&i.EventID,
 			&i.Type,
 			&i.Destination,
-			&i.Payload,
 			&i.Status,
 			&i.Attempts,
+			&i.Parked,
 			&i.NextAttemptAt,
-			&i.ClaimToken,
 			&i.ClaimedAt,
 			&i.DeliveredAt,
+			&i.DiscardedAt,
 			&i.LastError,
 			&i.CreatedAt,
-			&i.TraceContext,
-			&i.AttemptsBefore,
-			&i.ClaimedBy,
-			&i.DiscardedAt,
+			&i.OrderingKey,
+			&i.EventCreatedAt,
+			&i.Payload,
 		); err != nil {
 			return nil, err
 		}
@@ -294,12 +465,12 @@ func (q *Queries) MessageList(ctx context.Context, arg MessageListParams) ([]Out
 const messageOverdue = `-- name: MessageOverdue :one
 WITH RECURSIVE heads AS (
     (SELECT destination, next_attempt_at FROM outbox_messages
-     WHERE status = 'pending' ORDER BY destination, next_attempt_at LIMIT 1)
+     WHERE status = 'pending' AND NOT parked ORDER BY destination, next_attempt_at LIMIT 1)
     UNION ALL
     SELECT n.destination, n.next_attempt_at
     FROM heads h, LATERAL (
         SELECT m.destination, m.next_attempt_at FROM outbox_messages m
-        WHERE m.status = 'pending' AND m.destination > h.destination
+        WHERE m.status = 'pending' AND NOT m.parked AND m.destination > h.destination
         ORDER BY m.destination, m.next_attempt_at LIMIT 1
     ) n
 )
@@ -312,7 +483,7 @@ WHERE e.enabled AND GREATEST(h.next_attempt_at, e.backoff_until) <= now()
 // How long the oldest deliverable message has waited past its due time. A
 // message is deliverable when its endpoint is enabled and not backing off;
 // it is due from the later of its own next attempt and the end of its
-// endpoint's backoff. A healthy relay keeps this near the poll interval,
+// endpoint's backoff (a parked message is not due). A healthy relay keeps this near the poll interval,
 // whatever waits for paused or failing endpoints. One index probe per
 // destination with pending messages (a skip scan), never a scan of them all.
 func (q *Queries) MessageOverdue(ctx context.Context) (float64, error) {
@@ -320,6 +491,24 @@ func (q *Queries) MessageOverdue(ctx context.Context) (float64, error) {
 	var column_1 float64
 	err := row.Scan(&column_1)
 	return column_1, err
+}
+
+const messagePromoteNext = `-- name: MessagePromoteNext :execrows
+UPDATE outbox_messages n SET parked = false
+WHERE n.id = (SELECT w.id FROM outbox_messages w
+              WHERE w.destination = $1::uuid AND w.ordering_key = $2::text AND w.id > $3::uuid
+                AND w.status = 'pending' AND w.parked
+              ORDER BY w.id LIMIT 1)
+`
+
+// Promotes the first message parked behind @id in its destination and
+// ordering key: due again at its own time.
+func (q *Queries) MessagePromoteNext(ctx context.Context, destination uuid.UUID, orderingKey string, iD uuid.UUID) (int64, error) {
+	result, err := q.db.Exec(ctx, messagePromoteNext, destination, orderingKey, iD)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const messageReleaseStale = `-- name: MessageReleaseStale :execrows
@@ -365,45 +554,57 @@ UPDATE outbox_messages m
 SET status = 'pending', attempts_before = attempts_before + attempts, attempts = 0, next_attempt_at = now()
 WHERE m.id = $1 AND m.status = 'failed'
   AND EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = m.destination)
-RETURNING id, type, destination, payload, status, attempts, next_attempt_at, claim_token, claimed_at, delivered_at, last_error, created_at, trace_context, attempts_before, claimed_by, discarded_at
+RETURNING m.id
 `
 
 // A person's requeue of a failed message: back to pending, due now, with a
-// fresh attempt budget; attempts_before keeps the history's numbering going.
-// Only while its endpoint exists: a deleted endpoint's messages are settled.
-func (q *Queries) MessageRetry(ctx context.Context, id uuid.UUID) (OutboxMessage, error) {
+// fresh attempt budget; attempts_before keeps the history's numbering going
+// (and keeps it in the ordering index: it still holds back the later
+// messages of its key until it is delivered). Only while its endpoint
+// exists: a deleted endpoint's messages are settled.
+func (q *Queries) MessageRetry(ctx context.Context, id uuid.UUID) (uuid.UUID, error) {
 	row := q.db.QueryRow(ctx, messageRetry, id)
-	var i OutboxMessage
-	err := row.Scan(
-		&i.ID,
-		&i.Type,
-		&i.Destination,
-		&i.Payload,
-		&i.Status,
-		&i.Attempts,
-		&i.NextAttemptAt,
-		&i.ClaimToken,
-		&i.ClaimedAt,
-		&i.DeliveredAt,
-		&i.LastError,
-		&i.CreatedAt,
-		&i.TraceContext,
-		&i.AttemptsBefore,
-		&i.ClaimedBy,
-		&i.DiscardedAt,
-	)
+	var id_2 uuid.UUID
+	err := row.Scan(&id_2)
+	return id_2, err
+}
+
+const messageSkip = `-- name: MessageSkip :one
+UPDATE outbox_messages
+SET status = 'discarded', discarded_at = now(), last_error = $1::text
+WHERE id = $2 AND status = 'failed'
+RETURNING id, destination, ordering_key
+`
+
+type MessageSkipRow struct {
+	ID          uuid.UUID
+	Destination uuid.UUID
+	OrderingKey *string
+}
+
+// A person gives up on a failed message: it is settled as discarded, never
+// sent, and the next message of its ordering key, parked behind it, is due
+// again (MessagePromoteNext, in the same transaction). MessagesPromoteStranded
+// catches one that a concurrent claim parked after this statement read.
+func (q *Queries) MessageSkip(ctx context.Context, reason string, iD uuid.UUID) (MessageSkipRow, error) {
+	row := q.db.QueryRow(ctx, messageSkip, reason, iD)
+	var i MessageSkipRow
+	err := row.Scan(&i.ID, &i.Destination, &i.OrderingKey)
 	return i, err
 }
 
 const messageStats = `-- name: MessageStats :one
 SELECT
-    (SELECT count(*) FROM outbox_messages WHERE status = 'pending')   AS pending,
+    ((SELECT count(*) FROM outbox_messages WHERE status = 'pending' AND NOT parked)
+      + (SELECT count(*) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked))::bigint AS pending,
     (SELECT count(*) FROM outbox_messages WHERE status = 'claimed')   AS claimed,
     (SELECT count(*) FROM outbox_messages WHERE status = 'delivered') AS delivered,
     (SELECT count(*) FROM outbox_messages WHERE status = 'failed')    AS failed,
     (SELECT count(*) FROM outbox_messages WHERE status = 'discarded') AS discarded,
-    COALESCE(EXTRACT(epoch FROM now() - (
-        SELECT min(created_at) FROM outbox_messages WHERE status = 'pending')), 0)::float8
+    (SELECT count(*) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked) AS parked,
+    COALESCE(EXTRACT(epoch FROM now() - LEAST(
+        (SELECT min(created_at) FROM outbox_messages WHERE status = 'pending' AND NOT parked),
+        (SELECT min(created_at) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked))), 0)::float8
         AS oldest_pending_age_seconds
 `
 
@@ -413,10 +614,12 @@ type MessageStatsRow struct {
 	Delivered               int64
 	Failed                  int64
 	Discarded               int64
+	Parked                  int64
 	OldestPendingAgeSeconds float64
 }
 
-// Each count runs on its status's partial index.
+// Each count runs on its status's partial index; parked messages (pending
+// behind an earlier message of their ordering key) on the ordering index.
 func (q *Queries) MessageStats(ctx context.Context) (MessageStatsRow, error) {
 	row := q.db.QueryRow(ctx, messageStats)
 	var i MessageStatsRow
@@ -426,6 +629,7 @@ func (q *Queries) MessageStats(ctx context.Context) (MessageStatsRow, error) {
 		&i.Delivered,
 		&i.Failed,
 		&i.Discarded,
+		&i.Parked,
 		&i.OldestPendingAgeSeconds,
 	)
 	return i, err
@@ -434,9 +638,12 @@ func (q *Queries) MessageStats(ctx context.Context) (MessageStatsRow, error) {
 const messagesDiscardForDestination = `-- name: MessagesDiscardForDestination :execrows
 UPDATE outbox_messages
 SET status = 'discarded', discarded_at = now(), last_error = $1::text,
-    claim_token = NULL, claimed_at = NULL, claimed_by = NULL
+    claim_token = NULL, claimed_at = NULL, claimed_by = NULL, parked = false
 WHERE id IN (
-    SELECT p.id FROM outbox_messages p WHERE p.destination = $2 AND p.status = 'pending'
+    SELECT p.id FROM outbox_messages p WHERE p.destination = $2 AND p.status = 'pending' AND NOT p.parked
+    UNION ALL
+    SELECT w.id FROM outbox_messages w
+    WHERE w.destination = $2 AND w.ordering_key IS NOT NULL AND w.status = 'pending' AND w.parked
     UNION ALL
     SELECT c.id FROM outbox_messages c WHERE c.destination = $2 AND c.status = 'claimed'
     UNION ALL
@@ -459,20 +666,27 @@ func (q *Queries) MessagesDiscardForDestination(ctx context.Context, reason stri
 const messagesDiscardOrphans = `-- name: MessagesDiscardOrphans :execrows
 WITH RECURSIVE heads AS (
     (SELECT destination FROM outbox_messages
-     WHERE status = 'pending' ORDER BY destination LIMIT 1)
+     WHERE status = 'pending' AND NOT parked ORDER BY destination LIMIT 1)
     UNION ALL
     SELECT n.destination
     FROM heads h, LATERAL (
         SELECT m.destination FROM outbox_messages m
-        WHERE m.status = 'pending' AND m.destination > h.destination
+        WHERE m.status = 'pending' AND NOT m.parked AND m.destination > h.destination
         ORDER BY m.destination LIMIT 1
     ) n
+), orphans AS (
+    SELECT h.destination FROM heads h
+    WHERE NOT EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = h.destination)
 )
 UPDATE outbox_messages m
-SET status = 'discarded', discarded_at = now(), last_error = 'endpoint deleted'
-FROM heads h
-WHERE m.destination = h.destination AND m.status = 'pending'
-  AND NOT EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = h.destination)
+SET status = 'discarded', discarded_at = now(), last_error = 'endpoint deleted', parked = false
+WHERE m.id IN (
+    SELECT p.id FROM outbox_messages p JOIN orphans o ON p.destination = o.destination
+    WHERE p.status = 'pending' AND NOT p.parked
+    UNION ALL
+    SELECT w.id FROM outbox_messages w JOIN orphans o ON w.destination = o.destination
+    WHERE w.ordering_key IS NOT NULL AND w.status = 'pending' AND w.parked
+)
 `
 
 // Discards pending messages whose endpoint no longer exists: rows an order
@@ -481,6 +695,53 @@ WHERE m.destination = h.destination AND m.status = 'pending'
 // with pending messages, one index probe each.
 func (q *Queries) MessagesDiscardOrphans(ctx context.Context) (int64, error) {
 	result, err := q.db.Exec(ctx, messagesDiscardOrphans)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const messagesParkedBehind = `-- name: MessagesParkedBehind :one
+SELECT count(*) FROM outbox_messages w
+WHERE w.destination = $1::uuid AND w.ordering_key = $2::text AND w.id > $3::uuid
+  AND w.status = 'pending' AND w.parked
+`
+
+// How many messages of a destination and ordering key are parked after @id:
+// what waits for a failed message to be retried or skipped.
+func (q *Queries) MessagesParkedBehind(ctx context.Context, destination uuid.UUID, orderingKey string, iD uuid.UUID) (int64, error) {
+	row := q.db.QueryRow(ctx, messagesParkedBehind, destination, orderingKey, iD)
+	var count int64
+	err := row.Scan(&count)
+	return count, err
+}
+
+const messagesPromoteStranded = `-- name: MessagesPromoteStranded :execrows
+UPDATE outbox_messages m
+SET parked = false
+WHERE m.id IN (
+    SELECT DISTINCT ON (w.ordering_key) w.id
+    FROM outbox_messages w
+    WHERE w.destination = $1::uuid AND w.ordering_key IS NOT NULL
+      AND w.status = 'pending' AND w.parked
+    ORDER BY w.ordering_key, w.id
+)
+AND NOT EXISTS (
+    SELECT 1 FROM outbox_messages b
+    WHERE b.destination = m.destination AND b.ordering_key = m.ordering_key AND b.id < m.id
+      AND (b.status IN ('claimed', 'failed')
+           OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))))
+`
+
+// The safety net of per-key order, for one destination: promotes parked
+// messages (see MessageClaim) that nothing earlier of their key holds back
+// any more, such as one a claim parked while a person skipped the message
+// ahead of it (the skip's promotion could not see it yet). Promoting one
+// that still has to wait is harmless: the next claim parks it again. Every
+// deliver job runs it as it ends, and the prune job for every endpoint; with
+// nothing parked it is one probe of outbox_messages_ordering_idx.
+func (q *Queries) MessagesPromoteStranded(ctx context.Context, destination uuid.UUID) (int64, error) {
+	result, err := q.db.Exec(ctx, messagesPromoteStranded, destination)
 	if err != nil {
 		return 0, err
 	}
@@ -538,7 +799,15 @@ WITH o AS (
         last_error = COALESCE(NULLIF(o.last_error, ''), m.last_error)
     FROM o
     WHERE m.id = o.id AND m.claim_token = $10::uuid
-    RETURNING m.id, m.attempts_before
+    RETURNING m.id, m.attempts_before, m.status, m.destination, m.ordering_key
+), promoted AS (
+    UPDATE outbox_messages n SET parked = false
+    FROM held h
+    WHERE h.status = 'delivered' AND h.ordering_key IS NOT NULL
+      AND n.id = (SELECT w.id FROM outbox_messages w
+                  WHERE w.destination = h.destination AND w.ordering_key = h.ordering_key AND w.id > h.id
+                    AND w.status = 'pending' AND w.parked
+                  ORDER BY w.id LIMIT 1)
 )
 INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code, error)
 SELECT h.id, h.attempts_before + o.attempt, o.outcome, o.started_at, o.finished_at,
@@ -569,7 +838,9 @@ type MessagesRecordOutcomesParams struct {
 // key finds the rows. @attempts is each message's attempt number, counted
 // from its last requeue; the history numbers it after the attempts made
 // before that requeue (attempts_before). ON CONFLICT keeps a rare double
-// record harmless.
+// record harmless. A delivered message with an ordering key promotes the
+// next parked message of its key (see MessageClaim): due again at its own
+// time, so ahead of any newer one of the key.
 func (q *Queries) MessagesRecordOutcomes(ctx context.Context, arg MessagesRecordOutcomesParams) (int64, error) {
 	result, err := q.db.Exec(ctx, messagesRecordOutcomes,
 		arg.Ids,

@@ -5,7 +5,6 @@
 package outboxdb
 
 import (
-	"encoding/json"
 	"time"
 
 	"github.com/google/uuid"
@@ -21,11 +20,19 @@ type OutboxAttempt struct {
 	Error      *string
 }
 
+type OutboxEvent struct {
+	ID           uuid.UUID
+	Type         string
+	Payload      []byte
+	TraceContext []byte
+	OrderingKey  *string
+	CreatedAt    time.Time
+}
+
 type OutboxMessage struct {
 	ID             uuid.UUID
 	Type           string
 	Destination    uuid.UUID
-	Payload        json.RawMessage
 	Status         string
 	Attempts       int32
 	NextAttemptAt  time.Time
@@ -34,10 +41,12 @@ type OutboxMessage struct {
 	DeliveredAt    *time.Time
 	LastError      *string
 	CreatedAt      time.Time
-	TraceContext   []byte
 	AttemptsBefore int32
 	ClaimedBy      *uuid.UUID
 	DiscardedAt    *time.Time
+	EventID        uuid.UUID
+	OrderingKey    *string
+	Parked         bool
 }
 
 type OutboxRelay struct {

@@ -54,7 +54,7 @@ func (q *Queries) OpsAttemptsPerMinute(ctx context.Context, since time.Time) ([]
 const opsCreatedPerMinute = `-- name: OpsCreatedPerMinute :many
 SELECT date_trunc('minute', created_at)::timestamptz AS minute, count(*) AS created
 FROM outbox_messages
-WHERE id >= $1::uuid
+WHERE id >= outbox_uuid_at($1::timestamptz)
 GROUP BY 1
 ORDER BY 1
 `
@@ -64,10 +64,12 @@ type OpsCreatedPerMinuteRow struct {
 	Created int64
 }
 
-// Messages created per minute since the time encoded in @min_id. Ids are
-// UUIDv7, so the primary key finds the window without an index on created_at.
-func (q *Queries) OpsCreatedPerMinute(ctx context.Context, minID uuid.UUID) ([]OpsCreatedPerMinuteRow, error) {
-	rows, err := q.db.Query(ctx, opsCreatedPerMinute, minID)
+// Messages created per minute since @since. Their ids are UUIDv7 with their
+// event's time, so the primary key finds the window without an index on
+// created_at (a replay's messages carry their old event's time: they are
+// not in this window).
+func (q *Queries) OpsCreatedPerMinute(ctx context.Context, since time.Time) ([]OpsCreatedPerMinuteRow, error) {
+	rows, err := q.db.Query(ctx, opsCreatedPerMinute, since)
 	if err != nil {
 		return nil, err
 	}
@@ -110,12 +112,17 @@ const opsEndpointHealth = `-- name: OpsEndpointHealth :many
 WITH waiting AS (
     SELECT destination,
            count(*) AS waiting,
-           count(*) FILTER (WHERE attempts > 0 AND next_attempt_at > now()) AS backing_off,
-           min(next_attempt_at) FILTER (WHERE attempts > 0 AND next_attempt_at > now())::timestamptz AS next_retry_at
+           count(*) FILTER (WHERE attempts > 0 AND NOT parked AND next_attempt_at > now()) AS backing_off,
+           min(next_attempt_at) FILTER (WHERE attempts > 0 AND NOT parked AND next_attempt_at > now())::timestamptz AS next_retry_at,
+           count(*) FILTER (WHERE parked) AS parked
     FROM (
-        SELECT destination, attempts, next_attempt_at FROM outbox_messages WHERE status = 'pending'
+        SELECT destination, attempts, next_attempt_at, false AS parked FROM outbox_messages
+        WHERE status = 'pending' AND NOT parked
         UNION ALL
-        SELECT destination, attempts, now() FROM outbox_messages WHERE status = 'claimed'
+        SELECT destination, attempts, next_attempt_at, true FROM outbox_messages
+        WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked
+        UNION ALL
+        SELECT destination, attempts, now(), false FROM outbox_messages WHERE status = 'claimed'
     ) w
     GROUP BY destination
 ), failed AS (
@@ -145,6 +152,7 @@ SELECT e.id, e.url, e.event_types, e.enabled, e.disabled_reason, e.created_at,
        COALESCE(w.waiting, 0)::bigint     AS waiting,
        COALESCE(w.backing_off, 0)::bigint AS backing_off,
        w.next_retry_at,
+       COALESCE(w.parked, 0)::bigint      AS parked,
        COALESCE(f.failed, 0)::bigint      AS failed,
        ls.at                              AS last_success_at,
        le.at                              AS last_error_at,
@@ -177,6 +185,7 @@ type OpsEndpointHealthRow struct {
 	Waiting             int64
 	BackingOff          int64
 	NextRetryAt         *time.Time
+	Parked              int64
 	Failed              int64
 	LastSuccessAt       *time.Time
 	LastErrorAt         *time.Time
@@ -187,7 +196,7 @@ type OpsEndpointHealthRow struct {
 }
 
 // Per endpoint: what waits (pending and claimed), what is backing off, what
-// failed, and its latest success and error in the last @window_seconds.
+// is parked behind an earlier message of its ordering key, what failed, and its latest success and error in the last @window_seconds.
 // Each status is read on its own partial index.
 func (q *Queries) OpsEndpointHealth(ctx context.Context, windowSeconds float64) ([]OpsEndpointHealthRow, error) {
 	rows, err := q.db.Query(ctx, opsEndpointHealth, windowSeconds)
@@ -214,6 +223,7 @@ func (q *Queries) OpsEndpointHealth(ctx context.Context, windowSeconds float64) 
 			&i.Waiting,
 			&i.BackingOff,
 			&i.NextRetryAt,
+			&i.Parked,
 			&i.Failed,
 			&i.LastSuccessAt,
 			&i.LastErrorAt,

@@ -91,7 +91,7 @@ SET lease_token = NULL,
     dispatched_at = CASE
         WHEN e.enabled AND NOT $5::boolean AND $4::timestamptz IS NULL
              AND EXISTS (SELECT 1 FROM outbox_messages m
-                         WHERE m.destination = e.id AND m.status = 'pending' AND m.next_attempt_at <= now())
+                         WHERE m.destination = e.id AND m.status = 'pending' AND NOT m.parked AND m.next_attempt_at <= now())
         THEN now() END
 WHERE e.id = $6 AND e.lease_token = $7::uuid
 RETURNING (e.dispatched_at IS NOT NULL)::boolean AS redispatch
@@ -143,12 +143,12 @@ func (q *Queries) DestinationUndispatch(ctx context.Context, id uuid.UUID) error
 const destinationsDispatch = `-- name: DestinationsDispatch :many
 WITH RECURSIVE heads AS (
     (SELECT destination, next_attempt_at FROM outbox_messages
-     WHERE status = 'pending' ORDER BY destination, next_attempt_at LIMIT 1)
+     WHERE status = 'pending' AND NOT parked ORDER BY destination, next_attempt_at LIMIT 1)
     UNION ALL
     SELECT n.destination, n.next_attempt_at
     FROM heads h, LATERAL (
         SELECT m.destination, m.next_attempt_at FROM outbox_messages m
-        WHERE m.status = 'pending' AND m.destination > h.destination
+        WHERE m.status = 'pending' AND NOT m.parked AND m.destination > h.destination
         ORDER BY m.destination, m.next_attempt_at LIMIT 1
     ) n
 ), ready AS (

@@ -1,0 +1,153 @@
+package outbox_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/orders/internal/netguard"
+	"github.com/outboxkit/orders/internal/outbox"
+)
+
+// A replay re-sends the retained events of a time range to one endpoint,
+// under their original ids, only of the types it subscribes to, in bounded
+// batches resumed from a cursor, and never makes a second copy of a message
+// still waiting for the endpoint.
+func TestReplayResendsRetainedEventsUnderTheirIDs(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	before := time.Now()
+	// Events written while nobody listened: recorded all the same.
+	var placed []uuid.UUID
+	for i := range 7 {
+		placed = append(placed, f.publish(t, outbox.Event{Type: "order.placed", Data: i}))
+	}
+	cancelled := f.publish(t, outbox.Event{Type: "order.cancelled", Data: 7})
+	other := f.publish(t, outbox.Event{Type: "customer.created", Data: 8})
+	after := time.Now()
+	late := f.publish(t, outbox.Event{Type: "order.placed", Data: 9}) // after the range
+
+	rc := newReceiver(t)
+	ep := f.endpoint(t, rc, "order.placed", "order.cancelled")
+	// One event already waits for the endpoint (a replay of it earlier):
+	// the replay leaves it alone.
+	first, err := f.admin.ReplayEvents(ctx, ep.ID, outbox.Replay{From: before, To: after, Limit: 1})
+	require.NoError(t, err)
+	require.Equal(t, outbox.ReplayResult{Read: 1, Replayed: 1, Next: &placed[0]}, first)
+
+	r := outbox.Replay{From: before, To: after}
+	n, err := f.admin.ReplayCount(ctx, ep.ID, r)
+	require.NoError(t, err)
+	require.EqualValues(t, 8, n, "the subscribed types in the range: 7 placed, 1 cancelled")
+
+	// The rest, three at a time, from the start of the range.
+	r.Limit = 3
+	var read, replayed, calls int
+	for {
+		res, err := f.admin.ReplayEvents(ctx, ep.ID, r)
+		require.NoError(t, err)
+		read, replayed, calls = read+res.Read, replayed+res.Replayed, calls+1
+		if res.Next == nil {
+			break
+		}
+		r.After = res.Next
+	}
+	require.Equal(t, 3, calls, "bounded batches: 3 + 3 + 2")
+	require.Equal(t, 8, read)
+	require.Equal(t, 7, replayed, "the event already waiting is not copied")
+
+	f.startRelay(t, outbox.RelayConfig{}, nil)
+	for _, id := range append(placed, cancelled) {
+		eventually(t, func() bool { return rc.count(id) == 1 }, "replayed under its own event id")
+	}
+	require.Zero(t, rc.count(other), "a type the endpoint does not subscribe to is never replayed to it")
+	require.Zero(t, rc.count(late), "an event after the range is not replayed")
+	require.Equal(t, 8, rc.total())
+	within(t, 10*time.Second, func() bool {
+		s, err := f.admin.Stats(ctx)
+		require.NoError(t, err)
+		return s.Delivered == 8
+	}, "every replayed message recorded delivered")
+
+	// Once delivered, a second replay sends them again: the receiver's
+	// dedup on the event id makes that harmless, and it is what replay is for.
+	res, err := f.admin.ReplayEvents(ctx, ep.ID, outbox.Replay{From: before, To: after, EventTypes: []string{"order.cancelled"}})
+	require.NoError(t, err)
+	require.Equal(t, outbox.ReplayResult{Read: 1, Replayed: 1}, res, "narrowed to one type")
+	eventually(t, func() bool { return rc.count(cancelled) == 2 }, "sent again, same webhook-id")
+}
+
+func TestReplayRefusesBadInputAndWritesNothing(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	ep := f.endpoint(t, newReceiver(t), "order.placed")
+	f.publish(t, outbox.Event{Type: "order.placed", Data: 1})
+	now := time.Now()
+	for name, r := range map[string]outbox.Replay{
+		"no range":      {},
+		"reversed":      {From: now, To: now.Add(-time.Hour)},
+		"empty":         {From: now, To: now},
+		"limit too big": {From: now.Add(-time.Hour), To: now, Limit: outbox.MaxReplayBatch + 1},
+	} {
+		_, err := f.admin.ReplayEvents(ctx, ep.ID, r)
+		require.ErrorIs(t, err, outbox.ErrInvalidReplay, name)
+		_, err = f.admin.ReplayCount(ctx, ep.ID, r)
+		require.ErrorIs(t, err, outbox.ErrInvalidReplay, name)
+	}
+	_, err := f.admin.ReplayEvents(ctx, uuid.New(), outbox.Replay{From: now.Add(-time.Hour), To: now.Add(time.Hour)})
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+	events, messages := countRows(t, f.pool)
+	require.Equal(t, [2]int{1, 1}, [2]int{events, messages}, "the event and its one message: a refused replay writes nothing")
+}
+
+// PATCH changes an endpoint in place: same id and secret, its waiting
+// messages go to the new URL, the new types apply to later events.
+func TestUpdateEndpointInPlace(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	oldRC, newRC := newReceiver(t), newReceiver(t)
+	ep := f.endpoint(t, oldRC, "order.placed")
+	newRC.setSecret(ep.Secret)
+	waiting := f.enqueue(t, "order.placed", 1)[0]
+
+	url := newRC.srv.URL + "/hook"
+	changed, err := f.admin.UpdateEndpoint(ctx, ep.ID, outbox.EndpointChange{URL: &url, EventTypes: []string{"order.cancelled", "order.placed"}})
+	require.NoError(t, err)
+	require.Equal(t, ep.ID, changed.ID)
+	require.Equal(t, url, changed.URL)
+	require.Equal(t, []string{"order.cancelled", "order.placed"}, changed.EventTypes)
+	cancelled := f.enqueue(t, "order.cancelled", 2)
+	require.Len(t, cancelled, 1, "the new type applies to events written from now on")
+
+	f.startRelay(t, outbox.RelayConfig{}, nil)
+	eventually(t, func() bool {
+		return f.status(t, waiting) == outbox.StatusDelivered && f.status(t, cancelled[0]) == outbox.StatusDelivered
+	},
+		"delivered")
+	require.Equal(t, 2, newRC.total(), "to the new URL, signed with the same secret")
+	require.Zero(t, oldRC.total())
+
+	for name, c := range map[string]outbox.EndpointChange{
+		"no types":    {EventTypes: []string{}},
+		"blank type":  {EventTypes: []string{" "}},
+		"bad url":     {URL: ptr("ftp://example.com")},
+		"private url": {URL: ptr("http://10.0.0.1/hook")},
+	} {
+		strict := outbox.NewAdmin(f.pool, netguard.Guard{}, discardLogger()) // the production guard
+		_, err := strict.UpdateEndpoint(ctx, ep.ID, c)
+		require.ErrorIs(t, err, outbox.ErrInvalidEndpoint, name)
+	}
+	same, err := f.admin.Endpoint(ctx, ep.ID)
+	require.NoError(t, err)
+	require.Equal(t, changed.URL, same.URL, "a refused change changes nothing")
+	_, err = f.admin.UpdateEndpoint(ctx, uuid.New(), outbox.EndpointChange{URL: &url})
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+}
+
+func ptr[T any](v T) *T { return &v }
