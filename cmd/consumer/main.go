@@ -11,6 +11,10 @@
 //	WEBHOOK_SECRETS   comma-separated whsec_ secrets (required); several are
 //	                  accepted at once while a secret is rotated
 //	LOG_FORMAT        text or json (default: text on a terminal, else json)
+//	NATS_URL          optional: also apply the events of a JetStream stream
+//	NATS_STREAM       the stream (required with NATS_URL)
+//	NATS_DURABLE      the durable pull consumer to create or resume (default
+//	                  ledger)
 //
 // For example, with the secret POST /webhook-endpoints returned:
 //
@@ -37,6 +41,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
 	"github.com/outboxkit/orders/internal/consumer"
 	"github.com/outboxkit/orders/internal/process"
 	"github.com/outboxkit/orders/internal/webhook"
@@ -57,6 +65,9 @@ type config struct {
 	addr        string
 	logFormat   string
 	verifier    *webhook.Verifier
+	natsURL     string
+	natsStream  string
+	natsDurable string
 }
 
 func parseConfig(getenv func(string) string) (config, error) {
@@ -65,6 +76,12 @@ func parseConfig(getenv func(string) string) (config, error) {
 		databaseURL: env.DatabaseURL(),
 		addr:        env.String("CONSUMER_ADDR", "127.0.0.1:8090"),
 		logFormat:   env.OneOf("LOG_FORMAT", "", "", "text", "json"),
+		natsURL:     getenv("NATS_URL"),
+		natsStream:  getenv("NATS_STREAM"),
+		natsDurable: env.String("NATS_DURABLE", "ledger"),
+	}
+	if c.natsURL != "" && c.natsStream == "" {
+		env.Fail("NATS_STREAM", errors.New("required with NATS_URL: the stream to consume"))
 	}
 	var secrets []string
 	for s := range strings.SplitSeq(getenv("WEBHOOK_SECRETS"), ",") {
@@ -112,6 +129,40 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	mux := http.NewServeMux()
 	mux.Handle("/webhooks", c)
 	mux.Handle("GET /stats", c.StatsHandler())
-	process.Ops(mux, reg, process.PingReady(pool))
-	return process.Serve(ctx, logger, "consumer", cfg.addr, mux, 10*time.Second, nil)
+	process.Ops(mux, logger, reg, process.PingReady(pool))
+	if cfg.natsURL == "" {
+		return process.Serve(ctx, logger, "consumer", cfg.addr, mux, 10*time.Second, nil)
+	}
+	cons, closeNATS, err := natsConsumer(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer closeNATS()
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return process.Serve(gctx, logger, "consumer", cfg.addr, mux, 10*time.Second, nil) })
+	g.Go(func() error { return c.ConsumeNATS(gctx, cons) })
+	logger.InfoContext(ctx, "consuming JetStream", slog.String("stream", cfg.natsStream), slog.String("durable", cfg.natsDurable))
+	return g.Wait()
+}
+
+// natsConsumer creates or resumes the durable pull consumer, with explicit
+// acks: the consumer acks each message after its transaction commits.
+func natsConsumer(ctx context.Context, cfg config) (jetstream.Consumer, func(), error) {
+	nc, err := nats.Connect(cfg.natsURL, nats.Name("consumer"), nats.MaxReconnects(-1))
+	if err != nil {
+		return nil, nil, fmt.Errorf("connecting to NATS: %w", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("opening JetStream: %w", err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.natsStream, jetstream.ConsumerConfig{
+		Durable: cfg.natsDurable, AckPolicy: jetstream.AckExplicitPolicy,
+	})
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("creating JetStream consumer %q on stream %q: %w", cfg.natsDurable, cfg.natsStream, err)
+	}
+	return cons, nc.Close, nil
 }

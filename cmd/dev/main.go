@@ -35,6 +35,7 @@ import (
 	"github.com/outboxkit/orders/internal/outbox"
 	"github.com/outboxkit/orders/internal/process"
 	"github.com/outboxkit/orders/internal/relayworker"
+	"github.com/outboxkit/orders/internal/secretbox"
 	"github.com/outboxkit/orders/internal/webhook"
 )
 
@@ -56,6 +57,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	receiverAddr := env.String("DEV_RECEIVER_ADDR", "127.0.0.1:8082")
 	withReceiver := env.Bool("DEV_RECEIVER", true)
 	databaseURL := env.OptionalDatabaseURL()
+	// The demo receiver's secret is written like the api writes secrets.
+	secretKeys, err := secretbox.Parse(env.String("OUTBOX_SECRET_KEYS", ""))
+	if err != nil {
+		env.Fail("OUTBOX_SECRET_KEYS", err)
+	}
 	if err := env.Err(); err != nil {
 		return err
 	}
@@ -92,7 +98,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 
 	g, gctx := errgroup.WithContext(ctx)
 	if withReceiver {
-		handler, err := registerReceiver(gctx, pool, receiverAddr, logger)
+		handler, err := registerReceiver(gctx, pool, receiverAddr, secretKeys, logger)
 		if err != nil {
 			return err
 		}
@@ -106,9 +112,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if getenv("ADMIN_TOKEN") == "" {
 		token = defaults["ADMIN_TOKEN"]
 	}
-	logger.InfoContext(ctx, "dev: api, worker and receiver starting",
-		slog.String("api", "http://"+childEnv("API_ADDR")),
-		slog.String("admin_token", token))
+	attrs := []any{slog.String("api", "http://"+childEnv("API_ADDR")), slog.String("admin_token", token)}
+	if a := childEnv("ADMIN_ADDR"); a != "" {
+		// The ops page and the admin routes are there, not on the api.
+		attrs = append(attrs, slog.String("admin", "http://"+a))
+	}
+	logger.InfoContext(ctx, "dev: api, worker and receiver starting", attrs...)
 	g.Go(func() error { return apiserver.Run(gctx, nil, childEnv, stdout) })
 	g.Go(func() error { return relayworker.Run(gctx, nil, childEnv, stdout) })
 	return g.Wait()
@@ -123,8 +132,8 @@ func events() []string { return slices.Concat(orders.Events) }
 // earlier registration of the same URL and events is kept, with a new
 // secret, so the events it still waits for are delivered to this run; one
 // subscribed to other events (the modules changed) is replaced.
-func registerReceiver(ctx context.Context, pool *pgxpool.Pool, addr string, logger *slog.Logger) (http.Handler, error) {
-	admin := outbox.NewAdmin(pool, netguard.Guard{AllowPrivate: true}, logger)
+func registerReceiver(ctx context.Context, pool *pgxpool.Pool, addr string, keys *secretbox.Keyring, logger *slog.Logger) (http.Handler, error) {
+	admin := outbox.NewAdmin(pool, netguard.Guard{AllowPrivate: true}, logger, outbox.WithSecretKeys(keys))
 	url := "http://" + addr + "/webhooks"
 	existing, err := admin.Endpoints(ctx)
 	if err != nil {

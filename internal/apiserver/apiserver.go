@@ -1,19 +1,25 @@
 // Package apiserver is the api process: the orders HTTP API and the outbox
-// admin routes, with health and metrics. cmd/api runs it alone; cmd/dev runs
-// it beside the worker.
+// admin routes, with health and metrics, on one listener or, with
+// ADMIN_ADDR, the admin surface on a second one. cmd/api runs it alone;
+// cmd/dev runs it beside the worker.
 package apiserver
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/outboxkit/orders/db"
 	"github.com/outboxkit/orders/internal/httpjson"
@@ -22,45 +28,87 @@ import (
 	"github.com/outboxkit/orders/internal/orders"
 	"github.com/outboxkit/orders/internal/outbox"
 	"github.com/outboxkit/orders/internal/process"
+	"github.com/outboxkit/orders/internal/secretbox"
 	"github.com/outboxkit/orders/internal/telemetry"
 )
+
+// minAdminToken is the shortest ADMIN_TOKEN accepted when the admin surface
+// listens beyond loopback: 32 characters of a random token are out of reach
+// of guessing over the network, and `openssl rand -base64 32` gives 44.
+const minAdminToken = 32
 
 // config is everything the api reads from its environment, parsed once.
 type config struct {
 	databaseURL  string
 	addr         string
+	adminAddr    string
 	adminToken   string
 	logFormat    string
 	allowPrivate bool
 	notify       bool
-	tracing      telemetry.Config
+	// opsCookieSecure marks the ops session cookie Secure behind a proxy
+	// that terminates TLS.
+	opsCookieSecure bool
+	tracing         telemetry.Config
+	secretKeys      *secretbox.Keyring
 }
 
 func parseConfig(getenv func(string) string) (config, error) {
 	env := process.NewEnv(getenv)
 	c := config{
-		databaseURL:  env.DatabaseURL(),
-		addr:         env.String("API_ADDR", "127.0.0.1:8080"),
-		adminToken:   getenv("ADMIN_TOKEN"),
-		logFormat:    env.OneOf("LOG_FORMAT", "", "", "text", "json"),
-		allowPrivate: env.Bool("OUTBOX_ALLOW_PRIVATE_TARGETS", false),
-		notify:       env.Bool("OUTBOX_NOTIFY", false),
-		tracing:      telemetry.FromEnv(env, "orders-api"),
+		databaseURL:     env.DatabaseURL(),
+		addr:            env.String("API_ADDR", "127.0.0.1:8080"),
+		adminAddr:       env.String("ADMIN_ADDR", ""),
+		adminToken:      getenv("ADMIN_TOKEN"),
+		logFormat:       env.OneOf("LOG_FORMAT", "", "", "text", "json"),
+		allowPrivate:    env.Bool("OUTBOX_ALLOW_PRIVATE_TARGETS", false),
+		notify:          env.Bool("OUTBOX_NOTIFY", false),
+		opsCookieSecure: env.Bool("OPS_COOKIE_SECURE", false),
+		tracing:         telemetry.FromEnv(env, "orders-api"),
+		secretKeys:      parseSecretKeys(env),
+	}
+	if c.adminAddr != "" && c.adminAddr == c.addr {
+		env.Fail("ADMIN_ADDR", fmt.Errorf("must differ from API_ADDR (%s): unset it to serve everything there", c.addr))
+	}
+	if c.adminToken != "" && len(c.adminToken) < minAdminToken && !loopbackOnly(c.adminListener()) {
+		env.Fail("ADMIN_TOKEN", fmt.Errorf("must be at least %d characters when the admin routes listen beyond loopback (%s); generate one with `openssl rand -base64 32`, or put them on a loopback ADMIN_ADDR",
+			minAdminToken, c.adminListener()))
 	}
 	return c, env.Err()
 }
 
+// adminListener is the address the ops page, the admin routes and /metrics
+// are served on.
+func (c config) adminListener() string { return cmp.Or(c.adminAddr, c.addr) }
+
+// loopbackOnly reports whether addr (host:port) listens on loopback alone.
+// An empty host, a host name other than localhost, or anything unparsable
+// counts as beyond loopback: the check must fail safe.
+func loopbackOnly(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
+}
+
 // Run runs the api process: `args` empty serves, `migrate` migrates and
-// exits. It returns when ctx is done and the server has shut down.
+// exits, `reencrypt-secrets` migrates, seals every endpoint's signing
+// secrets under the first key of OUTBOX_SECRET_KEYS and exits. It returns when ctx is done and the servers have shut down.
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	cfg, err := parseConfig(getenv)
 	if err != nil {
 		return err
 	}
 	migrateOnly := false
-	if len(args) > 0 {
+	reencrypt := len(args) == 1 && args[0] == "reencrypt-secrets"
+	if len(args) > 0 && !reencrypt {
 		if args[0] != "migrate" || len(args) > 1 {
-			return fmt.Errorf("unknown command %q (want no command, or migrate)", args)
+			return fmt.Errorf("unknown command %q (want no command, migrate or reencrypt-secrets)", args)
 		}
 		migrateOnly = true
 	}
@@ -84,6 +132,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		logger.InfoContext(ctx, "database is up to date")
 		return nil
 	}
+	if reencrypt {
+		return reencryptSecrets(ctx, pool, cfg.secretKeys, logger)
+	}
 	// Off (nothing installed) unless an OTEL exporter is configured; with it,
 	// requests are traced and orders carry their trace to the webhooks.
 	tracing, err := telemetry.Setup(ctx, cfg.tracing, stdout, logger)
@@ -94,33 +145,116 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 
 	guard := netguard.Guard{AllowPrivate: cfg.allowPrivate}
 	ordersSvc := orders.NewService(pool, logger)
-	admin := outbox.NewAdmin(pool, guard, logger)
+	admin := outbox.NewAdmin(pool, guard, logger, outbox.WithSecretKeys(cfg.secretKeys))
 	reg, err := process.NewRegistry(outbox.NewBacklogCollector(pool))
 	if err != nil {
 		return err
 	}
 
-	mux := http.NewServeMux()
-	mux.Handle("/orders", ordersSvc.Handler())
-	mux.Handle("/orders/", ordersSvc.Handler())
-	adminH := requireAdmin(cfg.adminToken, admin.Handler())
-	mux.Handle("/webhook-endpoints", adminH)
-	mux.Handle("/webhook-endpoints/", adminH)
-	mux.Handle("/outbox/", adminH)
-	opsH := ops.New(ops.Options{Admin: admin, Token: cfg.adminToken, Logger: logger})
-	mux.Handle("/ops", opsH)
-	mux.Handle("/ops/", opsH)
-	process.Ops(mux, reg, process.PingReady(pool))
+	public := http.NewServeMux()
+	ordersH := httpjson.RefuseBrowserForms(ordersSvc.Handler())
+	public.Handle("/orders", ordersH)
+	public.Handle("/orders/", ordersH)
+	process.Health(public, logger, process.PingReady(pool))
 
-	if cfg.adminToken == "" {
-		logger.WarnContext(ctx, "ADMIN_TOKEN is not set: admin routes answer 403")
+	// The admin surface: on API_ADDR unless ADMIN_ADDR gives it a listener
+	// of its own, which can then stay on a private network.
+	adminMux := public
+	if cfg.adminAddr != "" {
+		adminMux = http.NewServeMux()
 	}
-	if err := process.Serve(ctx, logger, "api", cfg.addr, tracing.Handler(mux), 10*time.Second, nil); err != nil {
+	adminH := requireAdmin(cfg.adminToken, httpjson.RefuseBrowserForms(admin.Handler()))
+	adminMux.Handle("/webhook-endpoints", adminH)
+	adminMux.Handle("/webhook-endpoints/", adminH)
+	adminMux.Handle("/outbox/", adminH)
+	opsH := ops.New(ops.Options{Admin: admin, Token: cfg.adminToken, Logger: logger, Warnings: cfg.warnings(),
+		Pool: pool, CookieSecure: cfg.opsCookieSecure})
+	adminMux.Handle("/ops", opsH)
+	adminMux.Handle("/ops/", opsH)
+	process.Metrics(adminMux, reg)
+
+	switch {
+	case cfg.adminToken == "":
+		logger.WarnContext(ctx, "ADMIN_TOKEN is not set: admin routes answer 403")
+	case len(cfg.adminToken) < minAdminToken:
+		logger.WarnContext(ctx, fmt.Sprintf("ADMIN_TOKEN is shorter than %d characters: accepted only because the admin routes listen on loopback; never expose this listener", minAdminToken),
+			slog.String("addr", cfg.adminListener()))
+	}
+
+	for _, w := range cfg.warnings() {
+		logger.WarnContext(ctx, w)
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		return process.Serve(gctx, logger, "api", cfg.addr, tracing.Handler(edge(public)), 10*time.Second, nil)
+	})
+	if cfg.adminAddr != "" {
+		g.Go(func() error {
+			return process.Serve(gctx, logger, "admin", cfg.adminAddr, tracing.Handler(edge(adminMux)), 10*time.Second, nil)
+		})
+	}
+	if err := g.Wait(); err != nil {
 		return err
 	}
 	logger.InfoContext(context.WithoutCancel(ctx), "api stopped")
 	return nil
 }
+
+// edge is what every request to a listener passes first. Cross-origin
+// browser requests that change state are refused before any route sees
+// them: the JSON routes have no other defence against a page on another
+// site, and the ops page's forms are same-origin. Errors the router itself
+// writes (404, 405) become problem details like every other error.
+func edge(mux *http.ServeMux) http.Handler {
+	cop := http.NewCrossOriginProtection()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := cop.Check(r); err != nil {
+			httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusForbidden,
+				"cross-origin request refused (%v): state-changing requests must come from this origin or from a client that is not a browser", err))
+			return
+		}
+		mux.ServeHTTP(&routerErrorWriter{ResponseWriter: w, r: r}, r)
+	})
+}
+
+// routerErrorWriter turns the plain-text 404 and 405 that http.ServeMux
+// writes (through http.Error, hence text/plain) into problem details. The
+// handlers' own errors are already problem+json or HTML and pass untouched.
+type routerErrorWriter struct {
+	http.ResponseWriter
+	r        *http.Request
+	replaced bool
+}
+
+func (w *routerErrorWriter) WriteHeader(code int) {
+	if w.replaced {
+		return
+	}
+	h := w.Header()
+	if (code == http.StatusNotFound || code == http.StatusMethodNotAllowed) &&
+		strings.HasPrefix(h.Get("Content-Type"), "text/plain") {
+		w.replaced = true
+		p := httpjson.NewProblem(http.StatusNotFound, "no route for %s %s", w.r.Method, w.r.URL.Path)
+		if code == http.StatusMethodNotAllowed {
+			p = httpjson.NewProblem(code, "method %s is not allowed on %s (allowed: %s)", w.r.Method, w.r.URL.Path, h.Get("Allow"))
+		}
+		httpjson.WriteProblem(w.ResponseWriter, p)
+		return
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *routerErrorWriter) Write(b []byte) (int, error) {
+	if w.replaced {
+		// The router's text body, dropped for the problem already written.
+		return len(b), nil
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (w *routerErrorWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // requireAdmin guards the admin routes with the bearer token. Without a
 // token configured they are closed, never open. Both sides are hashed before

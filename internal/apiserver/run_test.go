@@ -129,6 +129,12 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"no database url", map[string]string{"DATABASE_URL": ""}, []string{"DATABASE_URL: required"}},
 		{"every problem at once", map[string]string{"LOG_FORMAT": "xml", "OUTBOX_ALLOW_PRIVATE_TARGETS": "maybe"},
 			[]string{"LOG_FORMAT", "OUTBOX_ALLOW_PRIVATE_TARGETS"}},
+		// A short admin token where the admin routes listen beyond loopback.
+		{"short token on all interfaces", map[string]string{"API_ADDR": "0.0.0.0:0", "ADMIN_TOKEN": "a"}, []string{"ADMIN_TOKEN", "32 characters"}},
+		{"short token on an empty host", map[string]string{"API_ADDR": ":0", "ADMIN_TOKEN": strings.Repeat("a", 31)}, []string{"ADMIN_TOKEN"}},
+		{"short token on a host name", map[string]string{"API_ADDR": "api.internal:0", "ADMIN_TOKEN": "a"}, []string{"ADMIN_TOKEN"}},
+		{"short token on a public admin addr", map[string]string{"ADMIN_ADDR": "0.0.0.0:0", "ADMIN_TOKEN": "a"}, []string{"ADMIN_TOKEN"}},
+		{"admin addr same as api addr", map[string]string{"ADMIN_ADDR": "127.0.0.1:0"}, []string{"ADMIN_ADDR"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -151,13 +157,27 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 
 	// The control: valid settings with the same unreachable database fail
 	// differently, so the rows above did fail on configuration.
-	t.Run("valid config reaches the database", func(t *testing.T) {
-		t.Parallel()
-		env := map[string]string{"DATABASE_URL": closedDB, "API_ADDR": "127.0.0.1:0", "LOG_FORMAT": "json"}
-		err := apiserver.Run(context.Background(), nil, proctest.Getenv(env), io.Discard)
-		require.ErrorContains(t, err, "connecting to database")
-		require.NotContains(t, err.Error(), "invalid configuration")
-	})
+	for name, env := range map[string]map[string]string{
+		"valid config reaches the database": {},
+		// The admin token rule's controls: long enough anywhere, or short
+		// where the admin routes listen on loopback only.
+		"long token on all interfaces":            {"API_ADDR": "0.0.0.0:0", "ADMIN_TOKEN": strings.Repeat("a", 32)},
+		"short token on localhost":                {"API_ADDR": "localhost:0", "ADMIN_TOKEN": "a"},
+		"short token on IPv6 loopback":            {"API_ADDR": "[::1]:0", "ADMIN_TOKEN": "a"},
+		"short token, public api, loopback admin": {"API_ADDR": "0.0.0.0:0", "ADMIN_ADDR": "127.0.0.1:1", "ADMIN_TOKEN": "a"},
+		"no token on all interfaces":              {"API_ADDR": "0.0.0.0:0"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			full := map[string]string{"DATABASE_URL": closedDB, "API_ADDR": "127.0.0.1:0", "LOG_FORMAT": "json"}
+			for k, v := range env {
+				full[k] = v
+			}
+			err := apiserver.Run(context.Background(), nil, proctest.Getenv(full), io.Discard)
+			require.ErrorContains(t, err, "connecting to database")
+			require.NotContains(t, err.Error(), "invalid configuration")
+		})
+	}
 }
 
 // emptyDatabase creates a database with no schema at all, dropped at the end.

@@ -141,7 +141,8 @@ type Consumer struct {
 }
 
 // New returns a consumer that verifies deliveries with verifier and applies
-// them in pool's database (migrated with Migrate).
+// them in pool's database (migrated with Migrate). A consumer that only
+// reads a broker (ConsumeNATS) verifies nothing: verifier may be nil.
 func New(pool *pgxpool.Pool, verifier *webhook.Verifier, logger *slog.Logger) *Consumer {
 	c := &Consumer{pool: pool, verifier: verifier, logger: logger,
 		counts: map[Outcome]*atomic.Int64{}, started: time.Now()}

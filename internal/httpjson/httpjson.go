@@ -65,15 +65,22 @@ func Write(w http.ResponseWriter, status int, v any) {
 // that say the body is something else. Its errors are *Problem values with a
 // detail a client can act on.
 //
-// No content type, application/json, any +json type, and
-// application/x-www-form-urlencoded are read as JSON: the last is what
-// `curl -d` sends unless told otherwise, and refusing a JSON body over a
-// default header helps nobody. The body itself must still be valid JSON.
+// No content type, application/json and any +json type are read as JSON.
+// So is application/x-www-form-urlencoded from a client that is not a
+// browser: it is what `curl -d` sends unless told otherwise, and refusing a
+// JSON body over a default header helps nobody. From a browser (see
+// FromBrowser) it is refused with 415: a form is how another site's page
+// would post here without a CORS preflight, and no page of ours posts forms
+// to the JSON API. The body itself must still be valid JSON.
 func Decode(w http.ResponseWriter, r *http.Request, dst any) error {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
-		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json") &&
-			mt != "application/x-www-form-urlencoded") {
+		switch {
+		case err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json")):
+		case err == nil && mt == formType && !FromBrowser(r):
+		case err == nil && mt == formType:
+			return browserFormProblem(ct)
+		default:
 			return NewProblem(http.StatusUnsupportedMediaType, "content-type must be application/json, got %q", ct)
 		}
 	}
@@ -97,6 +104,51 @@ func Decode(w http.ResponseWriter, r *http.Request, dst any) error {
 		return NewProblem(http.StatusBadRequest, "request body must hold a single JSON value")
 	}
 	return nil
+}
+
+const formType = "application/x-www-form-urlencoded"
+
+// FromBrowser reports whether r was sent by a web browser: browsers add
+// Origin to cross-origin and to non-GET requests, and Sec-Fetch-* metadata
+// to every request since 2023; curl and HTTP libraries send neither.
+func FromBrowser(r *http.Request) bool {
+	if r.Header.Get("Origin") != "" {
+		return true
+	}
+	for name := range r.Header {
+		if strings.HasPrefix(name, "Sec-Fetch-") {
+			return true
+		}
+	}
+	return false
+}
+
+// RefuseBrowserForms answers 415 to a state-changing request from a browser
+// whose body is one a page can send without a CORS preflight
+// (application/x-www-form-urlencoded, multipart/form-data, text/plain), even
+// when the handler behind it reads no body: a JSON API has no forms, so such
+// a request is never one of ours. Clients that are not browsers are let
+// through; Decode decides what their bodies may be.
+func RefuseBrowserForms(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Method {
+		case http.MethodGet, http.MethodHead, http.MethodOptions:
+		default:
+			if ct := r.Header.Get("Content-Type"); ct != "" && FromBrowser(r) {
+				mt, _, err := mime.ParseMediaType(ct)
+				if err != nil || mt == formType || mt == "multipart/form-data" || mt == "text/plain" {
+					WriteProblem(w, browserFormProblem(ct))
+					return
+				}
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func browserFormProblem(ct string) *Problem {
+	return NewProblem(http.StatusUnsupportedMediaType,
+		"content-type must be application/json, got %q from a browser (form bodies are read as JSON only from clients that send no Origin or Sec-Fetch-* headers)", ct)
 }
 
 func decodeProblem(err error) *Problem {

@@ -23,16 +23,33 @@ type addrRange struct {
 
 // neverRanges are checked first so that an address inside a broader
 // non-global range (metadata inside CGNAT or ULA) gets the stricter verdict.
+// The cloud entries are the providers' documented instance-metadata and
+// platform endpoints; most clouds use 169.254.169.254 (AWS, GCP's
+// metadata.google.internal, Azure, DigitalOcean, OpenStack...), covered by
+// link-local, but some sit in ranges that would otherwise pass.
 var neverRanges = []addrRange{
 	{netip.MustParsePrefix("0.0.0.0/8"), "in the unspecified \"this network\" range"},
 	{netip.MustParsePrefix("169.254.169.254/32"), "the cloud metadata service"},
 	{netip.MustParsePrefix("169.254.0.0/16"), "link-local"},
+	// Alibaba Cloud's metadata service, inside CGNAT space.
 	{netip.MustParsePrefix("100.100.100.200/32"), "the cloud metadata service"},
+	// Azure's WireServer (VM agent, extensions, DNS), a public address
+	// that answers only inside Azure.
+	{netip.MustParsePrefix("168.63.129.16/32"), "the cloud platform service (Azure WireServer)"},
+	// Oracle Cloud's legacy metadata address, inside 192.0.0.0/24.
+	{netip.MustParsePrefix("192.0.0.192/32"), "the cloud metadata service"},
 	{netip.MustParsePrefix("224.0.0.0/4"), "multicast"},
 	{netip.MustParsePrefix("255.255.255.255/32"), "the broadcast address"},
 	{netip.MustParsePrefix("240.0.0.0/4"), "reserved"},
 	{netip.MustParsePrefix("::/128"), "unspecified"},
+	// AWS Nitro's IPv6 metadata, DNS and time endpoints.
 	{netip.MustParsePrefix("fd00:ec2::254/128"), "the cloud metadata service"},
+	{netip.MustParsePrefix("fd00:ec2::253/128"), "the cloud platform service (AWS DNS)"},
+	{netip.MustParsePrefix("fd00:ec2::123/128"), "the cloud platform service (AWS time)"},
+	// GCP's metadata server for IPv6-only instances.
+	{netip.MustParsePrefix("fd20:ce::254/128"), "the cloud metadata service"},
+	// Oracle Cloud's IPv6 metadata endpoint (169.254.169.254 embedded).
+	{netip.MustParsePrefix("fd00:c1::a9fe:a9fe/128"), "the cloud metadata service"},
 	{netip.MustParsePrefix("fe80::/10"), "link-local"},
 	{netip.MustParsePrefix("ff00::/8"), "multicast"},
 }
@@ -40,7 +57,9 @@ var neverRanges = []addrRange{
 // nonGlobalRanges follow the IANA special-purpose address registries. Where
 // the registry marks only part of a block as global, the whole block is
 // treated as non-global: refusing an obscure address is cheaper than
-// reaching an internal one.
+// reaching an internal one. Blocks the registry marks globally reachable
+// but that hold protocol anycast services (AS112, AMT, PCP, TURN) are
+// refused too: they are infrastructure, never a webhook receiver.
 var nonGlobalRanges = []addrRange{
 	{netip.MustParsePrefix("10.0.0.0/8"), "private"},
 	{netip.MustParsePrefix("100.64.0.0/10"), "in the shared (CGNAT) range"},
@@ -48,8 +67,11 @@ var nonGlobalRanges = []addrRange{
 	{netip.MustParsePrefix("172.16.0.0/12"), "private"},
 	{netip.MustParsePrefix("192.0.0.0/24"), "reserved for IETF protocol assignments"},
 	{netip.MustParsePrefix("192.0.2.0/24"), "reserved for documentation"},
+	{netip.MustParsePrefix("192.31.196.0/24"), "the AS112 anycast DNS service"},
+	{netip.MustParsePrefix("192.52.193.0/24"), "the AMT anycast relay range"},
 	{netip.MustParsePrefix("192.88.99.0/24"), "the deprecated 6to4 relay anycast range"},
 	{netip.MustParsePrefix("192.168.0.0/16"), "private"},
+	{netip.MustParsePrefix("192.175.48.0/24"), "the AS112 anycast DNS service"},
 	{netip.MustParsePrefix("198.18.0.0/15"), "reserved for benchmarking"},
 	{netip.MustParsePrefix("198.51.100.0/24"), "reserved for documentation"},
 	{netip.MustParsePrefix("203.0.113.0/24"), "reserved for documentation"},
@@ -58,6 +80,7 @@ var nonGlobalRanges = []addrRange{
 	{netip.MustParsePrefix("100::/64"), "in the discard-only range"},
 	{netip.MustParsePrefix("2001::/23"), "reserved for IETF protocol assignments"},
 	{netip.MustParsePrefix("2001:db8::/32"), "reserved for documentation"},
+	{netip.MustParsePrefix("2620:4f:8000::/48"), "the AS112 anycast DNS service"},
 	{netip.MustParsePrefix("3fff::/20"), "reserved for documentation"},
 	{netip.MustParsePrefix("fc00::/7"), "unique local (private)"},
 	{netip.MustParsePrefix("fec0::/10"), "site-local"},

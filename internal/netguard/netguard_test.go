@@ -74,7 +74,15 @@ func TestCheckAddr(t *testing.T) {
 		{addr: "::ffff:169.254.169.254", reason: "metadata"},
 		{addr: "64:ff9b::a9fe:a9fe", reason: "NAT64 for 169.254.169.254, which is the cloud metadata"},
 		{addr: "fd00:ec2::254", reason: "metadata"},
-		{addr: "100.100.100.200", reason: "metadata"},
+		{addr: "100.100.100.200", reason: "metadata"},                   // Alibaba Cloud
+		{addr: "168.63.129.16", reason: "Azure WireServer"},             // a public address
+		{addr: "192.0.0.192", reason: "metadata"},                       // Oracle Cloud, legacy
+		{addr: "fd20:ce::254", reason: "metadata"},                      // GCP, IPv6-only instances
+		{addr: "fd00:c1::a9fe:a9fe", reason: "metadata"},                // Oracle Cloud IPv6
+		{addr: "fd00:ec2::253", reason: "AWS DNS"},                      // AWS Nitro
+		{addr: "fd00:ec2::123", reason: "AWS time"},                     // AWS Nitro
+		{addr: "64:ff9b::a83f:8110", reason: "NAT64 for 168.63.129.16"}, // WireServer through NAT64
+		{addr: "::ffff:168.63.129.16", reason: "Azure WireServer"},      // and IPv4-mapped
 		{addr: "169.254.0.1", reason: "link-local"},
 		{addr: "fe80::1", reason: "link-local"},
 		{addr: "fe80::1%eth0", reason: "link-local"},

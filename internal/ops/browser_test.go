@@ -298,8 +298,10 @@ func TestBrowserRetryAFailedMessage(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, page, "Re-send 1 event to this endpoint?")
 	shot("08-confirm-replay.png")
-	do(chromedp.Click(chromedp.ID("confirm")), chromedp.WaitReady(chromedp.ID("pending-count")))
-	page, err = chromedp.Run(bctx, chromedp.OuterHTML(chromedp.CSS("main")))
+	// The answer is the overview with a notice: wait for the notice itself,
+	// not an element the pages share, or the read can race the navigation.
+	do(chromedp.Click(chromedp.ID("confirm")), chromedp.WaitVisible(chromedp.CSS("p.notice")))
+	page, err = chromedp.Run(bctx, chromedp.OuterHTML(chromedp.CSS("p.notice")))
 	require.NoError(t, err)
 	require.Contains(t, page, "Replayed 1 event (0 already waiting were skipped).")
 	require.Equal(t, int64(2), count(t, pool, `SELECT count(*) FROM outbox_messages WHERE event_id = '`+eventID.String()+`'`))

@@ -11,9 +11,11 @@
 //
 // Authentication is the admin token: either the Authorization: Bearer header
 // (for scripts and proxies) or a login form that sets a session cookie. The
-// cookie holds a random id, an expiry and an HMAC keyed from the token, never
-// the token itself; changing ADMIN_TOKEN ends every session. Without a token
-// configured the page answers 403, like the admin API.
+// cookie holds a random id, never the token; the database (ops_sessions)
+// holds the id's HMAC, keyed from the token, and the session's expiry, so
+// logging out ends a session in every api process, and changing ADMIN_TOKEN
+// ends every session. Failed logins are throttled per client address and in
+// all. Without a token configured the page answers 403, like the admin API.
 //
 // This package depends on internal/outbox (through outbox.Admin); outbox
 // never depends on it.
@@ -36,6 +38,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/orders/internal/ops/internal/opsdb"
 	"github.com/outboxkit/orders/internal/outbox"
 )
 
@@ -43,8 +49,15 @@ import (
 type Options struct {
 	// Admin is the outbox's admin service the page reads and acts through.
 	Admin *outbox.Admin
+	// Pool is the database, which keeps the sessions of the login form.
+	Pool *pgxpool.Pool
 	// Token is the admin token (ADMIN_TOKEN). Empty closes the page: 403.
 	Token string
+	// CookieSecure marks the session cookie Secure (sent over HTTPS only)
+	// even when this process serves plain HTTP: set it when a proxy in front
+	// terminates TLS. A request that arrives over TLS gets a Secure cookie
+	// either way.
+	CookieSecure bool
 	// Logger receives the operators' actions (never the token).
 	Logger *slog.Logger
 	// SessionTTL bounds a login; 0 means 8 hours.
@@ -55,6 +68,9 @@ type Options struct {
 	// before it stops and offers to continue; 0 means 10 seconds. It is
 	// checked between batches, so a request always replays at least one.
 	ReplayBudget time.Duration
+	// Warnings are shown at the top of every page once signed in: what the
+	// server's configuration leaves unsafe (secrets stored in the clear).
+	Warnings []string
 }
 
 const (
@@ -71,6 +87,10 @@ const (
 // Handler serves the ops page under Prefix.
 type Handler struct {
 	admin      *outbox.Admin
+	sessions   *opsdb.Queries
+	secure     bool
+	throttle   *throttle
+	warnings   []string
 	logger     *slog.Logger
 	now        func() time.Time
 	ttl        time.Duration
@@ -86,10 +106,12 @@ type Handler struct {
 // New returns the ops page handler. Mount it at both Prefix and Prefix+"/".
 func New(o Options) *Handler {
 	h := &Handler{
-		admin:  o.Admin,
-		logger: cmp.Or(o.Logger, slog.Default()),
-		now:    o.Now,
-		ttl:    cmp.Or(o.SessionTTL, 8*time.Hour),
+		admin:    o.Admin,
+		secure:   o.CookieSecure,
+		warnings: o.Warnings,
+		logger:   cmp.Or(o.Logger, slog.Default()),
+		now:      o.Now,
+		ttl:      cmp.Or(o.SessionTTL, 8*time.Hour),
 		// A replay request runs batches for this long, then hands back.
 		replayFor: cmp.Or(o.ReplayBudget, 10*time.Second),
 		enabled:   o.Token != "",
@@ -102,9 +124,13 @@ func New(o Options) *Handler {
 	if h.now == nil {
 		h.now = time.Now
 	}
+	if o.Pool != nil {
+		h.sessions = opsdb.New(o.Pool)
+	}
+	h.throttle = newThrottle(h.now)
 	h.tokenSum = sha256.Sum256([]byte(o.Token))
-	// The session key is derived from the token: sessions survive restarts and
-	// work across several api processes, and rotating the token ends them.
+	// The session key is derived from the token: session ids are stored
+	// under an HMAC keyed with it, so rotating the token ends every session.
 	mac := hmac.New(sha256.New, []byte(o.Token))
 	mac.Write([]byte("outboxkit ops session key v1"))
 	h.sessionKey = mac.Sum(nil)
@@ -164,6 +190,9 @@ type session struct {
 	// csrf is the token forms must carry; empty for bearer requests, which a
 	// browser cannot be tricked into sending.
 	csrf string
+	// throttled, on a refusal, is how long the client must wait before it
+	// may try again.
+	throttled time.Duration
 }
 
 type sessionKey struct{}
@@ -177,8 +206,16 @@ func sessionFrom(ctx context.Context) session {
 // checks the CSRF token of every POST made with the cookie.
 func (h *Handler) authed(next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s, ok := h.authenticate(r)
+		s, ok, err := h.authenticate(r)
+		if err != nil {
+			h.actionError(w, r, err)
+			return
+		}
 		if !ok {
+			if s.throttled > 0 {
+				h.renderThrottled(w, r, s.throttled)
+				return
+			}
 			h.renderLogin(w, r, http.StatusUnauthorized, "")
 			return
 		}
@@ -202,16 +239,31 @@ func (h *Handler) authed(next http.HandlerFunc) http.Handler {
 	})
 }
 
-func (h *Handler) authenticate(r *http.Request) (session, bool) {
+// authenticate reads the request's credentials. A bearer token counts as a
+// login attempt: a wrong one is throttled like the form's (then throttled is
+// set), and while its client is throttled even the right one is refused.
+func (h *Handler) authenticate(r *http.Request) (session, bool, error) {
 	if auth := r.Header.Get("Authorization"); auth != "" {
+		if wait := h.throttle.wait(clientAddr(r)); wait > 0 {
+			return session{throttled: wait}, false, nil
+		}
 		got, ok := strings.CutPrefix(auth, "Bearer ")
-		return session{via: "bearer"}, ok && h.tokenMatches(got)
+		if !ok || !h.tokenMatches(got) {
+			h.throttle.fail(clientAddr(r))
+			h.logger.WarnContext(r.Context(), "ops request refused: wrong bearer token", slog.String("remote_addr", r.RemoteAddr))
+			return session{}, false, nil
+		}
+		return session{via: "bearer"}, true, nil
 	}
 	c, err := r.Cookie(CookieName)
-	if err != nil || !h.validSession(c.Value) {
-		return session{}, false
+	if err != nil {
+		return session{}, false, nil
 	}
-	return session{via: "cookie", csrf: h.csrfToken(c.Value)}, true
+	ok, err := h.validSession(r.Context(), c.Value)
+	if err != nil || !ok {
+		return session{}, false, err
+	}
+	return session{via: "cookie", csrf: h.csrfToken(c.Value)}, true, nil
 }
 
 // tokenMatches compares in constant time; hashing first hides the length.
@@ -222,31 +274,43 @@ func (h *Handler) tokenMatches(got string) bool {
 
 var b64 = base64.RawURLEncoding
 
-// newSession returns a cookie value: "<random id>.<expiry unix>.<hmac>".
-func (h *Handler) newSession() (string, time.Time) {
-	id := make([]byte, 16)
+// newSession stores a new session and returns its cookie value: 32 random
+// bytes. Only their HMAC is stored, so the table gives no cookie away.
+// Expired sessions are deleted on the way.
+func (h *Handler) newSession(ctx context.Context) (string, error) {
+	if h.sessions == nil {
+		return "", errors.New("ops: no database for sessions (Options.Pool)")
+	}
+	id := make([]byte, 32)
 	_, _ = rand.Read(id)
-	exp := h.now().Add(h.ttl).Truncate(time.Second)
-	payload := b64.EncodeToString(id) + "." + strconv.FormatInt(exp.Unix(), 10)
-	return payload + "." + b64.EncodeToString(h.sign("session", payload)), exp
+	value := b64.EncodeToString(id)
+	now := h.now()
+	if err := h.sessions.OpsSessionInsert(ctx, h.sign("session", value), now.Add(h.ttl)); err != nil {
+		return "", fmt.Errorf("storing ops session: %w", err)
+	}
+	if _, err := h.sessions.OpsSessionsDeleteExpired(ctx, now); err != nil {
+		return "", fmt.Errorf("deleting expired ops sessions: %w", err)
+	}
+	return value, nil
 }
 
-func (h *Handler) validSession(v string) bool {
-	i := strings.LastIndexByte(v, '.')
-	if i < 0 {
-		return false
+// validSession reports whether a cookie names a live session: stored (not
+// logged out, issued under this admin token) and not expired.
+func (h *Handler) validSession(ctx context.Context, v string) (bool, error) {
+	if h.sessions == nil {
+		return false, nil
 	}
-	payload, sig := v[:i], v[i+1:]
-	got, err := b64.DecodeString(sig)
-	if err != nil || !hmac.Equal(got, h.sign("session", payload)) {
-		return false
+	if id, err := b64.DecodeString(v); err != nil || len(id) != 32 {
+		return false, nil
 	}
-	_, expStr, ok := strings.Cut(payload, ".")
-	if !ok {
-		return false
+	exp, err := h.sessions.OpsSessionExpiry(ctx, h.sign("session", v))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
 	}
-	exp, err := strconv.ParseInt(expStr, 10, 64)
-	return err == nil && h.now().Before(time.Unix(exp, 0))
+	if err != nil {
+		return false, fmt.Errorf("reading ops session: %w", err)
+	}
+	return h.now().Before(exp), nil
 }
 
 // csrfToken is bound to the session cookie (double submit: the cookie and
@@ -271,14 +335,16 @@ func (h *Handler) sign(purpose, msg string) []byte {
 func (h *Handler) sessionCookie(r *http.Request, value string, maxAge int) *http.Cookie {
 	return &http.Cookie{
 		Name: CookieName, Value: value, Path: Prefix, MaxAge: maxAge,
-		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil,
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: h.secure || r.TLS != nil,
 	}
 }
 
 func (h *Handler) handleLoginForm(w http.ResponseWriter, r *http.Request) {
-	if _, ok := h.authenticate(r); ok {
-		http.Redirect(w, r, Prefix, http.StatusSeeOther)
-		return
+	if c, err := r.Cookie(CookieName); err == nil {
+		if ok, err := h.validSession(r.Context(), c.Value); err == nil && ok {
+			http.Redirect(w, r, Prefix, http.StatusSeeOther)
+			return
+		}
 	}
 	h.renderLogin(w, r, http.StatusOK, "")
 }
@@ -289,18 +355,39 @@ func (h *Handler) handleLogin(w http.ResponseWriter, r *http.Request) {
 		h.renderLogin(w, r, http.StatusBadRequest, "The form could not be read.")
 		return
 	}
+	// Checked before the token, so that while throttled even the right
+	// token is refused: guesses meanwhile tell an attacker nothing.
+	addr := clientAddr(r)
+	if wait := h.throttle.wait(addr); wait > 0 {
+		h.logger.WarnContext(r.Context(), "ops login refused: too many failed logins", slog.String("remote_addr", r.RemoteAddr))
+		h.renderThrottled(w, r, wait)
+		return
+	}
 	if !h.tokenMatches(r.PostForm.Get("token")) {
+		h.throttle.fail(addr)
 		h.logger.WarnContext(r.Context(), "ops login failed", slog.String("remote_addr", r.RemoteAddr))
 		h.renderLogin(w, r, http.StatusUnauthorized, "That is not the admin token.")
 		return
 	}
-	value, _ := h.newSession()
+	value, err := h.newSession(r.Context())
+	if err != nil {
+		h.actionError(w, r, err)
+		return
+	}
 	http.SetCookie(w, h.sessionCookie(r, value, int(h.ttl.Seconds())))
 	h.logger.InfoContext(r.Context(), "ops login", slog.String("remote_addr", r.RemoteAddr))
 	http.Redirect(w, r, Prefix, http.StatusSeeOther)
 }
 
 func (h *Handler) handleLogout(w http.ResponseWriter, r *http.Request) {
+	// Deleting the row ends the session everywhere: a copy of the cookie
+	// replayed later, on any api process, is refused.
+	if c, err := r.Cookie(CookieName); err == nil && h.sessions != nil {
+		if err := h.sessions.OpsSessionDelete(r.Context(), h.sign("session", c.Value)); err != nil {
+			h.actionError(w, r, fmt.Errorf("deleting ops session: %w", err))
+			return
+		}
+	}
 	http.SetCookie(w, h.sessionCookie(r, "", -1))
 	h.logger.InfoContext(r.Context(), "ops logout", slog.String("remote_addr", r.RemoteAddr))
 	http.Redirect(w, r, Prefix+"/login", http.StatusSeeOther)

@@ -48,7 +48,7 @@ func newEnv(t *testing.T, tok string, opts ...func(*ops.Options)) *env {
 	var mu sync.Mutex
 	var offset time.Duration
 	e.clock = func() time.Time { mu.Lock(); defer mu.Unlock(); return time.Now().Add(offset) }
-	o := ops.Options{Admin: e.admin, Token: tok, Logger: logger, Now: e.clock, SessionTTL: time.Hour}
+	o := ops.Options{Admin: e.admin, Pool: e.pool, Token: tok, Logger: logger, Now: e.clock, SessionTTL: time.Hour}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -342,7 +342,7 @@ func TestSessionExpires(t *testing.T) {
 	now := time.Now()
 	var mu sync.Mutex
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	h := ops.New(ops.Options{Admin: admin, Token: token, Now: clock, SessionTTL: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+	h := ops.New(ops.Options{Admin: admin, Pool: pool, Token: token, Now: clock, SessionTTL: time.Minute, Logger: slog.New(slog.DiscardHandler)})
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	e := &env{srv: srv}

@@ -54,17 +54,23 @@ func mustParsePages() *pages {
 
 // Layout is what every page's frame needs.
 type Layout struct {
-	Title   string
-	Authed  bool
-	CSRF    string
-	Notice  string
-	Now     time.Time
-	Refresh int
+	Title  string
+	Authed bool
+	CSRF   string
+	Notice string
+	// Warnings are the server's configuration warnings, for signed-in pages.
+	Warnings []string
+	Now      time.Time
+	Refresh  int
 }
 
 func (h *Handler) layout(r *http.Request, title string) Layout {
 	s := sessionFrom(r.Context())
-	return Layout{Title: title, Authed: s.via != "", CSRF: s.csrf, Now: h.now().UTC(), Notice: notice(r.URL.Query())}
+	l := Layout{Title: title, Authed: s.via != "", CSRF: s.csrf, Now: h.now().UTC(), Notice: notice(r.URL.Query())}
+	if l.Authed {
+		l.Warnings = h.warnings
+	}
+	return l
 }
 
 // render executes a page into a buffer first, so a template error is a clean
@@ -112,7 +118,7 @@ const Window = time.Hour
 
 type overviewPage struct {
 	Layout
-	Stats        outbox.Stats
+	Stats        outbox.Overview
 	OldestAge    string
 	Rate5m       string
 	Rate60m      string
@@ -142,7 +148,8 @@ const failedShown = 50
 func (h *Handler) handleOverview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	now := h.now()
-	stats, err := h.admin.Stats(ctx)
+	// Never outbox.Stats: it counts the whole delivered history.
+	stats, err := h.admin.Overview(ctx)
 	if err != nil {
 		h.actionError(w, r, err)
 		return

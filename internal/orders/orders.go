@@ -174,12 +174,22 @@ func (s *Service) Place(ctx context.Context, req PlaceRequest) (order Order, rep
 
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		q := ordersdb.New(tx)
-		row, err := q.OrderInsert(ctx, ordersdb.OrderInsertParams{
-			ID: uuid.New(), CustomerID: req.CustomerID, TotalCents: total,
-			IdempotencyKey: key, RequestHash: reqHash,
-		})
-		if errors.Is(err, pgx.ErrNoRows) {
+		var row ordersdb.Order
+		// Twice at most: the key's order may have its key expired
+		// (ExpireIdempotencyKeys) between the insert that found it and the
+		// lookup; then the key is free and the second insert takes it.
+		for try := 0; ; try++ {
+			row, err = q.OrderInsert(ctx, ordersdb.OrderInsertParams{
+				ID: uuid.New(), CustomerID: req.CustomerID, TotalCents: total,
+				IdempotencyKey: key, RequestHash: reqHash,
+			})
+			if !errors.Is(err, pgx.ErrNoRows) {
+				break
+			}
 			order, err = s.replay(ctx, q, req.IdempotencyKey, reqHash)
+			if errors.Is(err, pgx.ErrNoRows) && try == 0 {
+				continue
+			}
 			replayed = err == nil
 			return err
 		}
@@ -211,6 +221,41 @@ func (s *Service) Place(ctx context.Context, req PlaceRequest) (order Order, rep
 			slog.Int64("total_cents", order.TotalCents))
 	}
 	return order, replayed, nil
+}
+
+// DefaultIdempotencyTTL is how long an idempotency key dedupes, as Stripe's
+// do: a client's retries come within minutes, and a day covers a retry
+// queue that waited out an outage.
+const DefaultIdempotencyTTL = 24 * time.Hour
+
+// expireBatch bounds each statement of ExpireIdempotencyKeys, so its row
+// locks never hold up order transactions for long.
+const expireBatch = 1000
+
+// ExpireIdempotencyKeys clears the idempotency keys of orders placed more
+// than ttl ago, in batches, and returns how many it cleared. The orders
+// stay; only their keys go, so the same key then places a new order. The
+// worker runs it periodically (a relay chore).
+func (s *Service) ExpireIdempotencyKeys(ctx context.Context, ttl time.Duration) (int64, error) {
+	if ttl <= 0 {
+		return 0, fmt.Errorf("expiring idempotency keys: ttl must be positive, got %s", ttl)
+	}
+	return s.expireIdempotencyKeys(ctx, time.Now().Add(-ttl), expireBatch)
+}
+
+func (s *Service) expireIdempotencyKeys(ctx context.Context, before time.Time, batch int32) (int64, error) {
+	q := ordersdb.New(s.pool)
+	var total int64
+	for {
+		n, err := q.OrderIdempotencyKeysExpire(ctx, before, batch)
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("expiring idempotency keys: %w", err)
+		}
+		if n < int64(batch) {
+			return total, nil
+		}
+	}
 }
 
 // replay returns the order an idempotency key already placed, if the request

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
+	"github.com/outboxkit/orders/internal/secretbox"
 	"github.com/outboxkit/orders/internal/webhook"
 )
 
@@ -28,10 +29,13 @@ type URLChecker interface {
 	CheckURL(ctx context.Context, rawURL string) error
 }
 
-// Endpoint is a registered webhook receiver. Its secret is shown once, when
+// Endpoint is a registered destination: a webhook receiver, or a broker
+// destination written as a URL (see Kinds). Its secret is shown once, when
 // it is created, and never listed afterwards.
 type Endpoint struct {
-	ID             uuid.UUID `json:"id"`
+	ID uuid.UUID `json:"id"`
+	// Kind is KindWebhook or a broker's kind, read from URL.
+	Kind           string    `json:"kind"`
 	URL            string    `json:"url"`
 	EventTypes     []string  `json:"event_types"`
 	Enabled        bool      `json:"enabled"`
@@ -108,35 +112,47 @@ type Admin struct {
 	pool    *pgxpool.Pool
 	checker URLChecker
 	logger  *slog.Logger
+	// keys seal the signing secrets it writes; nil stores them in the clear.
+	keys *secretbox.Keyring
 }
 
 // NewAdmin returns the admin service; checker vets endpoint URLs.
-func NewAdmin(pool *pgxpool.Pool, checker URLChecker, logger *slog.Logger) *Admin {
-	return &Admin{pool: pool, checker: checker, logger: logger}
+func NewAdmin(pool *pgxpool.Pool, checker URLChecker, logger *slog.Logger, opts ...AdminOption) *Admin {
+	a := &Admin{pool: pool, checker: checker, logger: logger}
+	for _, o := range opts {
+		o(a)
+	}
+	return a
 }
 
-// CreateEndpoint registers a receiver for eventTypes and returns it with its
+// CreateEndpoint registers a destination for eventTypes and returns it with its
 // newly generated signing secret.
 func (a *Admin) CreateEndpoint(ctx context.Context, rawURL string, eventTypes []string) (Endpoint, error) {
 	types, err := subscription(eventTypes)
 	if err != nil {
 		return Endpoint{}, err
 	}
-	if err := a.checker.CheckURL(ctx, rawURL); err != nil {
-		return Endpoint{}, fmt.Errorf("%w: %w", ErrInvalidEndpoint, err)
+	if err := a.checkDestination(ctx, rawURL); err != nil {
+		return Endpoint{}, err
 	}
 	secret, err := webhook.NewSecret()
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("generating secret: %w", err)
 	}
-	row, err := outboxdb.New(a.pool).EndpointInsert(ctx, rawURL, secret, types)
+	id := uuid.New()
+	stored, err := a.sealSecret(id, secret)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	row, err := outboxdb.New(a.pool).EndpointInsert(ctx, outboxdb.EndpointInsertParams{
+		ID: id, Url: rawURL, Secret: stored, EventTypes: types})
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("inserting endpoint: %w", err)
 	}
 	a.logger.InfoContext(ctx, "webhook endpoint created", slog.String("endpoint_id", row.ID.String()),
 		slog.String("url", row.Url), slog.Any("event_types", row.EventTypes))
 	ep := toEndpoint(row)
-	ep.Secret = row.Secret
+	ep.Secret = secret
 	return ep, nil
 }
 
@@ -158,8 +174,8 @@ func (a *Admin) UpdateEndpoint(ctx context.Context, id uuid.UUID, c EndpointChan
 		}
 	}
 	if c.URL != nil {
-		if err := a.checker.CheckURL(ctx, *c.URL); err != nil {
-			return Endpoint{}, fmt.Errorf("%w: %w", ErrInvalidEndpoint, err)
+		if err := a.checkDestination(ctx, *c.URL); err != nil {
+			return Endpoint{}, err
 		}
 	}
 	row, err := outboxdb.New(a.pool).EndpointUpdate(ctx, c.URL, types, id)
@@ -169,6 +185,24 @@ func (a *Admin) UpdateEndpoint(ctx context.Context, id uuid.UUID, c EndpointChan
 	a.logger.InfoContext(ctx, "webhook endpoint changed", slog.String("endpoint_id", id.String()),
 		slog.String("url", row.Url), slog.Any("event_types", row.EventTypes))
 	return toEndpoint(row), nil
+}
+
+// checkDestination vets an endpoint URL: a broker destination's name by
+// its broker's rules, a webhook URL by the checker (the SSRF guard). A
+// broker destination names no server, so there is nothing for the guard to
+// check: the brokers are the worker's configuration.
+func (a *Admin) checkDestination(ctx context.Context, rawURL string) error {
+	d, err := ParseDestination(rawURL)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidEndpoint, err)
+	}
+	if d.Kind != KindWebhook {
+		return nil
+	}
+	if err := a.checker.CheckURL(ctx, rawURL); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidEndpoint, err)
+	}
+	return nil
 }
 
 // subscription sorts and deduplicates a subscription's types, and refuses an
@@ -262,14 +296,18 @@ func (a *Admin) RotateSecret(ctx context.Context, id uuid.UUID, overlap time.Dur
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("generating secret: %w", err)
 	}
-	row, err := outboxdb.New(a.pool).EndpointRotateSecret(ctx, overlap.Seconds(), secret, id)
+	stored, err := a.sealSecret(id, secret)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	row, err := outboxdb.New(a.pool).EndpointRotateSecret(ctx, overlap.Seconds(), stored, id)
 	if err != nil {
 		return Endpoint{}, notFound("rotating endpoint secret", err)
 	}
 	a.logger.InfoContext(ctx, "webhook endpoint secret rotated", slog.String("endpoint_id", id.String()),
 		slog.Duration("overlap", overlap))
 	ep := toEndpoint(row)
-	ep.Secret = row.Secret
+	ep.Secret = secret
 	return ep, nil
 }
 
@@ -481,7 +519,8 @@ func notFound(action string, err error) error {
 }
 
 func toEndpoint(r outboxdb.WebhookEndpoint) Endpoint {
-	ep := Endpoint{ID: r.ID, URL: r.Url, EventTypes: r.EventTypes, Enabled: r.Enabled, CreatedAt: r.CreatedAt,
+	d, _ := ParseDestination(r.Url)
+	ep := Endpoint{ID: r.ID, Kind: d.Kind, URL: r.Url, EventTypes: r.EventTypes, Enabled: r.Enabled, CreatedAt: r.CreatedAt,
 		State: r.Health, StateSince: r.HealthChangedAt, ConsecutiveFailures: int(r.ConsecutiveFailures)}
 	if r.HealthReason != nil {
 		ep.StateReason = *r.HealthReason

@@ -252,6 +252,10 @@ func TestRelayStatementsStayOnIndexesWith1000Endpoints(t *testing.T) {
 			_, err := q.MessageOverdue(ctx)
 			return err
 		},
+		"prune failed": func(q *outboxdb.Queries) error {
+			_, err := q.MessagesPruneFailed(ctx, time.Now(), 100)
+			return err
+		},
 		"prune events": func(q *outboxdb.Queries) error {
 			_, err := q.EventsPrune(ctx, time.Now(), 100)
 			return err
@@ -263,6 +267,8 @@ func TestRelayStatementsStayOnIndexesWith1000Endpoints(t *testing.T) {
 		switch name {
 		case "prune events":
 			require.Contains(t, plan, "outbox_messages_pkey", "an event's messages are a range of the primary key")
+		case "prune failed":
+			require.Regexp(t, `outbox_messages_failed(_at)?_idx`, plan, "failed messages are found on an index of failed rows only")
 		case "claim":
 			require.Contains(t, plan, "outbox_messages_ordering_idx", "a keyed message's predecessors are looked up on the ordering index")
 			fallthrough

@@ -1,12 +1,15 @@
 package outbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/outboxkit/orders/internal/secretbox"
 )
 
 // RelayConfig tunes the relay. The zero value of a field means its default.
@@ -54,20 +57,47 @@ type RelayConfig struct {
 	ClaimTimeout time.Duration
 	// DeliveryTimeout bounds one webhook request.
 	DeliveryTimeout time.Duration
-	// Retention is how long delivered (and discarded) rows are kept.
+	// Retention is how long delivered (and discarded) rows are kept, and
+	// events.
 	Retention time.Duration
+	// FailedRetention is how long failed rows are kept, with their attempt
+	// history, for a person to retry or skip them; after it the prune job
+	// deletes them (and then their events, once past Retention). Long by
+	// default: a failed message is one someone may still need.
+	FailedRetention time.Duration
 	// PruneInterval is how often the prune job runs.
 	PruneInterval time.Duration
+	// Chores are other modules' periodic upkeep (the orders module's expiry
+	// of idempotency keys, say), run by the relay's River leader like the
+	// prune job: once per interval however many relays run.
+	Chores []Chore
 	// Listen wakes the relay when a transaction commits an event (Enqueue on
 	// a connection set up by NotifyRelays) instead of at its next poll: it
 	// LISTENs on a connection of its own. The poll goes on and stays what
 	// makes delivery correct.
 	Listen bool
+	// SecretKeys open the endpoints' signing secrets when they are sealed
+	// (see WithSecretKeys). Nil reads secrets stored in the clear only: a
+	// delivery whose secret is sealed then fails, naming the key it needs.
+	SecretKeys *secretbox.Keyring
 	// TracerProvider, when set, traces the relay: a span per delivery, in the
 	// trace of the request that enqueued the message, and River's jobs
 	// (otelriver). Nil means tracing off; a message that carries a trace
 	// context still passes it on to its receiver.
 	TracerProvider trace.TracerProvider
+}
+
+// Chore is a periodic task of another module that the relay runs: Run is
+// called once per Interval (PruneInterval when zero) on the River leader,
+// one chore at a time, and never twice at once. An error is logged and the
+// chore runs again at its next interval, so Run should make progress in
+// bounded batches and be safe to repeat.
+type Chore struct {
+	// Name identifies the chore in River's jobs and the logs: unique,
+	// snake_case.
+	Name     string
+	Interval time.Duration
+	Run      func(ctx context.Context) error
 }
 
 // DefaultRetrySchedule spans a little over a day (27.6 hours before the
@@ -96,6 +126,7 @@ func DefaultRelayConfig() RelayConfig {
 		ClaimTimeout:           5 * time.Minute,
 		DeliveryTimeout:        10 * time.Second,
 		Retention:              7 * 24 * time.Hour,
+		FailedRetention:        30 * 24 * time.Hour,
 		PruneInterval:          time.Hour,
 	}
 }
@@ -119,6 +150,7 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	or(&c.ClaimTimeout, d.ClaimTimeout)
 	or(&c.DeliveryTimeout, d.DeliveryTimeout)
 	or(&c.Retention, d.Retention)
+	or(&c.FailedRetention, d.FailedRetention)
 	or(&c.PruneInterval, d.PruneInterval)
 	ori(&c.BatchSize, d.BatchSize)
 	ori(&c.MaxAttempts, d.MaxAttempts)
@@ -162,10 +194,22 @@ func (c RelayConfig) Validate() error {
 	for field, v := range map[string]time.Duration{"PollInterval": c.PollInterval, "BackoffBase": c.BackoffBase,
 		"BackoffMax": c.BackoffMax, "ProbeIntervalMax": c.ProbeIntervalMax, "RelayTimeout": c.RelayTimeout,
 		"ClaimTimeout": c.ClaimTimeout, "DeliveryTimeout": c.DeliveryTimeout, "Retention": c.Retention,
-		"PruneInterval": c.PruneInterval} {
+		"FailedRetention": c.FailedRetention, "PruneInterval": c.PruneInterval} {
 		if v < 0 {
 			fail(field, "must be positive, got %s", v)
 		}
+	}
+	seen := map[string]bool{}
+	for _, ch := range c.Chores {
+		switch {
+		case ch.Name == "" || ch.Run == nil:
+			fail("Chores", "a chore needs a name and a Run function")
+		case seen[ch.Name]:
+			fail("Chores", "two chores are named %q", ch.Name)
+		case ch.Interval < 0:
+			fail("Chores", "%s: interval must be positive, got %s", ch.Name, ch.Interval)
+		}
+		seen[ch.Name] = true
 	}
 	for i, d := range c.RetrySchedule {
 		if d <= 0 {

@@ -48,6 +48,12 @@ type Delivery struct {
 	PreviousSecret string
 	// Body is the Standard Webhooks body: the message envelope and its data.
 	Body []byte
+	// Data is the event's payload alone, CreatedAt its time and OrderingKey
+	// its key (empty when unkeyed): what a broker message carries, with the
+	// envelope in headers.
+	Data        json.RawMessage
+	CreatedAt   time.Time
+	OrderingKey string
 	// Header holds extra headers to send: the W3C trace context (traceparent,
 	// tracestate) of a message enqueued in a traced request; nil otherwise.
 	// They never replace the webhook-* headers.
@@ -56,8 +62,12 @@ type Delivery struct {
 
 // Result is what a receiver answered.
 type Result struct {
-	// StatusCode is the HTTP status, or 0 when no answer came (Err is set).
+	// StatusCode is the HTTP status, or 0 when no answer came (Err is set)
+	// or the destination is a broker.
 	StatusCode int
+	// Acked says a broker acknowledged the message: it is stored (a
+	// JetStream ack, a Kafka acks=all produce, a RabbitMQ publisher confirm).
+	Acked bool
 	// RetryAfter is the receiver's Retry-After, if it sent one.
 	RetryAfter time.Duration
 	// Err is a transport failure: refused, timed out, reset, forbidden.
@@ -151,9 +161,10 @@ func (w *deliverWorker) Work(ctx context.Context, job *river.Job[deliverArgs]) e
 	s := &session{
 		r: r, job: job, dest: dest, token: token, ep: lease,
 		health: lease.Health, failures: int(lease.ConsecutiveFailures),
-		probing: lease.Health == HealthBackingOff,
-		results: make(chan sent, r.cfg.DestinationConcurrency),
-		woken:   make(chan struct{}, 1),
+		probing:  lease.Health == HealthBackingOff,
+		results:  make(chan sent, r.cfg.DestinationConcurrency),
+		woken:    make(chan struct{}, 1),
+		recorded: make(chan recordResult, 1),
 	}
 	defer r.serving(dest, s.woken)()
 	return s.run(ctx)
@@ -182,8 +193,22 @@ type session struct {
 	results  chan sent
 	woken    chan struct{} // a commit for the destination (listen.go)
 	inFlight int
-	outcomes []outcome   // not yet recorded
-	unsent   []uuid.UUID // claimed, never sent: released without an attempt
+	outcomes []outcome // not yet recorded
+	// recording: a flush is in flight, its outcomes out of s.outcomes;
+	// recorded reports its end. Recording runs beside the claims and the
+	// requests, so a destination's throughput is not the sum of its
+	// statements' latencies.
+	recording bool
+	recorded  chan recordResult
+	unsent    []uuid.UUID // claimed, never sent: released without an attempt
+	// opened caches the endpoint's secrets decrypted, by stored value.
+	opened map[string]string
+}
+
+// recordResult is the end of one flush.
+type recordResult struct {
+	outcomes []outcome
+	err      error
 }
 
 // sent is one request's end.
@@ -294,11 +319,11 @@ func (s *session) run(ctx context.Context) error {
 				}
 				for _, row := range rows {
 					s.inFlight++
-					go s.send(sendCtx, row)
+					go s.send(sendCtx, row, s.signing(row))
 				}
 			}
 		}
-		if s.inFlight == 0 && (stopping || cancelled || s.stopClaiming() || idle >= idlePolls) {
+		if s.inFlight == 0 && !s.recording && (stopping || cancelled || s.stopClaiming() || idle >= idlePolls) {
 			break
 		}
 		select {
@@ -314,6 +339,11 @@ func (s *session) run(ctx context.Context) error {
 					more = false
 				}
 			}
+			if len(s.outcomes) >= flushSize {
+				s.flush(ctx)
+			}
+		case res := <-s.recorded:
+			s.record(ctx, res)
 			if len(s.outcomes) >= flushSize {
 				s.flush(ctx)
 			}
@@ -353,7 +383,7 @@ func (s *session) claim(ctx context.Context, n int) ([]outboxdb.MessageClaimRow,
 }
 
 // send makes one request and reports its end on s.results.
-func (s *session) send(ctx context.Context, row outboxdb.MessageClaimRow) {
+func (s *session) send(ctx context.Context, row outboxdb.MessageClaimRow, sign signing) {
 	r := s.r
 	if ctx.Err() != nil {
 		s.results <- sent{row: row, notSent: true}
@@ -363,10 +393,14 @@ func (s *session) send(ctx context.Context, row outboxdb.MessageClaimRow) {
 	spanCtx, span, header := r.startDeliverSpan(ctx, s.dest, row)
 	body := webhookBody(row.EventID, row.Type, row.CreatedAt, row.Payload)
 	reqCtx, cancel := context.WithTimeout(spanCtx, r.cfg.DeliveryTimeout)
-	res := r.transport.Deliver(reqCtx, Delivery{
-		EventID: row.EventID, MessageID: row.ID, Type: row.Type, URL: row.EndpointUrl, Secret: row.EndpointSecret,
-		PreviousSecret: row.EndpointPreviousSecret, Body: body, Header: header,
-	})
+	res := Result{Err: sign.err}
+	if sign.err == nil {
+		res = r.transport.Deliver(reqCtx, Delivery{
+			EventID: row.EventID, MessageID: row.ID, Type: row.Type, URL: row.EndpointUrl, Secret: sign.secret,
+			PreviousSecret: sign.previous, Body: body, Header: header,
+			Data: row.Payload, CreatedAt: row.CreatedAt, OrderingKey: orEmpty(row.OrderingKey),
+		})
+	}
 	cancel()
 	s.results <- sent{row: row, res: res, span: span, started: started, finished: time.Now(),
 		interrupted: res.Err != nil && ctx.Err() != nil}
@@ -448,7 +482,7 @@ func (r *Relay) judge(s sent) outcome {
 	code := res.StatusCode
 	o := outcome{id: s.row.ID, attempt: attempt, code: code, started: s.started, finished: s.finished}
 	switch {
-	case res.Err == nil && code >= 200 && code < 300:
+	case res.Err == nil && (res.Acked || code >= 200 && code < 300):
 		o.status, o.label = StatusDelivered, labelDelivered
 		return o
 	case s.interrupted:
@@ -493,25 +527,40 @@ func (r *Relay) judge(s sent) outcome {
 	return o
 }
 
-// flush records the outcomes gathered so far. A failure keeps them for the
-// next flush or the settle.
+// flush starts recording the outcomes gathered so far, unless a recording
+// is already in flight: one at a time, so outcomes are recorded in the
+// order they came. Its end arrives on s.recorded.
 func (s *session) flush(ctx context.Context) {
-	if len(s.outcomes) == 0 {
+	if len(s.outcomes) == 0 || s.recording {
 		return
 	}
-	if _, err := outboxdb.New(s.r.pool).MessagesRecordOutcomes(ctx, s.recordParams()); err != nil {
-		if ctx.Err() == nil {
-			s.r.logger.WarnContext(ctx, "recording delivery outcomes", slog.String("destination", s.dest.String()), slog.Any("error", err))
-		}
-		return
-	}
-	s.counted(s.outcomes)
-	s.outcomes = s.outcomes[:0]
+	batch := s.outcomes
+	s.outcomes = nil
+	s.recording = true
+	params := s.recordParams(batch)
+	go func() {
+		_, err := outboxdb.New(s.r.pool).MessagesRecordOutcomes(ctx, params)
+		s.recorded <- recordResult{outcomes: batch, err: err}
+	}()
 }
 
-func (s *session) recordParams() outboxdb.MessagesRecordOutcomesParams {
+// record takes a flush's end: a failure puts its outcomes back, first, for
+// the next flush or the settle.
+func (s *session) record(ctx context.Context, res recordResult) {
+	s.recording = false
+	if res.err != nil {
+		if ctx.Err() == nil {
+			s.r.logger.WarnContext(ctx, "recording delivery outcomes", slog.String("destination", s.dest.String()), slog.Any("error", res.err))
+		}
+		s.outcomes = append(res.outcomes, s.outcomes...)
+		return
+	}
+	s.counted(res.outcomes)
+}
+
+func (s *session) recordParams(outcomes []outcome) outboxdb.MessagesRecordOutcomesParams {
 	p := outboxdb.MessagesRecordOutcomesParams{ClaimToken: s.token}
-	for _, o := range s.outcomes {
+	for _, o := range outcomes {
 		p.Ids = append(p.Ids, o.id)
 		p.Statuses = append(p.Statuses, o.status)
 		p.DelaysSeconds = append(p.DelaysSeconds, o.delay.Seconds())
@@ -555,7 +604,7 @@ func (s *session) settle(ctx context.Context) error {
 	write := func(ctx context.Context, tx pgx.Tx) error {
 		q := outboxdb.New(tx)
 		if len(s.outcomes) > 0 {
-			if _, err := q.MessagesRecordOutcomes(ctx, s.recordParams()); err != nil {
+			if _, err := q.MessagesRecordOutcomes(ctx, s.recordParams(s.outcomes)); err != nil {
 				return fmt.Errorf("recording delivery outcomes: %w", err)
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/google/uuid"
@@ -188,6 +189,38 @@ func (a *Admin) Activity(ctx context.Context, now time.Time, minutes int) (Activ
 		b += settled[i] - act.Minutes[i].Created
 	}
 	return act, nil
+}
+
+// Overview is the outbox at a glance, as the ops page shows it: what waits
+// and what failed, counted exactly, and the delivered history estimated,
+// never counted, so reading it costs the same whatever the retention holds.
+type Overview struct {
+	Pending int64 `json:"pending"`
+	Claimed int64 `json:"claimed"`
+	Failed  int64 `json:"failed"`
+	// Parked counts the pending messages that wait for an earlier message
+	// of their ordering key (included in Pending).
+	Parked                  int64   `json:"parked"`
+	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
+	// DeliveredEstimate is about how many delivered messages the retention
+	// holds, from PostgreSQL's statistics as of the last VACUUM or ANALYZE
+	// (autovacuum keeps it roughly current); -1 before the first.
+	DeliveredEstimate int64 `json:"delivered_estimate"`
+}
+
+// Overview returns the outbox at a glance. Stats counts the delivered
+// history exactly; this does not.
+func (a *Admin) Overview(ctx context.Context) (Overview, error) {
+	s, err := outboxdb.New(a.pool).OpsOverviewCounts(ctx)
+	if err != nil {
+		return Overview{}, fmt.Errorf("reading outbox overview: %w", err)
+	}
+	est := int64(-1)
+	if s.DeliveredEstimate >= 0 {
+		est = int64(math.Round(s.DeliveredEstimate))
+	}
+	return Overview{Pending: s.Pending, Claimed: s.Claimed, Failed: s.Failed, Parked: s.Parked,
+		OldestPendingAgeSeconds: s.OldestPendingAgeSeconds, DeliveredEstimate: est}, nil
 }
 
 // RetryFailedForEndpoint requeues every failed message of one endpoint

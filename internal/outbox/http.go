@@ -35,8 +35,11 @@ func (a *Admin) Handler() http.Handler {
 	return mux
 }
 
+// createEndpointRequest names the destination by kind: a webhook's url
+// (the default kind), a NATS subject, a Kafka topic, or a RabbitMQ exchange
+// and routing key.
 type createEndpointRequest struct {
-	URL        string   `json:"url"`
+	DestinationSpec
 	EventTypes []string `json:"event_types"`
 }
 
@@ -46,7 +49,12 @@ func (a *Admin) handleCreateEndpoint(w http.ResponseWriter, r *http.Request) {
 		httpjson.WriteError(w, err)
 		return
 	}
-	ep, err := a.CreateEndpoint(r.Context(), req.URL, req.EventTypes)
+	u, err := req.URLOf()
+	if err != nil {
+		a.writeError(w, r, fmt.Errorf("%w: %w", ErrInvalidEndpoint, err))
+		return
+	}
+	ep, err := a.CreateEndpoint(r.Context(), u, req.EventTypes)
 	if err != nil {
 		a.writeError(w, r, err)
 		return
@@ -76,8 +84,11 @@ func (a *Admin) handleGetEndpoint(w http.ResponseWriter, r *http.Request) {
 	httpjson.Write(w, http.StatusOK, ep)
 }
 
+// updateEndpointRequest moves the endpoint when it names a destination
+// (the same fields as a creation, kind included), and changes its types
+// when it names those.
 type updateEndpointRequest struct {
-	URL        *string  `json:"url"`
+	DestinationSpec
 	EventTypes []string `json:"event_types"`
 }
 
@@ -91,7 +102,16 @@ func (a *Admin) handleUpdateEndpoint(w http.ResponseWriter, r *http.Request) {
 		httpjson.WriteError(w, err)
 		return
 	}
-	ep, err := a.UpdateEndpoint(r.Context(), id, EndpointChange(req))
+	change := EndpointChange{EventTypes: req.EventTypes}
+	if req.DestinationSpec != (DestinationSpec{}) {
+		u, err := req.URLOf()
+		if err != nil {
+			a.writeError(w, r, fmt.Errorf("%w: %w", ErrInvalidEndpoint, err))
+			return
+		}
+		change.URL = &u
+	}
+	ep, err := a.UpdateEndpoint(r.Context(), id, change)
 	if err != nil {
 		a.writeError(w, r, err)
 		return

@@ -2,6 +2,8 @@ package outbox
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -63,7 +65,7 @@ func NewMetrics() *Metrics {
 			Help: "Destinations entering a state, as this relay saw it happen: backing_off, healthy (recovered), paused (by a 410 Gone).",
 		}, []string{"state"}),
 		pruned: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outbox_pruned_total", Help: "Delivered and discarded messages deleted after the retention period.",
+			Name: "outbox_pruned_total", Help: "Messages deleted after their retention: delivered, discarded and failed.",
 		}),
 	}
 }
@@ -79,13 +81,30 @@ func (m *Metrics) Register(reg prometheus.Registerer) error {
 	return nil
 }
 
-// BacklogCollector reports the outbox's state from the tables themselves at
-// each scrape: messages by status, the oldest pending age, how overdue the
-// oldest deliverable message is, destinations by state and the relays
-// alive. It reads the database, not process memory, so any process (api or
-// worker) shows the truth, and a stalled relay is visible from outside it.
+// backlogCacheFor is how long BacklogCollector reuses what it read: a scrape
+// runs four aggregate queries over the outbox tables, and without a bound a
+// storm of scrapes (several Prometheus servers, a dashboard refreshing, a
+// hostile client on an exposed /metrics) would be a storm of queries. Five
+// seconds is below any usual scrape interval, so a single scraper always
+// sees fresh values.
+const backlogCacheFor = 5 * time.Second
+
+// BacklogCollector reports the outbox's state from the tables themselves:
+// messages by status, the oldest pending age, how overdue the oldest
+// deliverable message is, destinations by state and the relays alive. It
+// reads the database, not process memory, so any process (api or worker)
+// shows the truth, and a stalled relay is visible from outside it. The
+// values are read at most once per backlogCacheFor, whatever the number of
+// scrapes; concurrent scrapes wait for the one read.
 type BacklogCollector struct {
-	pool         *pgxpool.Pool
+	read func(context.Context) (backlog, error)
+	now  func() time.Time
+
+	mu       sync.Mutex
+	cached   backlog
+	cacheErr error
+	readAt   time.Time
+
 	messages     *prometheus.Desc
 	oldestAge    *prometheus.Desc
 	overdue      *prometheus.Desc
@@ -94,10 +113,19 @@ type BacklogCollector struct {
 	up           *prometheus.Desc
 }
 
+// backlog is one reading of the tables.
+type backlog struct {
+	messages outboxdb.MessageBacklogRow
+	overdue  float64
+	states   outboxdb.EndpointStatesRow
+	relays   int64
+}
+
 // NewBacklogCollector returns a collector reading from pool.
 func NewBacklogCollector(pool *pgxpool.Pool) *BacklogCollector {
 	return &BacklogCollector{
-		pool: pool,
+		read: func(ctx context.Context) (backlog, error) { return readBacklog(ctx, pool) },
+		now:  time.Now,
 		messages: prometheus.NewDesc("outbox_messages",
 			"Outbox messages by status (delivered history is not counted here).", []string{"status"}, nil),
 		oldestAge: prometheus.NewDesc("outbox_oldest_pending_age_seconds",
@@ -109,7 +137,7 @@ func NewBacklogCollector(pool *pgxpool.Pool) *BacklogCollector {
 		relays: prometheus.NewDesc("outbox_relays",
 			"Relay processes registered and heartbeating.", nil, nil),
 		up: prometheus.NewDesc("outbox_backlog_scrape_success",
-			"1 when the backlog queries succeeded at this scrape.", nil, nil),
+			"1 when the backlog queries succeeded (they run at most every 5 s, whatever the scrape rate).", nil, nil),
 	}
 }
 
@@ -122,28 +150,7 @@ func (c *BacklogCollector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *BacklogCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	var (
-		b       outboxdb.MessageBacklogRow
-		overdue float64
-		states  outboxdb.EndpointStatesRow
-		relays  int64
-	)
-	err := pgx.BeginTxFunc(ctx, c.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) (err error) {
-		q := outboxdb.New(tx)
-		if b, err = q.MessageBacklog(ctx); err != nil {
-			return err
-		}
-		if overdue, err = q.MessageOverdue(ctx); err != nil {
-			return err
-		}
-		if states, err = q.EndpointStates(ctx); err != nil {
-			return err
-		}
-		relays, err = q.RelaysCount(ctx)
-		return err
-	})
+	b, err := c.get()
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
 		return
@@ -152,13 +159,49 @@ func (c *BacklogCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	gauge(c.up, 1)
-	gauge(c.messages, float64(b.Pending), StatusPending)
-	gauge(c.messages, float64(b.Claimed), StatusClaimed)
-	gauge(c.messages, float64(b.Failed), StatusFailed)
-	gauge(c.oldestAge, b.OldestPendingAgeSeconds)
-	gauge(c.overdue, overdue)
-	gauge(c.destinations, float64(states.Healthy), HealthHealthy)
-	gauge(c.destinations, float64(states.BackingOff), HealthBackingOff)
-	gauge(c.destinations, float64(states.Paused), HealthPaused)
-	gauge(c.relays, float64(relays))
+	gauge(c.messages, float64(b.messages.Pending), StatusPending)
+	gauge(c.messages, float64(b.messages.Claimed), StatusClaimed)
+	gauge(c.messages, float64(b.messages.Failed), StatusFailed)
+	gauge(c.oldestAge, b.messages.OldestPendingAgeSeconds)
+	gauge(c.overdue, b.overdue)
+	gauge(c.destinations, float64(b.states.Healthy), HealthHealthy)
+	gauge(c.destinations, float64(b.states.BackingOff), HealthBackingOff)
+	gauge(c.destinations, float64(b.states.Paused), HealthPaused)
+	gauge(c.relays, float64(b.relays))
+}
+
+// get returns the cached reading, reading again once it is backlogCacheFor
+// old. A failed reading is cached too: a database in trouble is not asked
+// again by every scrape.
+func (c *BacklogCollector) get() (backlog, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.readAt.IsZero() || c.now().Sub(c.readAt) >= backlogCacheFor {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		c.cached, c.cacheErr = c.read(ctx)
+		c.readAt = c.now()
+	}
+	return c.cached, c.cacheErr
+}
+
+func readBacklog(ctx context.Context, pool *pgxpool.Pool) (b backlog, err error) {
+	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) (err error) {
+		q := outboxdb.New(tx)
+		if b.messages, err = q.MessageBacklog(ctx); err != nil {
+			return err
+		}
+		if b.overdue, err = q.MessageOverdue(ctx); err != nil {
+			return err
+		}
+		if b.states, err = q.EndpointStates(ctx); err != nil {
+			return err
+		}
+		b.relays, err = q.RelaysCount(ctx)
+		return err
+	})
+	if err != nil {
+		return backlog{}, fmt.Errorf("reading the outbox backlog: %w", err)
+	}
+	return b, nil
 }

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -190,6 +191,7 @@ func (r *Relay) newRiverClient() (*river.Client[pgx.Tx], error) {
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &deliverWorker{relay: r})
 	river.AddWorker(workers, &pruneWorker{relay: r})
+	river.AddWorker(workers, &choreWorker{relay: r})
 	var middleware []rivertype.Middleware
 	if r.cfg.TracerProvider != nil {
 		// A span per job; tracing off costs the jobs nothing.
@@ -210,19 +212,9 @@ func (r *Relay) newRiverClient() (*river.Client[pgx.Tx], error) {
 			queuePrune:   {MaxWorkers: 1},
 		},
 		Workers: workers,
-		// The prune comes from River's elected leader: one however many
-		// relays run, and a late prune costs nothing.
-		PeriodicJobs: []*river.PeriodicJob{
-			river.NewPeriodicJob(river.PeriodicInterval(r.cfg.PruneInterval),
-				func() (river.JobArgs, *river.InsertOpts) {
-					// Unique while waiting or running: a long prune covers
-					// the ticks that pass meanwhile.
-					return pruneArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByState: []rivertype.JobState{
-						rivertype.JobStateAvailable, rivertype.JobStatePending,
-						rivertype.JobStateRunning, rivertype.JobStateScheduled,
-					}}}
-				}, &river.PeriodicJobOpts{RunOnStart: true}),
-		},
+		// The prune and the chores come from River's elected leader: one
+		// however many relays run, and a late one costs nothing.
+		PeriodicJobs: r.periodicJobs(),
 		// Deliver jobs should start as soon as they are inserted.
 		FetchCooldown:     10 * time.Millisecond,
 		FetchPollInterval: r.cfg.PollInterval,
@@ -236,6 +228,29 @@ func (r *Relay) newRiverClient() (*river.Client[pgx.Tx], error) {
 		return nil, fmt.Errorf("creating river client: %w", err)
 	}
 	return client, nil
+}
+
+// periodicJobs are the prune job and one job per chore.
+func (r *Relay) periodicJobs() []*river.PeriodicJob {
+	// Unique while waiting or running: a long run covers the ticks that pass
+	// meanwhile.
+	unique := river.UniqueOpts{ByArgs: true, ByState: []rivertype.JobState{
+		rivertype.JobStateAvailable, rivertype.JobStatePending,
+		rivertype.JobStateRunning, rivertype.JobStateScheduled,
+	}}
+	jobs := []*river.PeriodicJob{
+		river.NewPeriodicJob(river.PeriodicInterval(r.cfg.PruneInterval),
+			func() (river.JobArgs, *river.InsertOpts) {
+				return pruneArgs{}, &river.InsertOpts{UniqueOpts: unique}
+			}, &river.PeriodicJobOpts{RunOnStart: true}),
+	}
+	for _, c := range r.cfg.Chores {
+		jobs = append(jobs, river.NewPeriodicJob(river.PeriodicInterval(cmp.Or(c.Interval, r.cfg.PruneInterval)),
+			func() (river.JobArgs, *river.InsertOpts) {
+				return choreArgs{Name: c.Name}, &river.InsertOpts{UniqueOpts: unique}
+			}, &river.PeriodicJobOpts{RunOnStart: true}))
+	}
+	return jobs
 }
 
 // redispatchAfter is how long a dispatched destination waits for its job to
@@ -352,10 +367,15 @@ func (w *pruneWorker) Timeout(*river.Job[pruneArgs]) time.Duration { return prun
 
 func (w *pruneWorker) Work(ctx context.Context, job *river.Job[pruneArgs]) error {
 	r := w.relay
-	n, err := r.prune(ctx, time.Now().Add(-r.cfg.Retention))
+	now := time.Now()
+	n, failed, err := r.prune(ctx, now.Add(-r.cfg.Retention), now.Add(-r.cfg.FailedRetention))
 	if n > 0 {
 		r.logger.InfoContext(ctx, "pruned settled messages", slog.Int64("count", n),
 			slog.Duration("retention", r.cfg.Retention))
+	}
+	if failed > 0 {
+		r.logger.InfoContext(ctx, "pruned failed messages", slog.Int64("count", failed),
+			slog.Duration("failed_retention", r.cfg.FailedRetention))
 	}
 	if err != nil {
 		return err
@@ -382,18 +402,30 @@ func (w *pruneWorker) Work(ctx context.Context, job *river.Job[pruneArgs]) error
 }
 
 // prune deletes delivered messages delivered, and discarded messages
-// discarded, before cutoff, then the events written before cutoff that no
-// message refers to any more, in batches, and returns how many messages it
-// deleted. Pending, claimed and failed messages, and their events, are kept.
-func (r *Relay) prune(ctx context.Context, cutoff time.Time) (int64, error) {
+// discarded, before cutoff, and failed messages that failed before
+// failedCutoff (their attempts go with them), then the events written
+// before cutoff that no message refers to any more, in batches. It returns
+// how many settled and how many failed messages it deleted. Pending and
+// claimed messages, and their events, are kept.
+func (r *Relay) prune(ctx context.Context, cutoff, failedCutoff time.Time) (settled, failed int64, err error) {
 	q := outboxdb.New(r.pool)
-	var total int64
 	for {
 		n, err := q.MessagesPrune(ctx, cutoff, pruneBatch)
-		total += n
+		settled += n
 		r.metrics.pruned.Add(float64(n))
 		if err != nil {
-			return total, fmt.Errorf("pruning settled messages: %w", err)
+			return settled, failed, fmt.Errorf("pruning settled messages: %w", err)
+		}
+		if n == 0 {
+			break
+		}
+	}
+	for {
+		n, err := q.MessagesPruneFailed(ctx, failedCutoff, pruneBatch)
+		failed += n
+		r.metrics.pruned.Add(float64(n))
+		if err != nil {
+			return settled, failed, fmt.Errorf("pruning failed messages: %w", err)
 		}
 		if n == 0 {
 			break
@@ -411,12 +443,46 @@ func (r *Relay) prune(ctx context.Context, cutoff time.Time) (int64, error) {
 			return err
 		})
 		if err != nil {
-			return total, fmt.Errorf("pruning events: %w", err)
+			return settled, failed, fmt.Errorf("pruning events: %w", err)
 		}
 		if n == 0 {
-			return total, nil
+			return settled, failed, nil
 		}
 	}
+}
+
+// choreArgs starts one run of the chore named Name (RelayConfig.Chores).
+type choreArgs struct {
+	Name string `json:"name"`
+}
+
+// Kind implements river.JobArgs.
+func (choreArgs) Kind() string { return "outbox_chore" }
+
+// InsertOpts implements river.JobArgsWithInsertOpts.
+func (choreArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{Queue: queuePrune, MaxAttempts: 1}
+}
+
+type choreWorker struct {
+	river.WorkerDefaults[choreArgs]
+	relay *Relay
+}
+
+func (w *choreWorker) Timeout(*river.Job[choreArgs]) time.Duration { return pruneTimeout }
+
+func (w *choreWorker) Work(ctx context.Context, job *river.Job[choreArgs]) error {
+	for _, c := range w.relay.cfg.Chores {
+		if c.Name == job.Args.Name {
+			if err := c.Run(ctx); err != nil {
+				return fmt.Errorf("running chore %s: %w", c.Name, err)
+			}
+			return nil
+		}
+	}
+	// A job inserted by a relay configured with a chore this one lacks
+	// (during a rolling deploy): the next leader that has it runs it.
+	return nil
 }
 
 // minLevel drops records below min before they reach the wrapped handler.

@@ -14,6 +14,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -218,24 +219,59 @@ func NewRegistry(cs ...prometheus.Collector) (*prometheus.Registry, error) {
 	return reg, nil
 }
 
-// Ops adds /healthz (the process is up), /readyz (ready reports nil) and
-// /metrics to mux.
-func Ops(mux *http.ServeMux, reg *prometheus.Registry, ready func(context.Context) error) {
+// Ops adds /healthz, /readyz (see Health) and /metrics (see Metrics) to mux.
+func Ops(mux *http.ServeMux, logger *slog.Logger, reg *prometheus.Registry, ready func(context.Context) error) {
+	Health(mux, logger, ready)
+	Metrics(mux, reg)
+}
+
+// readyLogEvery bounds how often a readiness failure that persists is
+// logged again: the first failure is logged at once, then at most this often,
+// so a probe every second does not flood the log.
+const readyLogEvery = time.Minute
+
+// Health adds /healthz (the process is up) and /readyz (ready reports nil)
+// to mux. A failing /readyz answers 503 "not ready" and nothing more: the
+// port may be public, and the reason (a database error names its host, user
+// and database) belongs in the log, where it goes when readiness is lost,
+// again at most every readyLogEvery while it stays lost, and with a line
+// when it comes back.
+func Health(mux *http.ServeMux, logger *slog.Logger, ready func(context.Context) error) {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = io.WriteString(w, "ok\n")
 	})
+	var (
+		mu      sync.Mutex
+		failing bool
+		logged  time.Time
+	)
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
+		err := ready(ctx)
+		mu.Lock()
+		switch now := time.Now(); {
+		case err != nil && (!failing || now.Sub(logged) >= readyLogEvery):
+			logger.WarnContext(ctx, "not ready", slog.Any("error", err))
+			failing, logged = true, now
+		case err == nil && failing:
+			logger.InfoContext(ctx, "ready again")
+			failing = false
+		}
+		mu.Unlock()
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if err := ready(ctx); err != nil {
+		if err != nil {
 			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = io.WriteString(w, "not ready: "+err.Error()+"\n")
+			_, _ = io.WriteString(w, "not ready\n")
 			return
 		}
 		_, _ = io.WriteString(w, "ready\n")
 	})
+}
+
+// Metrics adds /metrics, serving reg, to mux.
+func Metrics(mux *http.ServeMux, reg *prometheus.Registry) {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 }
 

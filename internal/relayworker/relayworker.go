@@ -8,13 +8,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"net/http"
 	"slices"
 	"time"
 
 	"github.com/outboxkit/orders/db"
+	"github.com/outboxkit/orders/internal/broker"
 	"github.com/outboxkit/orders/internal/netguard"
+	"github.com/outboxkit/orders/internal/orders"
 	"github.com/outboxkit/orders/internal/outbox"
 	"github.com/outboxkit/orders/internal/process"
 	"github.com/outboxkit/orders/internal/telemetry"
@@ -31,7 +34,13 @@ type config struct {
 	// stallThreshold is how long the oldest deliverable message may wait,
 	// with no claim by this worker, before /readyz says the relay is stalled.
 	stallThreshold time.Duration
-	tracing        telemetry.Config
+	// idempotencyTTL is how long an order's idempotency key dedupes before
+	// the worker clears it.
+	idempotencyTTL time.Duration
+	// brokers are the servers of broker destinations; unset ones leave
+	// their kind unconfigured.
+	brokers broker.Config
+	tracing telemetry.Config
 	// warnings are said once the logger exists: settings no longer read.
 	warnings []string
 }
@@ -50,6 +59,10 @@ func parseConfig(getenv func(string) string) (config, error) {
 		if getenv(name) != "" {
 			c.warnings = append(c.warnings, name+" is no longer read: "+retired[name])
 		}
+	}
+	if c.relay.SecretKeys == nil {
+		c.warnings = append(c.warnings, "OUTBOX_SECRET_KEYS is not set: webhook signing secrets are stored in the clear, "+
+			"so whoever reads a database dump or replica can sign webhooks (docs/operations.md)")
 	}
 	return c, env.Err()
 }
@@ -91,9 +104,34 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 
+	// The orders module's upkeep runs on the relay's River leader, like the
+	// prune: idempotency keys past their time to live are cleared.
+	ordersSvc := orders.NewService(pool, logger)
+	cfg.relay.Chores = append(cfg.relay.Chores, outbox.Chore{Name: "orders_idempotency_expiry",
+		Run: func(ctx context.Context) error {
+			n, err := ordersSvc.ExpireIdempotencyKeys(ctx, cfg.idempotencyTTL)
+			if n > 0 {
+				logger.InfoContext(ctx, "idempotency keys expired", slog.Int64("count", n),
+					slog.Duration("ttl", cfg.idempotencyTTL))
+			}
+			return err
+		}})
+
 	metrics := outbox.NewMetrics()
 	guard := netguard.Guard{AllowPrivate: cfg.allowPrivate}
-	relay, err := outbox.NewRelay(pool, cfg.relay, &outbox.HTTPTransport{Client: guard.Client()}, logger, metrics)
+	// Each destination is sent by the transport of its kind: webhooks over
+	// HTTP through the SSRF guard, broker destinations to the brokers this
+	// worker is configured with.
+	transports, closeBrokers, err := broker.Transports(cfg.brokers)
+	if err != nil {
+		return err
+	}
+	defer closeBrokers()
+	router := outbox.Router{outbox.KindWebhook: &outbox.HTTPTransport{Client: guard.Client()}}
+	for kind, t := range transports {
+		router[kind] = t
+	}
+	relay, err := outbox.NewRelay(pool, cfg.relay, router, logger, metrics)
 	if err != nil {
 		return err
 	}
@@ -106,7 +144,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	mux := http.NewServeMux()
 	ping := process.PingReady(pool)
-	process.Ops(mux, reg, func(ctx context.Context) error {
+	process.Ops(mux, logger, reg, func(ctx context.Context) error {
 		if err := ping(ctx); err != nil {
 			return err
 		}

@@ -6,8 +6,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outboxkit/orders/internal/broker"
+	"github.com/outboxkit/orders/internal/orders"
 	"github.com/outboxkit/orders/internal/outbox"
 	"github.com/outboxkit/orders/internal/process"
+	"github.com/outboxkit/orders/internal/secretbox"
 )
 
 // setting is one environment variable of the worker's tuning. This table is
@@ -22,8 +25,8 @@ type setting struct {
 	// outbox.FieldError; empty for a setting of the worker process itself.
 	field string
 	doc   string
-	// bind points into c: at a time.Duration, an int, a bool or a
-	// []time.Duration.
+	// bind points into c: at a time.Duration, an int, a bool, a
+	// []time.Duration or a *secretbox.Keyring.
 	bind func(c *config) any
 }
 
@@ -70,12 +73,42 @@ var settings = []setting{
 	{"OUTBOX_RETENTION", "Retention",
 		"how long delivered and discarded rows are kept, and events (what a replay can re-send)",
 		func(c *config) any { return &c.relay.Retention }},
+	{"OUTBOX_FAILED_RETENTION", "FailedRetention",
+		"how long `failed` messages wait for a person to retry or skip them, with their attempt history; then the prune job deletes them (their events go once past `OUTBOX_RETENTION` too)",
+		func(c *config) any { return &c.relay.FailedRetention }},
 	{"OUTBOX_PRUNE_INTERVAL", "PruneInterval",
 		"how often the prune job runs",
 		func(c *config) any { return &c.relay.PruneInterval }},
 	{"OUTBOX_NOTIFY", "Listen",
 		"`true`: workers LISTEN and deliver at commit instead of at the next poll; set it on the api too, whose order transactions then NOTIFY (it costs write throughput: docs/PERFORMANCE.md)",
 		func(c *config) any { return &c.relay.Listen }},
+	{"OUTBOX_SECRET_KEYS", "SecretKeys",
+		"comma-separated `<id>:<base64 of 32 bytes>` keys that encrypt webhook signing secrets at rest: the first encrypts, all decrypt; the api needs the same (docs/operations.md). Unset: secrets are stored in the clear",
+		func(c *config) any { return &c.relay.SecretKeys }},
+	{"ORDERS_IDEMPOTENCY_TTL", "",
+		"how long an `Idempotency-Key` dedupes `POST /orders`; then a job clears it (within `OUTBOX_PRUNE_INTERVAL`) and the same key places a new order",
+		func(c *config) any { return &c.idempotencyTTL }},
+	{"OUTBOX_NATS_URL", "",
+		"NATS servers for `nats` destinations (`nats://user:pass@host:4222`, `tls://` for TLS; comma-separated for a cluster). Unset: `nats` destinations fail and back off (docs/brokers.md)",
+		func(c *config) any { return &c.brokers.NATSURL }},
+	{"OUTBOX_KAFKA_BROKERS", "",
+		"comma-separated seed brokers (`host:port`) for `kafka` destinations",
+		func(c *config) any { return &c.brokers.KafkaBrokers }},
+	{"OUTBOX_KAFKA_TLS", "",
+		"`true`: dial the Kafka brokers with TLS (the system's roots)",
+		func(c *config) any { return &c.brokers.KafkaTLS }},
+	{"OUTBOX_KAFKA_USER", "",
+		"with `OUTBOX_KAFKA_PASSWORD`: SASL SCRAM-SHA-512 credentials for Kafka",
+		func(c *config) any { return &c.brokers.KafkaUser }},
+	{"OUTBOX_KAFKA_PASSWORD", "",
+		"the SASL password (never logged)",
+		func(c *config) any { return &c.brokers.KafkaPassword }},
+	{"OUTBOX_AMQP_URL", "",
+		"RabbitMQ for `rabbitmq` destinations (`amqp://user:pass@host:5672/vhost`, `amqps://` for TLS)",
+		func(c *config) any { return &c.brokers.AMQPURL }},
+	{"OUTBOX_EVENT_SOURCE", "",
+		"the CloudEvents `source` of events published to brokers",
+		func(c *config) any { return &c.brokers.Source }},
 	{"OUTBOX_STALL_THRESHOLD", "",
 		"`/readyz` fails when a deliverable message has waited this long and this worker claimed nothing meanwhile",
 		func(c *config) any { return &c.stallThreshold }},
@@ -96,7 +129,9 @@ func defaults() config {
 	return config{
 		relay:          outbox.DefaultRelayConfig(),
 		shutdownGrace:  15 * time.Second,
+		idempotencyTTL: orders.DefaultIdempotencyTTL,
 		stallThreshold: 2 * time.Minute,
+		brokers:        broker.Config{Source: "urn:outboxkit:orders"},
 	}
 }
 
@@ -112,6 +147,20 @@ func parseSettings(env *process.Env, c *config) {
 			*p = env.Durations(s.env, *p)
 		case *bool:
 			*p = env.Bool(s.env, *p)
+		case *string:
+			*p = env.String(s.env, *p)
+		case *[]string:
+			for v := range strings.SplitSeq(env.String(s.env, ""), ",") {
+				if v = strings.TrimSpace(v); v != "" {
+					*p = append(*p, v)
+				}
+			}
+		case **secretbox.Keyring:
+			keys, err := secretbox.Parse(env.String(s.env, ""))
+			if err != nil {
+				env.Fail(s.env, err)
+			}
+			*p = keys
 		default:
 			panic(fmt.Sprintf("setting %s: unsupported type %T", s.env, p))
 		}
@@ -123,6 +172,15 @@ func parseSettings(env *process.Env, c *config) {
 func validateSettings(env *process.Env, getenv func(string) string, c config) {
 	if getenv("OUTBOX_RETRY_SCHEDULE") != "" && getenv("OUTBOX_BACKOFF_BASE") != "" {
 		env.Fail("OUTBOX_BACKOFF_BASE", errors.New("set OUTBOX_RETRY_SCHEDULE or OUTBOX_BACKOFF_BASE, not both"))
+	}
+	if (c.brokers.KafkaUser == "") != (c.brokers.KafkaPassword == "") {
+		env.Fail("OUTBOX_KAFKA_PASSWORD", errors.New("set OUTBOX_KAFKA_USER and OUTBOX_KAFKA_PASSWORD together"))
+	}
+	if c.brokers.Source == "" {
+		env.Fail("OUTBOX_EVENT_SOURCE", errors.New("must not be empty: it is every broker event's CloudEvents source"))
+	}
+	if c.idempotencyTTL <= 0 {
+		env.Fail("ORDERS_IDEMPOTENCY_TTL", fmt.Errorf("must be positive, got %s", c.idempotencyTTL))
 	}
 	err := c.relay.Validate()
 	if err == nil {
@@ -166,6 +224,18 @@ func formatDefault(p any) string {
 		return fmt.Sprintf("`%d`", *p)
 	case *bool:
 		return fmt.Sprintf("`%t`", *p)
+	case *string:
+		if *p == "" {
+			return "unset"
+		}
+		return "`" + *p + "`"
+	case *[]string:
+		if len(*p) == 0 {
+			return "unset"
+		}
+		return "`" + strings.Join(*p, ",") + "`"
+	case **secretbox.Keyring:
+		return "unset"
 	case *[]time.Duration:
 		parts := make([]string, len(*p))
 		for i, d := range *p {

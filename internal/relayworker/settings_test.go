@@ -41,3 +41,26 @@ func TestFormatDurationAsAPersonWould(t *testing.T) {
 		require.Equal(t, want, formatDuration(got))
 	}
 }
+
+// The retention of failed messages and the time to live of idempotency keys
+// are read from the environment; a TTL that is not positive is refused,
+// naming its variable.
+func TestRetentionSettingsAreParsed(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"DATABASE_URL": "postgres://x@127.0.0.1/x",
+		"OUTBOX_FAILED_RETENTION": "72h", "ORDERS_IDEMPOTENCY_TTL": "2h"}
+	c, err := parseConfig(func(k string) string { return env[k] })
+	require.NoError(t, err)
+	require.Equal(t, 72*time.Hour, c.relay.FailedRetention)
+	require.Equal(t, 2*time.Hour, c.idempotencyTTL)
+
+	d := defaults()
+	require.Equal(t, 30*24*time.Hour, d.relay.FailedRetention, "failed messages are kept for 30 days by default")
+	require.Equal(t, 24*time.Hour, d.idempotencyTTL, "idempotency keys dedupe for a day by default")
+
+	for name, v := range map[string]string{"ORDERS_IDEMPOTENCY_TTL": "0s", "OUTBOX_FAILED_RETENTION": "-1h"} {
+		env := map[string]string{"DATABASE_URL": "postgres://x@127.0.0.1/x", name: v}
+		_, err := parseConfig(func(k string) string { return env[k] })
+		require.ErrorContains(t, err, name, "%s=%s is refused", name, v)
+	}
+}

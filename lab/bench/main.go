@@ -45,6 +45,8 @@ type config struct {
 	OrderedDrain int
 	OrderedKeys  int
 
+	BrokerDrain int
+
 	LatencyRates    []int
 	LatencyDuration time.Duration
 	IdleWindow      time.Duration
@@ -80,6 +82,7 @@ var scenarios = []struct {
 	{"isolation", scenarioIsolation},
 	{"recovery", scenarioRecovery},
 	{"ordered", scenarioOrdered},
+	{"brokers", scenarioBrokers},
 }
 
 func defaultConfig() config {
@@ -89,6 +92,7 @@ func defaultConfig() config {
 		Endpoints:     4, Drain: 200_000, SlowDrain: 150_000, SlowWarmup: 2 * time.Second, SlowWindow: 5 * time.Second,
 		KnobDrain: 50_000, Knobs: true,
 		OrderedDrain: 50_000, OrderedKeys: 10_000,
+		BrokerDrain:  20_000,
 		LatencyRates: []int{200, 1000}, LatencyDuration: 10 * time.Second, IdleWindow: 5 * time.Second,
 		History: 1_000_000, ClaimSamples: 500, PruneRows: 1_000_000,
 		Relays: []int{1, 2, 4}, RelayProcs: true, ScaleDrain: 100_000, ScaleReps: 2,
@@ -104,6 +108,7 @@ func smokeConfig(c config) config {
 	c.Endpoints, c.Drain, c.SlowDrain, c.SlowWarmup, c.SlowWindow = 2, 2_000, 30_000, time.Second, 500*time.Millisecond
 	c.KnobDrain = 1_000
 	c.OrderedDrain, c.OrderedKeys = 2_000, 500
+	c.BrokerDrain = 500
 	c.LatencyRates, c.LatencyDuration, c.IdleWindow = []int{50}, time.Second, 300*time.Millisecond
 	c.History, c.ClaimSamples, c.PruneRows = 10_000, 20, 10_000
 	c.Relays, c.ScaleDrain, c.ScaleReps = []int{1, 2}, 2_000, 1
@@ -148,6 +153,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&c.Knobs, "knobs", c.Knobs, "run the knob study")
 	fs.IntVar(&c.OrderedDrain, "ordered-drain", c.OrderedDrain, "ordered: pending messages preloaded, drained unkeyed and keyed")
 	fs.IntVar(&c.OrderedKeys, "ordered-keys", c.OrderedKeys, "ordered: distinct ordering keys of the keyed backlog (message i has key i mod this)")
+	fs.IntVar(&c.BrokerDrain, "broker-drain", c.BrokerDrain, "brokers: pending messages per drain, and events per raw publish loop")
 	rates := fs.String("rates", "200,1000", "latency: open-loop order rates per second")
 	fs.DurationVar(&c.LatencyDuration, "latency-duration", c.LatencyDuration, "latency: length of each open-loop run")
 	fs.IntVar(&c.History, "history", c.History, "history: delivered rows retained (the issue's large case is 10000000)")

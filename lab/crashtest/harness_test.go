@@ -16,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/proctest"
@@ -266,14 +269,16 @@ func bearer() http.Header { return http.Header{"Authorization": {"Bearer " + adm
 
 // register subscribes url to the orders module's events, order.placed and
 // order.cancelled, on the api and returns the endpoint's id and secret.
-func register(t *testing.T, apiURL, url string) (id, secret string) {
+// register subscribes a destination (its JSON fields: a url, or a kind
+// and its name) to both order events.
+func register(t *testing.T, apiURL, destination string) (id, secret string) {
 	t.Helper()
 	var ep struct {
 		ID     string `json:"id"`
 		Secret string `json:"secret"`
 	}
 	code, body, err := request(http.MethodPost, apiURL+"/webhook-endpoints",
-		`{"url":"`+url+`","event_types":["order.placed","order.cancelled"]}`, bearer(), &ep)
+		`{`+destination+`,"event_types":["order.placed","order.cancelled"]}`, bearer(), &ep)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusCreated, code, "body: %s", body)
 	return ep.ID, ep.Secret
@@ -369,4 +374,73 @@ func percentile(sorted []time.Duration, q float64) time.Duration {
 		return 0
 	}
 	return sorted[int(q*float64(len(sorted)-1)+0.5)]
+}
+
+// jetStream is a stream of the test's own on the NATS server the project's
+// machines run (CRASH_NATS_URL elsewhere), deleted after.
+type jetStream struct {
+	url, name, subject string
+	js                 jetstream.JetStream
+}
+
+func newJetStream(t *testing.T) jetStream {
+	t.Helper()
+	url := os.Getenv("CRASH_NATS_URL")
+	if url == "" {
+		url = "nats://127.0.0.1:4222"
+	}
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Skipf("no NATS server at %s (.ci/ensure-brokers starts one): %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	id := strings.ReplaceAll(uuid.NewString(), "-", "")
+	s := jetStream{url: url, name: "CRASHTEST_" + id, subject: "crashtest." + id + ".orders", js: js}
+	_, err = js.CreateStream(context.Background(), jetstream.StreamConfig{Name: s.name, Subjects: []string{s.subject}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), s.name) })
+	return s
+}
+
+// consumerInfo is the stream's consumer "ledger", if it exists yet.
+func (s jetStream) consumerInfo() *jetstream.ConsumerInfo {
+	if s.js == nil {
+		return nil
+	}
+	c, err := s.js.Consumer(context.Background(), s.name, "ledger")
+	if err != nil {
+		return nil
+	}
+	info, err := c.Info(context.Background())
+	if err != nil {
+		return nil
+	}
+	return info
+}
+
+// pending is how many messages the consumer has not acked yet: deliveries
+// in flight, as far as the receiving side goes.
+func (s jetStream) pending() int {
+	if info := s.consumerInfo(); info != nil {
+		return int(info.NumPending) + info.NumAckPending
+	}
+	return 0
+}
+
+// stored is how many messages the stream holds.
+func (s jetStream) stored() uint64 {
+	if s.js == nil {
+		return 0
+	}
+	st, err := s.js.Stream(context.Background(), s.name)
+	if err != nil {
+		return 0
+	}
+	info, err := st.Info(context.Background())
+	if err != nil {
+		return 0
+	}
+	return info.State.Msgs
 }

@@ -143,7 +143,7 @@ func TestHeadOfLine(t *testing.T) {
 	}
 	api.waitReady(t)
 	worker.waitReady(t)
-	healthyID, _ := register(t, apiURL, healthySrv.URL+"/hook")
+	healthyID, _ := register(t, apiURL, `"url":"`+healthySrv.URL+`/hook"`)
 
 	// phase places orders at a steady rate for d and returns each order's
 	// commit-to-delivery latency at the healthy endpoint: from the moment
@@ -200,11 +200,11 @@ func TestHeadOfLine(t *testing.T) {
 	var failing []string
 	addFailing := func(hangingN, refusingN int) {
 		for range hangingN {
-			id, _ := register(t, apiURL, hanging(t, &hangingRequests))
+			id, _ := register(t, apiURL, `"url":"`+hanging(t, &hangingRequests)+`"`)
 			failing = append(failing, id)
 		}
 		for range refusingN {
-			id, _ := register(t, apiURL, refusing(t))
+			id, _ := register(t, apiURL, `"url":"`+refusing(t)+`"`)
 			failing = append(failing, id)
 		}
 	}
@@ -297,7 +297,7 @@ func TestRecoveryAfterSIGKILL(t *testing.T) {
 		t.Cleanup(func() { workers[i].stop(20 * time.Second) })
 		workers[i].waitReady(t)
 	}
-	register(t, apiURL, srv.URL+"/hook")
+	register(t, apiURL, `"url":"`+srv.URL+`/hook"`)
 
 	pool, err := pgxpool.New(ctx, dbURL)
 	require.NoError(t, err)

@@ -42,6 +42,7 @@ var labs = []labDef{
 	{"A poison message", lab6},
 	{"Growth and pruning", lab7},
 	{"Head-of-line blocking", lab8},
+	{"The broker's dedup window and the consumer's inbox", lab9},
 }
 
 func main() {

@@ -69,6 +69,11 @@ func TestLabs(t *testing.T) {
 			want(t, c["naive.healthy"] < 20, "the single queue falls behind", c)
 			want(t, c["isolated.healthy"] == 20, "the outbox relay delivers every healthy message", c)
 		}},
+		{9, options{N: 5}, func(t *testing.T, c map[string]int64, _ map[string]string) {
+			want(t, c["stored.first"] == 5 && c["stored.inside"] == 5, "inside the window the broker dropped the republished events", c)
+			want(t, c["stored.after"] == 10, "past the window they were stored again", c)
+			want(t, c["applied"] == 5 && c["duplicates"] == 5 && c["ledger"] == 5, "the inbox caught them: each applied once", c)
+		}},
 	}
 	for _, tc := range cases {
 		ok := t.Run(labs[tc.lab-1].title, func(t *testing.T) {

@@ -31,3 +31,19 @@ SELECT * FROM order_lines WHERE order_id = @order_id ORDER BY line_no;
 UPDATE orders SET status = 'cancelled', cancelled_at = now()
 WHERE id = @id AND status = 'placed'
 RETURNING *;
+
+-- name: OrderIdempotencyKeysExpire :execrows
+-- Clears the idempotency keys of one bounded batch of orders placed before
+-- @created_before (their time to live); the caller loops. Walked by age on
+-- orders_idempotency_created_idx, which holds only orders that still have a
+-- key, so each batch reads what it clears. Afterwards the same key places a
+-- new order. SKIP LOCKED: an order being cancelled right now is cleared by
+-- the next batch or run.
+UPDATE orders SET idempotency_key = NULL, request_hash = NULL
+WHERE id IN (
+    SELECT o.id FROM orders o
+    WHERE o.idempotency_key IS NOT NULL AND o.created_at < @created_before::timestamptz
+    ORDER BY o.created_at
+    LIMIT @batch_size
+    FOR UPDATE SKIP LOCKED
+);

@@ -1,6 +1,7 @@
 -- name: EndpointInsert :one
-INSERT INTO webhook_endpoints (url, secret, event_types)
-VALUES (@url, @secret, @event_types)
+-- The id is chosen by the caller: a sealed secret is bound to it.
+INSERT INTO webhook_endpoints (id, url, secret, event_types)
+VALUES (@id, @url, @secret, @event_types)
 RETURNING *;
 
 -- name: EndpointGet :one
@@ -34,6 +35,28 @@ SET previous_secret = secret,
     updated_at = now()
 WHERE id = @id
 RETURNING *;
+
+-- name: EndpointSecretsBatch :many
+-- One batch of a re-encryption: the endpoints after @after in id order,
+-- locked so a rotation waits rather than being overwritten. previous_expired:
+-- the previous secret no longer signs (its overlap is over).
+SELECT id, secret, previous_secret,
+       COALESCE(previous_secret_expires_at <= now(), false)::boolean AS previous_expired
+FROM webhook_endpoints
+WHERE id > @after
+ORDER BY id
+LIMIT @batch_size
+FOR UPDATE;
+
+-- name: EndpointSecretsSet :exec
+-- Stores an endpoint's secrets re-encrypted: the same secrets, so neither
+-- updated_at nor the previous secret's expiry changes; a NULL previous
+-- secret (one whose overlap is over) is dropped with its expiry.
+UPDATE webhook_endpoints
+SET secret = @secret,
+    previous_secret = sqlc.narg(previous_secret),
+    previous_secret_expires_at = CASE WHEN sqlc.narg(previous_secret)::text IS NULL THEN NULL ELSE previous_secret_expires_at END
+WHERE id = @id;
 
 -- name: EndpointStates :one
 -- Endpoints by state, as the API names them: paused when disabled, else

@@ -94,7 +94,7 @@ UPDATE outbox_messages m
 SET status = 'claimed', claim_token = @claim_token::uuid, claimed_by = @relay_id::uuid, claimed_at = now()
 FROM judged j, lease, outbox_events ev
 WHERE m.id = j.id AND NOT j.behind AND ev.id = m.event_id
-RETURNING m.id, m.event_id, m.type, ev.payload, m.attempts, ev.created_at, ev.trace_context,
+RETURNING m.id, m.event_id, m.type, ev.payload, m.attempts, ev.created_at, ev.trace_context, m.ordering_key,
           lease.url AS endpoint_url, lease.secret AS endpoint_secret, lease.previous_secret AS endpoint_previous_secret;
 
 -- name: MessagesRecordOutcomes :execrows
@@ -128,6 +128,7 @@ WITH o AS (
         claimed_at = NULL,
         claimed_by = NULL,
         delivered_at = CASE WHEN o.status = 'delivered' THEN now() END,
+        failed_at = CASE WHEN o.status = 'failed' THEN now() END,
         next_attempt_at = CASE WHEN o.status = 'pending'
                                THEN now() + make_interval(secs => o.delay_seconds)
                                ELSE m.next_attempt_at END,
@@ -233,6 +234,21 @@ WHERE id IN (
      WHERE p.status = 'discarded' AND p.discarded_at < @settled_before::timestamptz
      ORDER BY p.discarded_at
      LIMIT @batch_size)
+);
+
+-- name: MessagesPruneFailed :execrows
+-- Deletes one bounded batch of failed rows that gave up before
+-- @failed_before (the failed retention), with their attempts (ON DELETE
+-- CASCADE); the caller loops, then prunes the events left without a
+-- delivery. Walked by age on the failed_at index. A failed message that held
+-- back later messages of its ordering key is gone as if skipped:
+-- MessagesPromoteStranded, in the same prune job, lets them go.
+DELETE FROM outbox_messages
+WHERE id IN (
+    SELECT p.id FROM outbox_messages p
+    WHERE p.status = 'failed' AND p.failed_at < @failed_before::timestamptz
+    ORDER BY p.failed_at
+    LIMIT @batch_size
 );
 
 -- name: EventsPrune :execrows

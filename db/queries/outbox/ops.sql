@@ -98,3 +98,23 @@ SELECT count(*) FILTER (WHERE finished_at >= now() - interval '5 minutes') AS la
        count(*)                                                            AS last_60m
 FROM outbox_attempts
 WHERE finished_at >= now() - interval '60 minutes' AND outcome = 'delivered';
+
+-- name: OpsOverviewCounts :one
+-- The overview's numbers. What waits or failed is counted exactly, each on
+-- its status's partial index; the delivered history is not counted at all:
+-- delivered_estimate is the row count PostgreSQL keeps for the delivered
+-- index (pg_class.reltuples, as of the last VACUUM or ANALYZE; -1 before
+-- the first), so the page costs the same with a week of history as with
+-- none.
+SELECT
+    ((SELECT count(*) FROM outbox_messages WHERE status = 'pending' AND NOT parked)
+      + (SELECT count(*) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked))::bigint AS pending,
+    (SELECT count(*) FROM outbox_messages WHERE status = 'claimed') AS claimed,
+    (SELECT count(*) FROM outbox_messages WHERE status = 'failed')  AS failed,
+    (SELECT count(*) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked) AS parked,
+    COALESCE(EXTRACT(epoch FROM now() - LEAST(
+        (SELECT min(created_at) FROM outbox_messages WHERE status = 'pending' AND NOT parked),
+        (SELECT min(created_at) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked))), 0)::float8
+        AS oldest_pending_age_seconds,
+    COALESCE((SELECT c.reltuples FROM pg_catalog.pg_class c
+              WHERE c.oid = to_regclass('outbox_messages_delivered_idx')), -1)::float8 AS delivered_estimate;

@@ -7,6 +7,7 @@ package ordersdb
 
 import (
 	"context"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -73,6 +74,31 @@ func (q *Queries) OrderGetByIdempotencyKey(ctx context.Context, idempotencyKey *
 		&i.CancelledAt,
 	)
 	return i, err
+}
+
+const orderIdempotencyKeysExpire = `-- name: OrderIdempotencyKeysExpire :execrows
+UPDATE orders SET idempotency_key = NULL, request_hash = NULL
+WHERE id IN (
+    SELECT o.id FROM orders o
+    WHERE o.idempotency_key IS NOT NULL AND o.created_at < $1::timestamptz
+    ORDER BY o.created_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+`
+
+// Clears the idempotency keys of one bounded batch of orders placed before
+// @created_before (their time to live); the caller loops. Walked by age on
+// orders_idempotency_created_idx, which holds only orders that still have a
+// key, so each batch reads what it clears. Afterwards the same key places a
+// new order. SKIP LOCKED: an order being cancelled right now is cleared by
+// the next batch or run.
+func (q *Queries) OrderIdempotencyKeysExpire(ctx context.Context, createdBefore time.Time, batchSize int32) (int64, error) {
+	result, err := q.db.Exec(ctx, orderIdempotencyKeysExpire, createdBefore, batchSize)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const orderInsert = `-- name: OrderInsert :one

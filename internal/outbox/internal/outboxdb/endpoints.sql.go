@@ -55,13 +55,26 @@ func (q *Queries) EndpointGet(ctx context.Context, id uuid.UUID) (WebhookEndpoin
 }
 
 const endpointInsert = `-- name: EndpointInsert :one
-INSERT INTO webhook_endpoints (url, secret, event_types)
-VALUES ($1, $2, $3)
+INSERT INTO webhook_endpoints (id, url, secret, event_types)
+VALUES ($1, $2, $3, $4)
 RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay
 `
 
-func (q *Queries) EndpointInsert(ctx context.Context, url string, secret string, eventTypes []string) (WebhookEndpoint, error) {
-	row := q.db.QueryRow(ctx, endpointInsert, url, secret, eventTypes)
+type EndpointInsertParams struct {
+	ID         uuid.UUID
+	Url        string
+	Secret     string
+	EventTypes []string
+}
+
+// The id is chosen by the caller: a sealed secret is bound to it.
+func (q *Queries) EndpointInsert(ctx context.Context, arg EndpointInsertParams) (WebhookEndpoint, error) {
+	row := q.db.QueryRow(ctx, endpointInsert,
+		arg.ID,
+		arg.Url,
+		arg.Secret,
+		arg.EventTypes,
+	)
 	var i WebhookEndpoint
 	err := row.Scan(
 		&i.ID,
@@ -269,6 +282,67 @@ func (q *Queries) EndpointRotateSecret(ctx context.Context, overlapSeconds float
 		&i.LeaseRelay,
 	)
 	return i, err
+}
+
+const endpointSecretsBatch = `-- name: EndpointSecretsBatch :many
+SELECT id, secret, previous_secret,
+       COALESCE(previous_secret_expires_at <= now(), false)::boolean AS previous_expired
+FROM webhook_endpoints
+WHERE id > $1
+ORDER BY id
+LIMIT $2
+FOR UPDATE
+`
+
+type EndpointSecretsBatchRow struct {
+	ID              uuid.UUID
+	Secret          string
+	PreviousSecret  *string
+	PreviousExpired bool
+}
+
+// One batch of a re-encryption: the endpoints after @after in id order,
+// locked so a rotation waits rather than being overwritten. previous_expired:
+// the previous secret no longer signs (its overlap is over).
+func (q *Queries) EndpointSecretsBatch(ctx context.Context, after uuid.UUID, batchSize int32) ([]EndpointSecretsBatchRow, error) {
+	rows, err := q.db.Query(ctx, endpointSecretsBatch, after, batchSize)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []EndpointSecretsBatchRow
+	for rows.Next() {
+		var i EndpointSecretsBatchRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Secret,
+			&i.PreviousSecret,
+			&i.PreviousExpired,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const endpointSecretsSet = `-- name: EndpointSecretsSet :exec
+UPDATE webhook_endpoints
+SET secret = $1,
+    previous_secret = $2,
+    previous_secret_expires_at = CASE WHEN $2::text IS NULL THEN NULL ELSE previous_secret_expires_at END
+WHERE id = $3
+`
+
+// Stores an endpoint's secrets re-encrypted: the same secrets, so neither
+// updated_at nor the previous secret's expiry changes; a NULL previous
+// secret (one whose overlap is over) is dropped with its expiry.
+func (q *Queries) EndpointSecretsSet(ctx context.Context, secret string, previousSecret *string, iD uuid.UUID) error {
+	_, err := q.db.Exec(ctx, endpointSecretsSet, secret, previousSecret, iD)
+	return err
 }
 
 const endpointSetEnabled = `-- name: EndpointSetEnabled :one

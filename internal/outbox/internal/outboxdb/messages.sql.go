@@ -209,7 +209,7 @@ UPDATE outbox_messages m
 SET status = 'claimed', claim_token = $1::uuid, claimed_by = $2::uuid, claimed_at = now()
 FROM judged j, lease, outbox_events ev
 WHERE m.id = j.id AND NOT j.behind AND ev.id = m.event_id
-RETURNING m.id, m.event_id, m.type, ev.payload, m.attempts, ev.created_at, ev.trace_context,
+RETURNING m.id, m.event_id, m.type, ev.payload, m.attempts, ev.created_at, ev.trace_context, m.ordering_key,
           lease.url AS endpoint_url, lease.secret AS endpoint_secret, lease.previous_secret AS endpoint_previous_secret
 `
 
@@ -228,6 +228,7 @@ type MessageClaimRow struct {
 	Attempts               int32
 	CreatedAt              time.Time
 	TraceContext           []byte
+	OrderingKey            *string
 	EndpointUrl            string
 	EndpointSecret         string
 	EndpointPreviousSecret string
@@ -273,6 +274,7 @@ func (q *Queries) MessageClaim(ctx context.Context, arg MessageClaimParams) ([]M
 			&i.Attempts,
 			&i.CreatedAt,
 			&i.TraceContext,
+			&i.OrderingKey,
 			&i.EndpointUrl,
 			&i.EndpointSecret,
 			&i.EndpointPreviousSecret,
@@ -774,6 +776,30 @@ func (q *Queries) MessagesPrune(ctx context.Context, settledBefore time.Time, ba
 	return result.RowsAffected(), nil
 }
 
+const messagesPruneFailed = `-- name: MessagesPruneFailed :execrows
+DELETE FROM outbox_messages
+WHERE id IN (
+    SELECT p.id FROM outbox_messages p
+    WHERE p.status = 'failed' AND p.failed_at < $1::timestamptz
+    ORDER BY p.failed_at
+    LIMIT $2
+)
+`
+
+// Deletes one bounded batch of failed rows that gave up before
+// @failed_before (the failed retention), with their attempts (ON DELETE
+// CASCADE); the caller loops, then prunes the events left without a
+// delivery. Walked by age on the failed_at index. A failed message that held
+// back later messages of its ordering key is gone as if skipped:
+// MessagesPromoteStranded, in the same prune job, lets them go.
+func (q *Queries) MessagesPruneFailed(ctx context.Context, failedBefore time.Time, batchSize int32) (int64, error) {
+	result, err := q.db.Exec(ctx, messagesPruneFailed, failedBefore, batchSize)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const messagesRecordOutcomes = `-- name: MessagesRecordOutcomes :execrows
 WITH o AS (
     SELECT unnest($1::uuid[])                 AS id,
@@ -793,6 +819,7 @@ WITH o AS (
         claimed_at = NULL,
         claimed_by = NULL,
         delivered_at = CASE WHEN o.status = 'delivered' THEN now() END,
+        failed_at = CASE WHEN o.status = 'failed' THEN now() END,
         next_attempt_at = CASE WHEN o.status = 'pending'
                                THEN now() + make_interval(secs => o.delay_seconds)
                                ELSE m.next_attempt_at END,

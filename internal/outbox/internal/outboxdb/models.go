@@ -47,6 +47,7 @@ type OutboxMessage struct {
 	EventID        uuid.UUID
 	OrderingKey    *string
 	Parked         bool
+	FailedAt       *time.Time
 }
 
 type OutboxRelay struct {

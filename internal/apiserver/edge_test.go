@@ -1,0 +1,233 @@
+package apiserver_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/orders/internal/dbtest"
+	"github.com/outboxkit/orders/internal/proctest"
+)
+
+const orderBody = `{"customer_id":"c-1","lines":[{"sku":"sku-1","quantity":1,"unit_price_cents":100}]}`
+
+// send sends a request with exactly the given headers and returns the
+// response with its body read.
+func send(t *testing.T, method, target string, headers map[string]string, body string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, target, strings.NewReader(body))
+	require.NoError(t, err)
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	client := &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error {
+		return http.ErrUseLastResponse
+	}}
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp, b
+}
+
+// requireProblem checks an error answer: its status, and a problem+json
+// body whose detail contains want.
+func requireProblem(t *testing.T, resp *http.Response, body []byte, status int, want string) {
+	t.Helper()
+	require.Equal(t, status, resp.StatusCode, "body: %s", body)
+	require.Equal(t, "application/problem+json", resp.Header.Get("Content-Type"), "errors are problem details: %s", body)
+	var p struct {
+		Status int    `json:"status"`
+		Detail string `json:"detail"`
+	}
+	require.NoError(t, json.Unmarshal(body, &p), "body: %s", body)
+	require.Equal(t, status, p.Status)
+	require.Contains(t, p.Detail, want)
+}
+
+// counts is what a refused request must not change.
+type counts struct{ orders, messages, events, endpoints int }
+
+func countRows(t *testing.T, conn *pgx.Conn) counts {
+	t.Helper()
+	var c counts
+	require.NoError(t, conn.QueryRow(context.Background(), `SELECT
+		(SELECT count(*) FROM orders), (SELECT count(*) FROM outbox_messages),
+		(SELECT count(*) FROM outbox_events), (SELECT count(*) FROM webhook_endpoints)`).
+		Scan(&c.orders, &c.messages, &c.events, &c.endpoints))
+	return c
+}
+
+// Browsers: a page on another site must not be able to change anything,
+// whether it posts a form (no CORS preflight) or JSON, and the JSON API
+// takes no form bodies from a browser at all. Clients that are not browsers
+// (no Origin, no Sec-Fetch-*) keep working, including curl's default form
+// content type.
+func TestBrowserRequestsThatChangeStateAreRefused(t *testing.T) {
+	t.Parallel()
+	dbURL := dbtest.URL(t)
+	s := setup(t, map[string]string{"DATABASE_URL": dbURL, "ADMIN_TOKEN": strings.Repeat("k", 32), "OUTBOX_ALLOW_PRIVATE_TARGETS": "true"})
+	conn, err := pgx.Connect(context.Background(), dbURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+
+	// An order placed by a client that is not a browser, for the cancels.
+	resp, body := send(t, http.MethodPost, s.url+"/orders", map[string]string{"Content-Type": "application/json"}, orderBody)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "body: %s", body)
+	var placed struct {
+		ID     string `json:"id"`
+		Status string `json:"status"`
+	}
+	require.NoError(t, json.Unmarshal(body, &placed))
+
+	const evil = "https://evil.example"
+	crossSiteForm := map[string]string{"Content-Type": "application/x-www-form-urlencoded", "Origin": evil,
+		"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}
+	sameOriginForm := map[string]string{"Content-Type": "application/x-www-form-urlencoded", "Origin": s.url,
+		"Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}
+	// A browser too old for Sec-Fetch-* still sends Origin.
+	oldBrowserForm := map[string]string{"Content-Type": "application/x-www-form-urlencoded", "Origin": evil}
+	crossSiteJSON := map[string]string{"Content-Type": "application/json", "Origin": evil,
+		"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "cors", "Sec-Fetch-Dest": "empty"}
+	crossSiteText := map[string]string{"Content-Type": "text/plain;charset=UTF-8", "Origin": evil,
+		"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "empty"}
+	bearer := "Bearer " + strings.Repeat("k", 32)
+	withBearer := func(h map[string]string) map[string]string {
+		out := map[string]string{"Authorization": bearer}
+		for k, v := range h {
+			out[k] = v
+		}
+		return out
+	}
+	endpoint := `{"url":"http://127.0.0.1:9/hooks","event_types":["order.placed"]}`
+	cancel := "/orders/" + placed.ID + "/cancel"
+
+	refused := []struct {
+		name    string
+		path    string
+		headers map[string]string
+		body    string
+		status  int
+		detail  string
+	}{
+		{"cross-site form to place", "/orders", crossSiteForm, orderBody, http.StatusForbidden, "cross-origin"},
+		{"old browser's cross-site form to place", "/orders", oldBrowserForm, orderBody, http.StatusForbidden, "cross-origin"},
+		{"cross-site no-cors text to place", "/orders", crossSiteText, orderBody, http.StatusForbidden, "cross-origin"},
+		{"cross-site JSON to place", "/orders", crossSiteJSON, orderBody, http.StatusForbidden, "cross-origin"},
+		{"same-origin form to place", "/orders", sameOriginForm, orderBody, http.StatusUnsupportedMediaType, "from a browser"},
+		{"cross-site form to cancel", cancel, crossSiteForm, "", http.StatusForbidden, "cross-origin"},
+		{"old browser's cross-site form to cancel", cancel, oldBrowserForm, "", http.StatusForbidden, "cross-origin"},
+		{"cross-site JSON to cancel", cancel, crossSiteJSON, "", http.StatusForbidden, "cross-origin"},
+		{"same-origin form to cancel", cancel, sameOriginForm, "x=1", http.StatusUnsupportedMediaType, "from a browser"},
+		{"cross-site JSON to an admin route, with the token", "/webhook-endpoints", withBearer(crossSiteJSON), endpoint, http.StatusForbidden, "cross-origin"},
+		{"same-origin form to an admin route, with the token", "/webhook-endpoints", withBearer(sameOriginForm), endpoint, http.StatusUnsupportedMediaType, "from a browser"},
+		{"cross-site form to the ops login", "/ops/login", crossSiteForm, "token=" + strings.Repeat("k", 32), http.StatusForbidden, "cross-origin"},
+	}
+	before := countRows(t, conn)
+	for _, tc := range refused {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, body := send(t, http.MethodPost, s.url+tc.path, tc.headers, tc.body)
+			requireProblem(t, resp, body, tc.status, tc.detail)
+			require.Empty(t, resp.Cookies(), "a refused login sets no session")
+			require.Equal(t, before, countRows(t, conn), "a refused request writes nothing")
+			var status string
+			require.NoError(t, conn.QueryRow(context.Background(), "SELECT status FROM orders WHERE id = $1", placed.ID).Scan(&status))
+			require.Equal(t, placed.Status, status, "the order is not cancelled")
+		})
+	}
+
+	allowed := []struct {
+		name    string
+		path    string
+		headers map[string]string
+		body    string
+		status  int
+	}{
+		{"same-origin JSON places", "/orders", map[string]string{"Content-Type": "application/json", "Origin": s.url,
+			"Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "cors", "Sec-Fetch-Dest": "empty"}, orderBody, http.StatusCreated},
+		{"curl's default form content type places", "/orders", map[string]string{"Content-Type": "application/x-www-form-urlencoded"}, orderBody, http.StatusCreated},
+		{"no content type places", "/orders", nil, orderBody, http.StatusCreated},
+		{"a client that is not a browser cancels", cancel, nil, "", http.StatusOK},
+		{"same-origin ops login form signs in", "/ops/login", sameOriginForm, url.Values{"token": {strings.Repeat("k", 32)}}.Encode(), http.StatusSeeOther},
+	}
+	for _, tc := range allowed {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, body := send(t, http.MethodPost, s.url+tc.path, tc.headers, tc.body)
+			require.Equal(t, tc.status, resp.StatusCode, "body: %s", body)
+		})
+	}
+}
+
+// The router's own errors (no such route, wrong method), on the api's mux
+// and on the modules' muxes behind it, are problem details like the rest.
+func TestRouterErrorsAreProblems(t *testing.T) {
+	t.Parallel()
+	s := setup(t, nil)
+	for _, tc := range []struct {
+		method, path string
+		status       int
+		detail       string
+	}{
+		{http.MethodGet, "/nope", http.StatusNotFound, "no route for GET /nope"},
+		{http.MethodPost, "/healthz", http.StatusMethodNotAllowed, "method POST is not allowed on /healthz"},
+		{http.MethodGet, "/orders", http.StatusMethodNotAllowed, "allowed: POST"},
+		{http.MethodDelete, "/orders/0197a4c6-6b3c-7b1e-8f00-000000000001", http.StatusMethodNotAllowed, "method DELETE"},
+		{http.MethodGet, "/orders/0197a4c6-6b3c-7b1e-8f00-000000000001/nope", http.StatusNotFound, "no route"},
+	} {
+		t.Run(tc.method+" "+tc.path, func(t *testing.T) {
+			resp, body := send(t, tc.method, s.url+tc.path, nil, "")
+			requireProblem(t, resp, body, tc.status, tc.detail)
+		})
+	}
+}
+
+// With ADMIN_ADDR the admin surface (ops page, admin routes, /metrics)
+// moves to its own listener: the public one serves the orders API and the
+// probes only, and answers 404 for the admin paths.
+func TestAdminAddrSplitsTheRoutes(t *testing.T) {
+	t.Parallel()
+	adminAddr := proctest.FreeAddr(t)
+	token := strings.Repeat("t", 40)
+	s := setup(t, map[string]string{"ADMIN_ADDR": adminAddr, "ADMIN_TOKEN": token})
+	admin := "http://" + adminAddr
+	auth := map[string]string{"Authorization": "Bearer " + token}
+
+	resp, body := send(t, http.MethodPost, s.url+"/orders", map[string]string{"Content-Type": "application/json"}, orderBody)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "the public listener serves the orders API: %s", body)
+	for _, p := range []string{"/healthz", "/readyz"} {
+		resp, _ = send(t, http.MethodGet, s.url+p, nil, "")
+		require.Equal(t, http.StatusOK, resp.StatusCode, "the public listener serves %s", p)
+	}
+	for _, p := range []string{"/outbox/stats", "/webhook-endpoints", "/ops", "/ops/", "/metrics"} {
+		resp, body = send(t, http.MethodGet, s.url+p, auth, "")
+		requireProblem(t, resp, body, http.StatusNotFound, "no route")
+
+		resp, body = send(t, http.MethodGet, admin+p, auth, "")
+		require.Equal(t, http.StatusOK, resp.StatusCode, "the admin listener serves %s: %s", p, body)
+	}
+	resp, body = send(t, http.MethodPost, admin+"/orders", map[string]string{"Content-Type": "application/json"}, orderBody)
+	requireProblem(t, resp, body, http.StatusNotFound, "no route")
+
+	require.NoError(t, s.stop(), "both listeners shut down")
+	_, err := http.Get(admin + "/metrics")
+	require.Error(t, err, "the admin listener is closed after Run returns")
+}
+
+// A short ADMIN_TOKEN is accepted, with a warning, only while the admin
+// surface listens on loopback alone.
+func TestShortAdminTokenOnLoopbackWarns(t *testing.T) {
+	t.Parallel()
+	s := setup(t, map[string]string{"ADMIN_TOKEN": "a"})
+	require.Contains(t, s.logs.String(), "ADMIN_TOKEN is shorter than 32 characters")
+	resp, _ := send(t, http.MethodGet, s.url+"/outbox/stats", map[string]string{"Authorization": "Bearer a"}, "")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+}

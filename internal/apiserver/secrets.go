@@ -1,0 +1,47 @@
+package apiserver
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/process"
+	"github.com/outboxkit/orders/internal/secretbox"
+)
+
+// secretsInClear is logged at start, and shown on every ops page, while no
+// key encrypts the webhook signing secrets.
+const secretsInClear = "OUTBOX_SECRET_KEYS is not set: webhook signing secrets are stored in the clear, " +
+	"so whoever reads a database dump or replica can sign webhooks (docs/operations.md)"
+
+// parseSecretKeys reads OUTBOX_SECRET_KEYS, the key ring that encrypts the
+// signing secrets (the worker reads the same variable to decrypt them).
+func parseSecretKeys(env *process.Env) *secretbox.Keyring {
+	keys, err := secretbox.Parse(env.String("OUTBOX_SECRET_KEYS", ""))
+	if err != nil {
+		env.Fail("OUTBOX_SECRET_KEYS", err)
+	}
+	return keys
+}
+
+// warnings are what the api says at start and the ops page shows on every
+// page about its configuration.
+func (c config) warnings() []string {
+	if c.secretKeys == nil {
+		return []string{secretsInClear}
+	}
+	return nil
+}
+
+// reencryptSecrets is `api reencrypt-secrets`: it seals every endpoint's
+// signing secrets under the first key of OUTBOX_SECRET_KEYS.
+func reencryptSecrets(ctx context.Context, pool *pgxpool.Pool, keys *secretbox.Keyring, logger *slog.Logger) error {
+	if keys == nil {
+		return errors.New("reencrypt-secrets: OUTBOX_SECRET_KEYS is not set: there is no key to encrypt with")
+	}
+	_, err := outbox.NewAdmin(pool, nil, logger, outbox.WithSecretKeys(keys)).ReencryptSecrets(ctx)
+	return err
+}

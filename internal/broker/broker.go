@@ -1,0 +1,102 @@
+// Package broker publishes outbox messages to message brokers: NATS
+// JetStream, Kafka and RabbitMQ. Each transport implements outbox.Transport,
+// so broker destinations share the relay's claim, per-destination
+// scheduling, backoff, circuit breaker, history and metrics with webhooks.
+//
+// Every transport publishes one message per delivery and returns only when
+// the broker has acknowledged it (JetStream's ack, Kafka's acks=all,
+// RabbitMQ's publisher confirm), so a message is marked delivered only once
+// it is stored. Each also gives the broker the event id for its own
+// deduplication; that never replaces the consumer's inbox (see
+// docs/brokers.md).
+//
+// The message is a CloudEvent in binary mode: the event's JSON payload (the
+// webhook body's data) as the message body, and its attributes (id, type,
+// source, time, specversion) plus the W3C traceparent in the headers, named
+// as each broker's CloudEvents binding names them.
+package broker
+
+import (
+	"time"
+
+	"github.com/outboxkit/orders/internal/outbox"
+)
+
+// Config is where the brokers are. Addresses and credentials come from the
+// operator's configuration only; an endpoint names just a subject, topic or
+// exchange on them. An empty address leaves that kind unconfigured: its
+// destinations fail with an error saying so, and back off alone.
+type Config struct {
+	// NATSURL is a NATS server URL list (nats://user:pass@host:4222, tls://
+	// for TLS), as nats.Connect takes it.
+	NATSURL string
+	// KafkaBrokers are the seed brokers, host:port.
+	KafkaBrokers []string
+	// KafkaTLS dials the Kafka brokers with TLS (the system's roots).
+	KafkaTLS bool
+	// KafkaUser and KafkaPassword, when set, authenticate with SASL
+	// SCRAM-SHA-512.
+	KafkaUser, KafkaPassword string
+	// AMQPURL is a RabbitMQ URL (amqp://user:pass@host:5672/vhost, amqps://
+	// for TLS).
+	AMQPURL string
+	// Source is the CloudEvents source attribute of every event.
+	Source string
+}
+
+// Transports opens a transport for each configured broker and returns them
+// by kind, ready to add to an outbox.Router. Connections are made at the
+// first publish, so a broker that is down at start delays nothing but its
+// own destinations. close closes them all.
+func Transports(cfg Config) (ts map[string]outbox.Transport, close func(), err error) {
+	ts = map[string]outbox.Transport{}
+	var closers []func()
+	if cfg.NATSURL != "" {
+		t := NewNATS(cfg.NATSURL, cfg.Source)
+		ts[outbox.KindNATS], closers = t, append(closers, t.Close)
+	}
+	if len(cfg.KafkaBrokers) > 0 {
+		t, err := NewKafka(cfg, cfg.Source)
+		if err != nil {
+			return nil, nil, err
+		}
+		ts[outbox.KindKafka], closers = t, append(closers, t.Close)
+	}
+	if cfg.AMQPURL != "" {
+		t := NewRabbitMQ(cfg.AMQPURL, cfg.Source)
+		ts[outbox.KindRabbitMQ], closers = t, append(closers, t.Close)
+	}
+	return ts, func() {
+		for _, c := range closers {
+			c()
+		}
+	}, nil
+}
+
+// attribute is one CloudEvents context attribute of a delivery.
+type attribute struct{ name, value string }
+
+// attributes are the event's CloudEvents attributes, unprefixed, and the
+// trace context headers, which every binding carries as they are.
+func attributes(d outbox.Delivery, source string) (ce []attribute, trace []attribute) {
+	ce = []attribute{
+		{"specversion", "1.0"},
+		{"id", d.EventID.String()},
+		{"type", d.Type},
+		{"source", source},
+		{"time", d.CreatedAt.UTC().Format(time.RFC3339Nano)},
+	}
+	if d.OrderingKey != "" {
+		// The partitioning extension: the key whose events stay in order.
+		ce = append(ce, attribute{"partitionkey", d.OrderingKey})
+	}
+	for _, h := range []string{"traceparent", "tracestate"} {
+		if v := d.Header.Get(h); v != "" {
+			trace = append(trace, attribute{h, v})
+		}
+	}
+	return ce, trace
+}
+
+// contentType is the body's media type, the CloudEvents datacontenttype.
+const contentType = "application/json"

@@ -1,0 +1,250 @@
+package broker_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxkit/orders/internal/broker"
+	"github.com/outboxkit/orders/internal/outbox"
+)
+
+// The brokers the project's machines run; TEST_NATS_URL and TEST_AMQP_URL
+// point elsewhere. There is no Kafka server: Kafka runs in process
+// (franz-go's kfake), speaking the real protocol to the real client.
+func natsURL() string { return envOr("TEST_NATS_URL", "nats://127.0.0.1:4222") }
+func amqpURL() string { return envOr("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/") }
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+const source = "urn:test:orders"
+
+func delivery(t *testing.T, url, key string) outbox.Delivery {
+	t.Helper()
+	return outbox.Delivery{
+		EventID: uuid.Must(uuid.NewV7()), MessageID: uuid.Must(uuid.NewV7()), Type: "order.placed", URL: url,
+		Data: json.RawMessage(`{"id":"o-1","total_cents":1000}`), CreatedAt: time.Date(2026, 12, 1, 10, 0, 0, 5000, time.UTC),
+		OrderingKey: key,
+		Header:      http.Header{"Traceparent": {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}},
+	}
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// stream makes a JetStream stream of its own for the test, on a subject no
+// other test uses, and deletes it after.
+func stream(t *testing.T) (jetstream.Stream, string) {
+	t.Helper()
+	nc, err := nats.Connect(natsURL())
+	if err != nil {
+		t.Skipf("no NATS server at %s: %v", natsURL(), err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	name := "OUTBOXTEST_" + strings.ReplaceAll(uuid.NewString(), "-", "")
+	subject := "outboxtest." + strings.ToLower(name[len("OUTBOXTEST_"):]) + ".events"
+	s, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: name, Subjects: []string{subject}, Duplicates: time.Minute})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
+	return s, subject
+}
+
+func TestNATSPublishesACloudEventOnceByEventID(t *testing.T) {
+	t.Parallel()
+	s, subject := stream(t)
+	tr := broker.NewNATS(natsURL(), source)
+	t.Cleanup(tr.Close)
+
+	d := delivery(t, "nats:"+subject, "o-1")
+	res := tr.Deliver(ctxT(t), d)
+	require.NoError(t, res.Err)
+	require.True(t, res.Acked, "delivered only on the stream's ack")
+	// A relay retry after a lost ack publishes the event again: inside the
+	// duplicate window the stream keeps one copy.
+	require.True(t, tr.Deliver(ctxT(t), d).Acked)
+	info, err := s.Info(ctxT(t))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, info.State.Msgs, "Nats-Msg-Id = event id: the second publish is dropped as a duplicate")
+
+	msg, err := s.GetMsg(ctxT(t), 1)
+	require.NoError(t, err)
+	require.JSONEq(t, string(d.Data), string(msg.Data), "the body is the event's data, as a webhook's data field")
+	h := msg.Header
+	require.Equal(t, d.EventID.String(), h.Get("Nats-Msg-Id"))
+	require.Equal(t, d.EventID.String(), h.Get("ce-id"))
+	require.Equal(t, "order.placed", h.Get("ce-type"))
+	require.Equal(t, source, h.Get("ce-source"))
+	require.Equal(t, "1.0", h.Get("ce-specversion"))
+	require.Equal(t, "2026-12-01T10:00:00.000005Z", h.Get("ce-time"))
+	require.Equal(t, "o-1", h.Get("ce-partitionkey"))
+	require.Equal(t, "application/json", h.Get("content-type"))
+	require.Equal(t, d.Header.Get("traceparent"), h.Get("traceparent"), "the trace continues through the broker")
+}
+
+func TestNATSFailuresAreClearErrors(t *testing.T) {
+	t.Parallel()
+	_, subject := stream(t)
+	tr := broker.NewNATS(natsURL(), source)
+	t.Cleanup(tr.Close)
+
+	res := tr.Deliver(ctxT(t), delivery(t, "nats:"+subject+".nobody", ""))
+	require.ErrorContains(t, res.Err, "no JetStream stream captures subject", "a subject no stream captures is a failed attempt")
+	require.False(t, res.Acked)
+
+	down := broker.NewNATS("nats://127.0.0.1:1", source)
+	t.Cleanup(down.Close)
+	res = down.Deliver(ctxT(t), delivery(t, "nats:"+subject, ""))
+	require.ErrorContains(t, res.Err, "connecting to NATS", "a server that is down is a failed attempt, not a hang")
+}
+
+// queue declares a fresh exchange and a queue bound to it by key, and
+// deletes both after.
+func queue(t *testing.T) (ch *amqp.Channel, exchange, key, q string) {
+	t.Helper()
+	conn, err := amqp.Dial(amqpURL())
+	if err != nil {
+		t.Skipf("no RabbitMQ at %s: %v", amqpURL(), err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err = conn.Channel()
+	require.NoError(t, err)
+	id := uuid.NewString()
+	exchange, key, q = "outboxtest-"+id, "order.placed", "outboxtest-q-"+id
+	require.NoError(t, ch.ExchangeDeclare(exchange, "direct", false, true, false, false, nil))
+	_, err = ch.QueueDeclare(q, false, true, false, false, nil)
+	require.NoError(t, err)
+	require.NoError(t, ch.QueueBind(q, key, exchange, false, nil))
+	return ch, exchange, key, q
+}
+
+func TestRabbitMQPublishesConfirmedPersistentCloudEvents(t *testing.T) {
+	t.Parallel()
+	ch, exchange, key, q := queue(t)
+	tr := broker.NewRabbitMQ(amqpURL(), source)
+	t.Cleanup(tr.Close)
+
+	d := delivery(t, "rabbitmq:"+exchange+"/"+key, "o-1")
+	res := tr.Deliver(ctxT(t), d)
+	require.NoError(t, res.Err)
+	require.True(t, res.Acked, "delivered only on the publisher confirm")
+
+	msg, ok, err := ch.Get(q, true)
+	require.NoError(t, err)
+	require.True(t, ok, "the message is in the bound queue")
+	require.JSONEq(t, string(d.Data), string(msg.Body))
+	require.Equal(t, d.EventID.String(), msg.MessageId, "message-id = event id, the consumer's dedup key")
+	require.Equal(t, amqp.Persistent, msg.DeliveryMode)
+	require.Equal(t, "application/json", msg.ContentType)
+	require.Equal(t, d.EventID.String(), msg.Headers["cloudEvents:id"])
+	require.Equal(t, "order.placed", msg.Headers["cloudEvents:type"])
+	require.Equal(t, source, msg.Headers["cloudEvents:source"])
+	require.Equal(t, "1.0", msg.Headers["cloudEvents:specversion"])
+	require.Equal(t, d.Header.Get("traceparent"), msg.Headers["traceparent"])
+}
+
+func TestRabbitMQUnroutableAndMissingExchangeFail(t *testing.T) {
+	t.Parallel()
+	ch, exchange, key, q := queue(t)
+	tr := broker.NewRabbitMQ(amqpURL(), source)
+	t.Cleanup(tr.Close)
+
+	res := tr.Deliver(ctxT(t), delivery(t, "rabbitmq:"+exchange+"/no.queue.bound", ""))
+	require.ErrorContains(t, res.Err, "unroutable", "mandatory: a message no queue takes is a failure, not a silent drop")
+	require.False(t, res.Acked)
+
+	res = tr.Deliver(ctxT(t), delivery(t, "rabbitmq:no-such-exchange-"+uuid.NewString()+"/"+key, ""))
+	require.ErrorContains(t, res.Err, "NOT_FOUND", "a missing exchange names the broker's reason")
+
+	// The failures cost the transport nothing: the next publish goes through.
+	require.True(t, tr.Deliver(ctxT(t), delivery(t, "rabbitmq:"+exchange+"/"+key, "")).Acked)
+	_, ok, err := ch.Get(q, true)
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	down := broker.NewRabbitMQ("amqp://guest:guest@127.0.0.1:1/", source)
+	t.Cleanup(down.Close)
+	require.ErrorContains(t, down.Deliver(ctxT(t), delivery(t, "rabbitmq:"+exchange+"/"+key, "")).Err, "connecting to RabbitMQ")
+}
+
+func kafkaCluster(t *testing.T, topics ...string) []string {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.SeedTopics(3, topics...))
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	return c.ListenAddrs()
+}
+
+func TestKafkaProducesKeyedCloudEvents(t *testing.T) {
+	t.Parallel()
+	addrs := kafkaCluster(t, "orders")
+	tr, err := broker.NewKafka(broker.Config{KafkaBrokers: addrs}, source)
+	require.NoError(t, err)
+	t.Cleanup(tr.Close)
+
+	var sent []outbox.Delivery
+	for range 5 {
+		d := delivery(t, "kafka:orders", "order-7")
+		res := tr.Deliver(ctxT(t), d)
+		require.NoError(t, res.Err)
+		require.True(t, res.Acked, "delivered only on acks=all")
+		sent = append(sent, d)
+	}
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ConsumeTopics("orders"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	require.NoError(t, err)
+	t.Cleanup(cl.Close)
+	var got []*kgo.Record
+	for len(got) < len(sent) {
+		fs := cl.PollFetches(ctxT(t))
+		require.NoError(t, fs.Err0())
+		got = append(got, fs.Records()...)
+	}
+	partition := got[0].Partition
+	for i, r := range got {
+		require.Equal(t, "order-7", string(r.Key), "the record key is the ordering key")
+		require.Equal(t, partition, r.Partition, "one key, one partition")
+		headers := map[string]string{}
+		for _, h := range r.Headers {
+			headers[h.Key] = string(h.Value)
+		}
+		require.Equal(t, sent[i].EventID.String(), headers["ce_id"], "in order, each with its event id")
+		require.Equal(t, "order.placed", headers["ce_type"])
+		require.Equal(t, source, headers["ce_source"])
+		require.Equal(t, "1.0", headers["ce_specversion"])
+		require.Equal(t, sent[i].Header.Get("traceparent"), headers["traceparent"])
+		require.JSONEq(t, string(sent[i].Data), string(r.Value))
+	}
+}
+
+func TestKafkaUnknownTopicFails(t *testing.T) {
+	t.Parallel()
+	tr, err := broker.NewKafka(broker.Config{KafkaBrokers: kafkaCluster(t, "orders")}, source)
+	require.NoError(t, err)
+	t.Cleanup(tr.Close)
+	res := tr.Deliver(ctxT(t), delivery(t, "kafka:no-such-topic", ""))
+	require.ErrorContains(t, res.Err, "UNKNOWN_TOPIC_OR_PARTITION")
+	require.False(t, res.Acked)
+}

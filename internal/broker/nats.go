@@ -1,0 +1,95 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxkit/orders/internal/outbox"
+)
+
+// NATS publishes to JetStream subjects. Each message carries Nats-Msg-Id =
+// the event id, so the stream drops a second publish of the event within
+// its duplicate window (2 minutes unless the stream says otherwise), and
+// the publish waits for the stream's ack: an event is delivered once it is
+// stored.
+type NATS struct {
+	url, source string
+
+	mu sync.Mutex
+	nc *nats.Conn
+	js jetstream.JetStream
+}
+
+// NewNATS returns a transport to the NATS servers at url. It connects at
+// the first publish.
+func NewNATS(url, source string) *NATS { return &NATS{url: url, source: source} }
+
+// conn returns the JetStream context, connecting if there is none. A
+// connection reconnects by itself once made; a closed one is replaced.
+func (t *NATS) conn(ctx context.Context) (jetstream.JetStream, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.nc != nil && !t.nc.IsClosed() {
+		return t.js, nil
+	}
+	timeout := 5 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(dl))
+	}
+	nc, err := nats.Connect(t.url, nats.Name("outbox-relay"), nats.Timeout(timeout), nats.MaxReconnects(-1))
+	if err != nil {
+		return nil, fmt.Errorf("connecting to NATS: %w", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("opening JetStream: %w", err)
+	}
+	t.nc, t.js = nc, js
+	return js, nil
+}
+
+// Deliver implements outbox.Transport.
+func (t *NATS) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result {
+	dest, err := outbox.ParseDestination(d.URL)
+	if err != nil {
+		return outbox.Result{Err: err}
+	}
+	js, err := t.conn(ctx)
+	if err != nil {
+		return outbox.Result{Err: err}
+	}
+	msg := nats.NewMsg(dest.Name)
+	msg.Data = d.Data
+	ce, trace := attributes(d, t.source)
+	// The NATS binding's binary mode: attributes as ce- headers.
+	for _, a := range ce {
+		msg.Header.Set("ce-"+a.name, a.value)
+	}
+	for _, a := range trace {
+		msg.Header.Set(a.name, a.value)
+	}
+	msg.Header.Set("content-type", contentType)
+	if _, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(d.EventID.String())); err != nil {
+		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
+			err = fmt.Errorf("no JetStream stream captures subject %q: %w", dest.Name, err)
+		}
+		return outbox.Result{Err: fmt.Errorf("publishing to JetStream: %w", err)}
+	}
+	return outbox.Result{Acked: true}
+}
+
+// Close closes the connection, if any.
+func (t *NATS) Close() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.nc != nil {
+		t.nc.Close()
+	}
+}

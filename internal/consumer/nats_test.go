@@ -1,0 +1,128 @@
+package consumer_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/orders/internal/broker"
+	"github.com/outboxkit/orders/internal/outbox"
+)
+
+// jetStream makes a stream and a durable pull consumer of their own for
+// the test, on the NATS server the project's machines run (TEST_NATS_URL
+// elsewhere), and deletes them after.
+func jetStream(t *testing.T) (js jetstream.JetStream, cons jetstream.Consumer, subject, url string) {
+	t.Helper()
+	url = os.Getenv("TEST_NATS_URL")
+	if url == "" {
+		url = "nats://127.0.0.1:4222"
+	}
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Skipf("no NATS server at %s: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	js, err = jetstream.New(nc)
+	require.NoError(t, err)
+	id := strings.ReplaceAll(uuid.NewString(), "-", "")
+	name, subject := "CONSUMERTEST_"+id, "consumertest."+id+".orders"
+	ctx := context.Background()
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subject}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
+	cons, err = s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "ledger", AckPolicy: jetstream.AckExplicitPolicy})
+	require.NoError(t, err)
+	return js, cons, subject, url
+}
+
+// orderEvent is a delivery as the relay hands it to the NATS transport.
+func orderEvent(typ, customer string, orderID uuid.UUID, total int64) outbox.Delivery {
+	data, _ := json.Marshal(map[string]any{"id": orderID, "customer_id": customer, "status": "placed", "total_cents": total})
+	return outbox.Delivery{EventID: uuid.Must(uuid.NewV7()), Type: typ, Data: data, CreatedAt: time.Now(),
+		OrderingKey: orderID.String(), Header: http.Header{}}
+}
+
+// TestJetStreamEventsAreAppliedOnce runs the reference NATS consumer on a
+// durable pull consumer fed by the relay's own NATS transport: a republish
+// inside the stream's duplicate window is dropped by JetStream, one outside
+// it (published again without the window's help) is caught by the inbox; a
+// cancel that overtook its placement is refused until the placement is
+// applied; a message that is not a CloudEvent is terminated, not retried.
+func TestJetStreamEventsAreAppliedOnce(t *testing.T) {
+	t.Parallel()
+	f := setup(t, newSecret(t))
+	js, cons, subject, url := jetStream(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.c.ConsumeNATS(ctx, cons) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done, "ConsumeNATS returns nil when its context ends")
+	})
+
+	relay := broker.NewNATS(url, "urn:test:orders")
+	t.Cleanup(relay.Close)
+	publish := func(d outbox.Delivery) {
+		t.Helper()
+		d.URL = "nats:" + subject
+		require.True(t, relay.Deliver(context.Background(), d).Acked)
+	}
+
+	placed := orderEvent("order.placed", "c-1", uuid.New(), 1000)
+	publish(placed)
+	publish(placed) // inside the duplicate window: JetStream drops it
+	// The same event again as JetStream cannot recognise it: what a republish
+	// after the window looks like to the stream.
+	again := nats.NewMsg(subject)
+	again.Data = placed.Data
+	for _, h := range []string{"id", "type", "source", "time", "specversion"} {
+		again.Header.Set("ce-"+h, map[string]string{"id": placed.EventID.String(), "type": placed.Type,
+			"source": "urn:test:orders", "time": placed.CreatedAt.UTC().Format(time.RFC3339Nano), "specversion": "1.0"}[h])
+	}
+	_, err := js.PublishMsg(context.Background(), again)
+	require.NoError(t, err)
+
+	order2 := uuid.New()
+	publish(orderEvent("order.cancelled", "c-2", order2, 700)) // before its placement
+	_, err = js.Publish(context.Background(), subject, []byte(`not a cloudevent`))
+	require.NoError(t, err)
+	within(t, 5*time.Second, func() bool { return f.stats(t).OutOfOrder >= 1 }, "the early cancel is refused")
+	publish(orderEvent("order.placed", "c-2", order2, 700))
+
+	// The refused cancel comes back after its NAK delay and applies.
+	within(t, 20*time.Second, func() bool { return f.stats(t).Applied == 3 }, "placed, placed, cancelled applied")
+	s := f.stats(t)
+	require.EqualValues(t, 1, s.Duplicates, "the republish the stream did not catch is caught by the inbox")
+	require.EqualValues(t, 1, s.BadRequest, "the unreadable message")
+	require.EqualValues(t, 3, s.LedgerTotal, "each event applied once")
+	within(t, 5*time.Second, func() bool {
+		info, err := cons.Info(context.Background())
+		require.NoError(t, err)
+		return info.NumAckPending == 0 && info.NumPending == 0
+	}, "every message settled: acked after commit, or terminated")
+	c2, err := f.c.Customer(context.Background(), "c-2")
+	require.NoError(t, err)
+	require.EqualValues(t, 0, c2.BalanceCents, "placed then cancelled")
+}
+
+// within polls cond until it holds or d passes.
+func within(t *testing.T, d time.Duration, cond func() bool, msg string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %s: %s", d, msg)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

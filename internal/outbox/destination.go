@@ -1,0 +1,226 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Destination kinds. An endpoint is a webhook URL or a broker destination;
+// each kind is written as a URL (the endpoint's url column), so one table,
+// one claim and one history serve them all:
+//
+//	webhook   https://example.com/hook
+//	nats      nats:orders.events            (a JetStream subject)
+//	kafka     kafka:orders                  (a topic)
+//	rabbitmq  rabbitmq:orders/order.placed  (exchange "/" routing key)
+//
+// The broker's address and credentials are never part of it: they come from
+// the worker's configuration, so an API caller cannot point the relay at a
+// server of their choosing.
+const (
+	KindWebhook  = "webhook"
+	KindNATS     = "nats"
+	KindKafka    = "kafka"
+	KindRabbitMQ = "rabbitmq"
+)
+
+// Kinds lists the destination kinds, webhook first.
+var Kinds = []string{KindWebhook, KindNATS, KindKafka, KindRabbitMQ}
+
+// Destination is where an endpoint's messages go, parsed from its URL.
+type Destination struct {
+	Kind string
+	// URL is the webhook URL, or the broker destination written as a URL.
+	URL string
+	// Name is the JetStream subject or the Kafka topic.
+	Name string
+	// Exchange and RoutingKey address a RabbitMQ publish; the empty exchange
+	// is RabbitMQ's default one, which routes to the queue named by the key.
+	Exchange   string
+	RoutingKey string
+}
+
+// ErrInvalidDestination wraps every refusal of a destination's kind or name.
+var ErrInvalidDestination = errors.New("invalid destination")
+
+// DestinationSpec is a destination as an API caller names it: a kind and,
+// by kind, a URL, a subject, a topic, or an exchange and routing key.
+type DestinationSpec struct {
+	Kind       string `json:"kind,omitempty"`
+	URL        string `json:"url,omitempty"`
+	Subject    string `json:"subject,omitempty"`
+	Topic      string `json:"topic,omitempty"`
+	Exchange   string `json:"exchange,omitempty"`
+	RoutingKey string `json:"routing_key,omitempty"`
+}
+
+// URLOf checks spec and writes it as the endpoint URL its kind stores. A
+// webhook's URL is returned as given (the SSRF guard checks it separately).
+func (spec DestinationSpec) URLOf() (string, error) {
+	kind := spec.Kind
+	if kind == "" {
+		kind = KindWebhook
+	}
+	only := func(allowed ...string) error {
+		fields := map[string]string{"url": spec.URL, "subject": spec.Subject, "topic": spec.Topic,
+			"exchange": spec.Exchange, "routing_key": spec.RoutingKey}
+		for name, v := range fields {
+			if v != "" && !contains(allowed, name) {
+				return fmt.Errorf("%w: %s does not apply to a %s destination (it takes %s)", ErrInvalidDestination,
+					name, kind, strings.Join(allowed, " and "))
+			}
+		}
+		return nil
+	}
+	var u string
+	switch kind {
+	case KindWebhook:
+		if err := only("url"); err != nil {
+			return "", err
+		}
+		if spec.URL == "" {
+			return "", fmt.Errorf("%w: url is required", ErrInvalidDestination)
+		}
+		if d, _ := ParseDestination(spec.URL); d.Kind != KindWebhook {
+			return "", fmt.Errorf("%w: %q is a %s destination: register it with kind %q", ErrInvalidDestination, spec.URL, d.Kind, d.Kind)
+		}
+		return spec.URL, nil
+	case KindNATS:
+		if err := only("subject"); err != nil {
+			return "", err
+		}
+		u = KindNATS + ":" + spec.Subject
+	case KindKafka:
+		if err := only("topic"); err != nil {
+			return "", err
+		}
+		u = KindKafka + ":" + spec.Topic
+	case KindRabbitMQ:
+		if err := only("exchange", "routing_key"); err != nil {
+			return "", err
+		}
+		u = KindRabbitMQ + ":" + spec.Exchange + "/" + spec.RoutingKey
+	default:
+		return "", fmt.Errorf("%w: unknown kind %q (want one of %s)", ErrInvalidDestination, spec.Kind, strings.Join(Kinds, ", "))
+	}
+	if _, err := ParseDestination(u); err != nil {
+		return "", err
+	}
+	return u, nil
+}
+
+// ParseDestination reads an endpoint URL. Any URL that is not a broker
+// destination is a webhook; its own checks (scheme, SSRF guard) are made
+// where webhooks are registered and sent.
+func ParseDestination(rawURL string) (Destination, error) {
+	scheme, rest, ok := strings.Cut(rawURL, ":")
+	if !ok {
+		return Destination{Kind: KindWebhook, URL: rawURL}, nil
+	}
+	d := Destination{Kind: scheme, URL: rawURL}
+	switch scheme {
+	case KindNATS:
+		d.Name = rest
+		return d, checkSubject(rest)
+	case KindKafka:
+		d.Name = rest
+		return d, checkTopic(rest)
+	case KindRabbitMQ:
+		ex, key, ok := strings.Cut(rest, "/")
+		if !ok {
+			return d, fmt.Errorf("%w: a RabbitMQ destination is exchange/routing-key, got %q", ErrInvalidDestination, rest)
+		}
+		d.Exchange, d.RoutingKey = ex, key
+		return d, checkExchange(ex, key)
+	}
+	d.Kind = KindWebhook
+	return d, nil
+}
+
+// checkSubject accepts a JetStream subject a message can be published to:
+// dot-separated tokens, none empty, no wildcards, no whitespace.
+func checkSubject(s string) error {
+	if s == "" {
+		return fmt.Errorf("%w: the NATS subject is empty", ErrInvalidDestination)
+	}
+	if len(s) > 255 {
+		return fmt.Errorf("%w: the NATS subject is longer than 255 bytes", ErrInvalidDestination)
+	}
+	for tok := range strings.SplitSeq(s, ".") {
+		switch {
+		case tok == "":
+			return fmt.Errorf("%w: NATS subject %q has an empty token", ErrInvalidDestination, s)
+		case tok == "*" || tok == ">":
+			return fmt.Errorf("%w: NATS subject %q has a wildcard; publish to one subject", ErrInvalidDestination, s)
+		case strings.ContainsFunc(tok, unicode.IsSpace) || !utf8.ValidString(tok):
+			return fmt.Errorf("%w: NATS subject %q has whitespace or invalid UTF-8", ErrInvalidDestination, s)
+		}
+	}
+	return nil
+}
+
+// Kafka's own rule for topic names.
+var kafkaTopic = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
+
+func checkTopic(s string) error {
+	if !kafkaTopic.MatchString(s) || s == "." || s == ".." {
+		return fmt.Errorf("%w: Kafka topic %q must be 1 to 249 of a-z, A-Z, 0-9, '.', '_', '-' (and not . or ..)", ErrInvalidDestination, s)
+	}
+	return nil
+}
+
+// RabbitMQ's rule for exchange names; a routing key is any short string.
+var amqpExchange = regexp.MustCompile(`^[a-zA-Z0-9._:-]{0,255}$`)
+
+func checkExchange(ex, key string) error {
+	if !amqpExchange.MatchString(ex) {
+		return fmt.Errorf("%w: RabbitMQ exchange %q must be up to 255 of a-z, A-Z, 0-9, '.', '_', ':', '-'", ErrInvalidDestination, ex)
+	}
+	if len(key) > 255 || !utf8.ValidString(key) {
+		return fmt.Errorf("%w: the RabbitMQ routing key must be valid UTF-8 of at most 255 bytes", ErrInvalidDestination)
+	}
+	if ex == "" && key == "" {
+		return fmt.Errorf("%w: with the default exchange the routing key names the queue: it cannot be empty", ErrInvalidDestination)
+	}
+	return nil
+}
+
+func contains(xs []string, x string) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+// Router is the relay's Transport when destinations are of several kinds:
+// it sends each delivery with the transport of its destination's kind. A
+// kind with no transport (no broker configured on this worker) fails the
+// attempt with an error that says so, and the destination backs off alone.
+type Router map[string]Transport
+
+// Deliver implements Transport.
+func (r Router) Deliver(ctx context.Context, d Delivery) Result {
+	dest, err := ParseDestination(d.URL)
+	if err != nil {
+		return Result{Err: err}
+	}
+	t := r[dest.Kind]
+	if t == nil {
+		return Result{Err: fmt.Errorf("no %s connection is configured on this worker", dest.Kind)}
+	}
+	return t.Deliver(ctx, d)
+}
+
+func orEmpty(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}

@@ -1,0 +1,113 @@
+package process_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/orders/internal/dbtest"
+	"github.com/outboxkit/orders/internal/process"
+	"github.com/outboxkit/orders/internal/proctest"
+)
+
+// readyServer serves Health with ready and returns its URL and its log.
+func readyServer(t *testing.T, ready func(context.Context) error) (string, *proctest.Output) {
+	t.Helper()
+	logs := &proctest.Output{}
+	mux := http.NewServeMux()
+	process.Health(mux, process.NewLogger(logs, "json"), ready)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv.URL, logs
+}
+
+func getReadyz(t *testing.T, base string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(base + "/readyz")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(body)
+}
+
+// A failing /readyz says "not ready" and nothing about the database: the
+// port may be public, and the pool's error names the host, the user and the
+// database. The detail is in the log, once for the failure, not per probe.
+func TestReadyzHidesTheDatabaseError(t *testing.T) {
+	t.Parallel()
+	u, err := url.Parse(dbtest.ServerURL())
+	require.NoError(t, err)
+	missing := fmt.Sprintf("readyz_missing_%d", time.Now().UnixNano())
+	u.Path = "/" + missing
+
+	closed, err := pgxpool.New(context.Background(), dbtest.URL(t))
+	require.NoError(t, err)
+	closed.Close()
+
+	tests := []struct {
+		name   string
+		pool   func(t *testing.T) *pgxpool.Pool
+		detail string // what the log must hold
+	}{
+		{"database does not exist", func(t *testing.T) *pgxpool.Pool {
+			pool, err := pgxpool.New(context.Background(), u.String())
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			return pool
+		}, missing},
+		{"closed pool", func(*testing.T) *pgxpool.Pool { return closed }, "closed pool"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			base, logs := readyServer(t, process.PingReady(tc.pool(t)))
+			for range 3 {
+				code, body := getReadyz(t, base)
+				require.Equal(t, http.StatusServiceUnavailable, code)
+				require.Equal(t, "not ready\n", body, "the body says nothing but not ready")
+				for _, secret := range []string{u.Hostname(), u.User.Username(), missing, "database"} {
+					require.NotContains(t, body, secret, "the body must not name the database's host, user or name")
+				}
+			}
+			require.Contains(t, logs.String(), tc.detail, "the log holds the reason")
+			require.Equal(t, 1, strings.Count(logs.String(), `"msg":"not ready"`),
+				"three failing probes log the failure once, not per probe:\n%s", logs)
+		})
+	}
+}
+
+// Readiness lost, regained and lost again logs each transition once.
+func TestReadyzLogsTransitions(t *testing.T) {
+	t.Parallel()
+	var failing atomic.Bool
+	base, logs := readyServer(t, func(context.Context) error {
+		if failing.Load() {
+			return errors.New("database unreachable: host=db.internal user=orders")
+		}
+		return nil
+	})
+	for _, step := range []struct {
+		fail bool
+		code int
+	}{{false, 200}, {true, 503}, {true, 503}, {false, 200}, {false, 200}, {true, 503}} {
+		failing.Store(step.fail)
+		code, body := getReadyz(t, base)
+		require.Equal(t, step.code, code)
+		require.NotContains(t, body, "db.internal")
+	}
+	require.Equal(t, 2, strings.Count(logs.String(), `"msg":"not ready"`), "one line per loss of readiness:\n%s", logs)
+	require.Equal(t, 1, strings.Count(logs.String(), `"msg":"ready again"`), "one line per recovery:\n%s", logs)
+	require.Contains(t, logs.String(), "db.internal", "the detail is logged")
+}

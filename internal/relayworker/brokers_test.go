@@ -1,0 +1,251 @@
+package relayworker_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxkit/orders/internal/dbtest"
+)
+
+// brokerURL is a broker of the project's machines, or the test variable
+// naming another; the test skips, saying why, when there is none.
+func brokerURL(t *testing.T, env, def string, dial func(string) error) string {
+	t.Helper()
+	u := os.Getenv(env)
+	if u == "" {
+		u = def
+	}
+	if err := dial(u); err != nil {
+		t.Skipf("no broker at %s (%s; .ci/ensure-brokers starts one): %v", u, env, err)
+	}
+	return u
+}
+
+// brokers is one JetStream stream, one RabbitMQ queue and one in-process
+// Kafka cluster (kfake: there is no Kafka server here) of the test's own.
+type brokers struct {
+	natsURL, subject string
+	stream           jetstream.Stream
+	amqpURL, queue   string
+	exchange         string
+	ch               *amqp.Channel
+	kafka            []string
+}
+
+func newBrokers(t *testing.T) *brokers {
+	t.Helper()
+	b := &brokers{}
+	b.natsURL = brokerURL(t, "TEST_NATS_URL", "nats://127.0.0.1:4222", func(u string) error {
+		nc, err := nats.Connect(u)
+		if err == nil {
+			nc.Close()
+		}
+		return err
+	})
+	b.amqpURL = brokerURL(t, "TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", func(u string) error {
+		c, err := amqp.Dial(u)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err
+	})
+	ctx := context.Background()
+	id := strings.ReplaceAll(uuid.NewString(), "-", "")
+
+	nc, err := nats.Connect(b.natsURL)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	b.subject = "relayworkertest." + id + ".orders"
+	b.stream, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "RELAYWORKERTEST_" + id, Subjects: []string{b.subject}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), "RELAYWORKERTEST_"+id) })
+
+	conn, err := amqp.Dial(b.amqpURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	b.ch, err = conn.Channel()
+	require.NoError(t, err)
+	b.exchange, b.queue = "relayworkertest-"+id, "relayworkertest-q-"+id
+	require.NoError(t, b.ch.ExchangeDeclare(b.exchange, "topic", false, true, false, false, nil))
+	_, err = b.ch.QueueDeclare(b.queue, false, true, false, false, nil)
+	require.NoError(t, err)
+	require.NoError(t, b.ch.QueueBind(b.queue, "order.#", b.exchange, false, nil))
+
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "orders"))
+	require.NoError(t, err)
+	t.Cleanup(cluster.Close)
+	b.kafka = cluster.ListenAddrs()
+	return b
+}
+
+// brokerEvent is what one broker holds of an event.
+type brokerEvent struct{ id, typ, key string }
+
+func (b *brokers) natsEvents(t *testing.T) []brokerEvent {
+	t.Helper()
+	info, err := b.stream.Info(context.Background())
+	require.NoError(t, err)
+	var out []brokerEvent
+	for seq := uint64(1); seq <= info.State.LastSeq; seq++ {
+		m, err := b.stream.GetMsg(context.Background(), seq)
+		require.NoError(t, err)
+		out = append(out, brokerEvent{m.Header.Get("ce-id"), m.Header.Get("ce-type"), m.Header.Get("ce-partitionkey")})
+	}
+	return out
+}
+
+func (b *brokers) rabbitEvents(t *testing.T, n int) []brokerEvent {
+	t.Helper()
+	var out []brokerEvent
+	require.Eventually(t, func() bool {
+		m, ok, err := b.ch.Get(b.queue, true)
+		if err == nil && ok {
+			out = append(out, brokerEvent{m.MessageId, m.Type, m.Headers["cloudEvents:partitionkey"].(string)})
+		}
+		return len(out) == n
+	}, 10*time.Second, 10*time.Millisecond, "RabbitMQ holds %d messages", n)
+	return out
+}
+
+func (b *brokers) kafkaEvents(t *testing.T, n int) []brokerEvent {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.kafka...), kgo.ConsumeTopics("orders"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	require.NoError(t, err)
+	defer cl.Close()
+	var out []brokerEvent
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for len(out) < n {
+		fs := cl.PollFetches(ctx)
+		require.NoError(t, fs.Err0(), "Kafka holds %d records", n)
+		for _, r := range fs.Records() {
+			h := map[string]string{}
+			for _, x := range r.Headers {
+				h[x.Key] = string(x.Value)
+			}
+			out = append(out, brokerEvent{h["ce_id"], h["ce_type"], string(r.Key)})
+		}
+	}
+	return out
+}
+
+// An order's events reach a JetStream subject, a RabbitMQ exchange and a
+// Kafka topic registered through the admin API, each as a CloudEvent with
+// the event's id, in the order's order; the broker addresses come from the
+// worker's environment only.
+func TestBrokerDestinations(t *testing.T) {
+	t.Parallel()
+	b := newBrokers(t)
+	dbURL := dbtest.URL(t)
+	api := startAPI(t, map[string]string{"DATABASE_URL": dbURL, "ADMIN_TOKEN": adminToken})
+	env := relayEnv(dbURL)
+	env["OUTBOX_NATS_URL"], env["OUTBOX_AMQP_URL"], env["OUTBOX_KAFKA_BROKERS"] = b.natsURL, b.amqpURL, strings.Join(b.kafka, ",")
+	startWorker(t, env)
+
+	types := `"event_types":["order.placed","order.cancelled"]`
+	for _, dest := range []string{
+		`"kind":"nats","subject":"` + b.subject + `"`,
+		`"kind":"rabbitmq","exchange":"` + b.exchange + `","routing_key":"order.events"`,
+		`"kind":"kafka","topic":"orders"`,
+	} {
+		var ep struct{ Kind, URL string }
+		require.Equal(t, http.StatusCreated, api.admin(t, http.MethodPost, "/webhook-endpoints", `{`+dest+`,`+types+`}`, &ep), dest)
+		require.NotEqual(t, "webhook", ep.Kind)
+	}
+	// Bad destinations: a clear 422, and nothing written.
+	for _, bad := range []string{
+		`"kind":"sqs","url":"x"`,
+		`"kind":"nats","subject":"orders.>"`,
+		`"kind":"kafka","topic":"orders","url":"kafka://elsewhere:9092"`,
+		`"kind":"rabbitmq","exchange":"a b","routing_key":"k"`,
+		`"url":"nats:orders"`,
+	} {
+		code, body := api.call(t, http.MethodPost, "/webhook-endpoints", "Bearer "+adminToken, `{`+bad+`,`+types+`}`)
+		require.Equal(t, http.StatusUnprocessableEntity, code, "%s: %s", bad, body)
+		require.Contains(t, string(body), "destination", "%s: the problem names what is wrong", bad)
+	}
+	var eps []struct{ Kind, URL string }
+	require.Equal(t, http.StatusOK, api.admin(t, http.MethodGet, "/webhook-endpoints", "", &eps))
+	require.Len(t, eps, 3, "refused destinations wrote nothing")
+
+	var o struct{ ID string }
+	code, body := api.call(t, http.MethodPost, "/orders", "", `{"customer_id":"c-1","lines":[{"sku":"A-1","quantity":1,"unit_price_cents":500}]}`)
+	require.Equal(t, http.StatusCreated, code, "body: %s", body)
+	require.NoError(t, json.Unmarshal(body, &o))
+	code, body = api.call(t, http.MethodPost, "/orders/"+o.ID+"/cancel", "", "")
+	require.Equal(t, http.StatusOK, code, "body: %s", body)
+	require.Eventually(t, func() bool {
+		var s stats
+		code, err := api.tryAdmin(http.MethodGet, "/outbox/stats", "", &s)
+		return err == nil && code == http.StatusOK && s.Delivered == 6 && s.Pending == 0
+	}, 20*time.Second, 20*time.Millisecond,
+		"two events to three brokers, each acknowledged")
+
+	natsGot, rabbitGot, kafkaGot := b.natsEvents(t), b.rabbitEvents(t, 2), b.kafkaEvents(t, 2)
+	require.Len(t, natsGot, 2)
+	require.Equal(t, []string{"order.placed", "order.cancelled"}, []string{natsGot[0].typ, natsGot[1].typ}, "in the order's order")
+	for i := range natsGot {
+		require.Equal(t, o.ID, natsGot[i].key, "keyed by the order")
+		require.Equal(t, natsGot[i], rabbitGot[i], "one event id on every broker")
+		require.Equal(t, natsGot[i], kafkaGot[i], "one event id on every broker; the Kafka record key is the order id")
+	}
+}
+
+// A broker that is down is a destination that fails: it backs off alone,
+// at the defaults, while a webhook endpoint beside it gets every order, and
+// its messages wait without failing.
+func TestDownBrokerBacksOffAlone(t *testing.T) {
+	t.Parallel()
+	dbURL := dbtest.URL(t)
+	rec := newReceiver(t)
+	api := startAPI(t, map[string]string{"DATABASE_URL": dbURL, "ADMIN_TOKEN": adminToken, "OUTBOX_ALLOW_PRIVATE_TARGETS": "true"})
+	startWorker(t, map[string]string{"DATABASE_URL": dbURL, "OUTBOX_ALLOW_PRIVATE_TARGETS": "true",
+		"OUTBOX_AMQP_URL": "amqp://guest:guest@127.0.0.1:1/"}) // nothing listens there
+	var down struct{ ID string }
+	require.Equal(t, http.StatusCreated, api.admin(t, http.MethodPost, "/webhook-endpoints",
+		`{"kind":"rabbitmq","exchange":"orders","routing_key":"placed","event_types":["order.placed"]}`, &down))
+	register(t, api, rec, "order.placed")
+
+	const n = 20
+	for range n {
+		code, body := api.call(t, http.MethodPost, "/orders", "", `{"customer_id":"c-1","lines":[{"sku":"A-1","quantity":1,"unit_price_cents":500}]}`)
+		require.Equal(t, http.StatusCreated, code, "body: %s", body)
+	}
+	require.Eventually(t, func() bool { return len(delivered(rec)) == n }, 20*time.Second, 20*time.Millisecond,
+		"the webhook endpoint gets every order while the broker is down")
+	var ep struct {
+		State       string     `json:"state"`
+		StateReason string     `json:"state_reason"`
+		NextProbeAt *time.Time `json:"next_probe_at"`
+	}
+	require.Eventually(t, func() bool {
+		code, err := api.tryAdmin(http.MethodGet, "/webhook-endpoints/"+down.ID, "", &ep)
+		return err == nil && code == http.StatusOK && ep.State == "backing_off"
+	}, 20*time.Second, 20*time.Millisecond, "the broker destination backs off as a whole")
+	require.Contains(t, ep.StateReason, "connecting to RabbitMQ", "its state says why")
+	require.NotNil(t, ep.NextProbeAt)
+	var s stats
+	require.Eventually(t, func() bool {
+		code, err := api.tryAdmin(http.MethodGet, "/outbox/stats", "", &s)
+		return err == nil && code == http.StatusOK && s.Delivered == n
+	}, 10*time.Second, 20*time.Millisecond,
+		"the webhook deliveries recorded")
+	require.Zero(t, s.Failed, "waiting behind an open circuit fails nothing")
+	require.EqualValues(t, n, s.Pending+s.Claimed, "the broker's messages wait")
+}
