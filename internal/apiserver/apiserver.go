@@ -146,7 +146,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	guard := netguard.Guard{AllowPrivate: cfg.allowPrivate}
 	ordersSvc := orders.NewService(pool, logger)
 	admin := outbox.NewAdmin(pool, guard, logger, outbox.WithSecretKeys(cfg.secretKeys))
-	reg, err := process.NewRegistry(outbox.NewBacklogCollector(pool))
+	httpMetrics := process.NewHTTPMetrics()
+	reg, err := process.NewRegistry(append(httpMetrics.Collectors(),
+		outbox.NewBacklogCollector(pool), process.NewPoolCollector(pool, "api"))...)
 	if err != nil {
 		return err
 	}
@@ -187,11 +189,11 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		return process.Serve(gctx, logger, "api", cfg.addr, tracing.Handler(edge(public)), 10*time.Second, nil)
+		return process.Serve(gctx, logger, "api", cfg.addr, tracing.Handler(edge(public, httpMetrics)), 10*time.Second, nil)
 	})
 	if cfg.adminAddr != "" {
 		g.Go(func() error {
-			return process.Serve(gctx, logger, "admin", cfg.adminAddr, tracing.Handler(edge(adminMux)), 10*time.Second, nil)
+			return process.Serve(gctx, logger, "admin", cfg.adminAddr, tracing.Handler(edge(adminMux, httpMetrics)), 10*time.Second, nil)
 		})
 	}
 	if err := g.Wait(); err != nil {
@@ -206,16 +208,18 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 // them: the JSON routes have no other defence against a page on another
 // site, and the ops page's forms are same-origin. Errors the router itself
 // writes (404, 405) become problem details like every other error.
-func edge(mux *http.ServeMux) http.Handler {
+func edge(mux *http.ServeMux, metrics *process.HTTPMetrics) http.Handler {
 	cop := http.NewCrossOriginProtection()
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	// Measured outermost, refusals included; the route is the pattern the
+	// mux matched (unmatched for a refusal before routing).
+	return metrics.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := cop.Check(r); err != nil {
 			httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusForbidden,
 				"cross-origin request refused (%v): state-changing requests must come from this origin or from a client that is not a browser", err))
 			return
 		}
 		mux.ServeHTTP(&routerErrorWriter{ResponseWriter: w, r: r}, r)
-	})
+	}))
 }
 
 // routerErrorWriter turns the plain-text 404 and 405 that http.ServeMux

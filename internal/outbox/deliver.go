@@ -394,7 +394,12 @@ func (s *session) send(ctx context.Context, row outboxdb.MessageClaimRow, sign s
 	body := webhookBody(row.EventID, row.Type, row.CreatedAt, row.Payload)
 	reqCtx, cancel := context.WithTimeout(spanCtx, r.cfg.DeliveryTimeout)
 	res := Result{Err: sign.err}
-	if sign.err == nil {
+	if d, _ := ParseDestination(row.EndpointUrl); d.Kind != KindWebhook {
+		// A broker destination signs nothing: a secret that does not
+		// decrypt is no reason to hold its messages.
+		res.Err = nil
+	}
+	if res.Err == nil {
 		res = r.transport.Deliver(reqCtx, Delivery{
 			EventID: row.EventID, MessageID: row.ID, Type: row.Type, URL: row.EndpointUrl, Secret: sign.secret,
 			PreviousSecret: sign.previous, Body: body, Header: header,
@@ -577,10 +582,17 @@ func (s *session) recordParams(outcomes []outcome) outboxdb.MessagesRecordOutcom
 // counted updates the metrics and logs for recorded outcomes.
 func (s *session) counted(outcomes []outcome) {
 	r := s.r
+	endpoint := s.dest.String()
 	for _, o := range outcomes {
 		r.metrics.deliveries.WithLabelValues(o.label).Inc()
+		if r.metrics.byEndpoint != nil {
+			r.metrics.byEndpoint.WithLabelValues(endpoint, o.label).Inc()
+		}
 		if elapsed := o.finished.Sub(o.started); elapsed > 0 {
 			r.metrics.deliveryDuration.WithLabelValues(o.label).Observe(elapsed.Seconds())
+			if r.metrics.byEndpointDuration != nil {
+				r.metrics.byEndpointDuration.WithLabelValues(endpoint, o.label).Observe(elapsed.Seconds())
+			}
 		}
 		if o.status == StatusFailed {
 			r.logger.Warn("message failed", slog.String("message_id", o.id.String()),

@@ -27,11 +27,35 @@ type Metrics struct {
 	relaysDeclaredDead prometheus.Counter
 	stateChanges       *prometheus.CounterVec
 	pruned             prometheus.Counter
+	// byEndpoint and byEndpointDuration are the delivery metrics by
+	// endpoint id; nil when turned off.
+	byEndpoint         *prometheus.CounterVec
+	byEndpointDuration *prometheus.HistogramVec
+}
+
+// MetricsOption changes what NewMetrics reports.
+type MetricsOption func(*Metrics)
+
+// WithoutEndpointMetrics leaves out the delivery metrics by endpoint. Their
+// series are outcomes × endpoints (and the histogram's buckets on top):
+// a few dozen per endpoint, which a service with thousands of endpoints
+// may not want to pay. The metrics by outcome alone stay.
+func WithoutEndpointMetrics() MetricsOption {
+	return func(m *Metrics) { m.byEndpoint, m.byEndpointDuration = nil, nil }
 }
 
 // NewMetrics returns unregistered relay metrics.
-func NewMetrics() *Metrics {
-	return &Metrics{
+func NewMetrics(opts ...MetricsOption) *Metrics {
+	m := &Metrics{
+		byEndpoint: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_endpoint_deliveries_total",
+			Help: "Delivery attempts by endpoint id and outcome (as outbox_deliveries_total).",
+		}, []string{"endpoint", "outcome"}),
+		byEndpointDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "outbox_endpoint_delivery_duration_seconds",
+			Help:    "Duration of deliveries (a webhook request, a broker publish until its ack) by endpoint id and outcome.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"endpoint", "outcome"}),
 		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_deliveries_total",
 			Help: "Delivery attempts by outcome: delivered, retry, failed, gone (410: endpoint paused), interrupted (cut off by a stop).",
@@ -68,12 +92,20 @@ func NewMetrics() *Metrics {
 			Name: "outbox_pruned_total", Help: "Messages deleted after their retention: delivered, discarded and failed.",
 		}),
 	}
+	for _, o := range opts {
+		o(m)
+	}
+	return m
 }
 
 // Register adds the metrics to reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.deliveries, m.deliveryDuration, m.claimed, m.deliverJobs, m.polls,
-		m.wakeups, m.released, m.relaysDeclaredDead, m.stateChanges, m.pruned} {
+	cs := []prometheus.Collector{m.deliveries, m.deliveryDuration, m.claimed, m.deliverJobs, m.polls,
+		m.wakeups, m.released, m.relaysDeclaredDead, m.stateChanges, m.pruned}
+	if m.byEndpoint != nil {
+		cs = append(cs, m.byEndpoint, m.byEndpointDuration)
+	}
+	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -40,7 +40,9 @@ type config struct {
 	// brokers are the servers of broker destinations; unset ones leave
 	// their kind unconfigured.
 	brokers broker.Config
-	tracing telemetry.Config
+	// endpointMetrics reports deliveries by endpoint id too.
+	endpointMetrics bool
+	tracing         telemetry.Config
 	// warnings are said once the logger exists: settings no longer read.
 	warnings []string
 }
@@ -117,7 +119,11 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			return err
 		}})
 
-	metrics := outbox.NewMetrics()
+	var metricsOpts []outbox.MetricsOption
+	if !cfg.endpointMetrics {
+		metricsOpts = append(metricsOpts, outbox.WithoutEndpointMetrics())
+	}
+	metrics := outbox.NewMetrics(metricsOpts...)
 	guard := netguard.Guard{AllowPrivate: cfg.allowPrivate}
 	// Each destination is sent by the transport of its kind: webhooks over
 	// HTTP through the SSRF guard, broker destinations to the brokers this
@@ -135,7 +141,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err != nil {
 		return err
 	}
-	reg, err := process.NewRegistry(outbox.NewBacklogCollector(pool))
+	reg, err := process.NewRegistry(outbox.NewBacklogCollector(pool), process.NewPoolCollector(pool, "worker"))
 	if err != nil {
 		return err
 	}

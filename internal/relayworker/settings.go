@@ -109,6 +109,9 @@ var settings = []setting{
 	{"OUTBOX_EVENT_SOURCE", "",
 		"the CloudEvents `source` of events published to brokers",
 		func(c *config) any { return &c.brokers.Source }},
+	{"OUTBOX_ENDPOINT_METRICS", "",
+		"`false` leaves out `outbox_endpoint_deliveries_total` and `outbox_endpoint_delivery_duration_seconds`, whose series grow with the endpoints (about 85 per endpoint)",
+		func(c *config) any { return &c.endpointMetrics }},
 	{"OUTBOX_STALL_THRESHOLD", "",
 		"`/readyz` fails when a deliverable message has waited this long and this worker claimed nothing meanwhile",
 		func(c *config) any { return &c.stallThreshold }},
@@ -127,11 +130,12 @@ var retired = map[string]string{
 // defaults returns the worker's configuration before the environment.
 func defaults() config {
 	return config{
-		relay:          outbox.DefaultRelayConfig(),
-		shutdownGrace:  15 * time.Second,
-		idempotencyTTL: orders.DefaultIdempotencyTTL,
-		stallThreshold: 2 * time.Minute,
-		brokers:        broker.Config{Source: "urn:outboxkit:orders"},
+		relay:           outbox.DefaultRelayConfig(),
+		shutdownGrace:   15 * time.Second,
+		idempotencyTTL:  orders.DefaultIdempotencyTTL,
+		stallThreshold:  2 * time.Minute,
+		brokers:         broker.Config{Source: "urn:outboxkit:orders"},
+		endpointMetrics: true,
 	}
 }
 

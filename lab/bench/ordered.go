@@ -87,7 +87,7 @@ func watchParked(ctx context.Context, pool *pgxpool.Pool) (stop func() int64) {
 		for {
 			var n int64
 			if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages
-				WHERE ordering_key IS NOT NULL AND status = 'pending' AND next_attempt_at = 'infinity'`).Scan(&n); err == nil {
+				WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked`).Scan(&n); err == nil {
 				most = max(most, n)
 			}
 			select {

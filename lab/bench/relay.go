@@ -97,7 +97,7 @@ func drainLimit(n int) time.Duration { return 30*time.Second + time.Duration(n/5
 // the relay's statement.
 const rawClaimSQL = `WITH due AS (
     SELECT id FROM outbox_messages
-    WHERE status = 'pending' AND next_attempt_at <= now()
+    WHERE status = 'pending' AND NOT parked AND next_attempt_at <= now()
     ORDER BY destination, next_attempt_at, id
     LIMIT $1
     FOR UPDATE SKIP LOCKED

@@ -132,6 +132,18 @@ beside the poll's in the same run, section 1 (*outbox + NOTIFY*) what it
 costs the write path; the poll goes on either way, and is what makes
 delivery correct.
 
+**5. Outcomes recorded beside the requests (this version).** A deliver job
+used to record its outcomes (` + "`" + `MessagesRecordOutcomes` + "`" + `) in its own loop, so a
+destination's rate was bounded by claim + requests + record, one after the
+other. Broker destinations, whose requests take a millisecond, showed it
+(section 11): in the investigation run, 2,869 msgs/s to one JetStream
+subject with the record in the loop, 3,615 with it running beside the
+claims and requests (one recording at a time, in order; a failed one puts
+its outcomes back for the next). Claiming at half the slots free instead
+of all changed nothing measurable (2,722 against 2,869 before, 3,234
+against 3,615 after), and neither did committing the relay's statements
+asynchronously (3,743): the claim statement's latency is the bound.
+
 ## What limits the targets
 
 **Write path, ≥ 0.75 at 8 clients.** With the outbox an order transaction
@@ -149,8 +161,15 @@ PostgreSQL every round trip is CPU; with one outbox row per order (before
 events had a table of their own) runs landed between about 0.68 and 0.77,
 and moving the pending index to the destination did not move it (the same
 order transactions against both, interleaved in one run, 8 × 3 s at 8
-clients: 2,859 and 2,816 orders/s, 1.02). This run's figure is in section
-1. With ` + "`" + `OUTBOX_NOTIFY=true` + "`" + ` the same statement also queues a NOTIFY, and
+clients: 2,859 and 2,816 orders/s, 1.02). Events in a table of their own
+did not lower it either: in an investigation run beside this version's
+(8 clients, 5 × 3 s interleaved), the earlier single-row statement (one
+outbox row carrying the payload) placed 1,246 orders/s and this version's
+event and delivery 1,317, against 1,986 without the outbox. What moved
+the figure is the baseline: section 1 now compares the product's own
+statements with and without the outbox, with no service code on either
+side, so the outbox's round trip is a larger share. This run's figure is
+in section 1. With ` + "`" + `OUTBOX_NOTIFY=true` + "`" + ` the same statement also queues a NOTIFY, and
 the commit takes a database-wide lock to send it: section 1's *outbox +
 NOTIFY* column is what that costs.
 
@@ -174,6 +193,19 @@ its share of the River job and the lease per destination and slice. Over
 HTTP the client and the receiver, both in the bench process, take as much
 again; the relay's HTTP drain is about three quarters of the raw HTTP loop
 (h), which does none of the bookkeeping.
+
+**Broker destinations, ≥ 0.5 of a raw publish loop.** The raw loop
+(section 11) publishes from as many goroutines as the relay has requests
+in flight, through the same transport, and touches no database; the relay
+claims each batch under its lease (one statement, about 4 to 5 ms here
+whatever its size up to the free slots), publishes, and records every
+outcome with its attempt row. To one destination that is one claim per 32
+messages at the default concurrency, so the claim's latency bounds the
+rate: JetStream, which acks a publish in well under a millisecond on
+loopback, is far faster than the relay can feed one destination;
+RabbitMQ with publisher confirms is slower and the relay comes close to
+half of it. The rate grows with more destinations (each has its own job)
+and with ` + "`" + `OUTBOX_DESTINATION_CONCURRENCY` + "`" + ` (bigger claims).
 
 **Drain (d), rising with concurrency.** With a 20 ms receiver, messages/s
 rise with the requests in flight per destination, close to the ideal at low
@@ -200,6 +232,7 @@ go tool -modfile=tools/go.mod task bench          # the full suite, rewrites thi
 go tool -modfile=tools/go.mod task bench:smoke    # every scenario at tiny size (CI: go test ./lab/bench)
 go run ./lab/bench -only drain,knobs -reps 5      # a subset, more repetitions
 go run ./lab/bench -only ordered,latency           # per-key order's cost; poll vs NOTIFY
+go run ./lab/bench -only brokers                   # relay vs raw publish loop, JetStream and RabbitMQ
 go run ./lab/bench -history-large -only history   # 10,000,000 delivered rows retained
 go run ./lab/bench -only drain -cpuprofile cpu.out # profile the relay's process
 go test -run '^$' -bench . ./lab/bench            # the Go benchmarks (write path, claim)

@@ -1,0 +1,85 @@
+package outbox_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/orders/internal/netguard"
+	"github.com/outboxkit/orders/internal/outbox"
+)
+
+// byEndpoint reads a counter family by endpoint id and outcome.
+func byEndpoint(t *testing.T, reg *prometheus.Registry, name string) map[[2]string]float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	out := map[[2]string]float64{}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			out[[2]string{labels["endpoint"], labels["outcome"]}] = m.GetCounter().GetValue()
+		}
+	}
+	return out
+}
+
+// Deliveries are counted by endpoint too, so one endpoint's failures are
+// told from another's successes; the switch leaves those series out.
+func TestDeliveryMetricsByEndpoint(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	ok, refusing := newReceiver(t), newReceiver(t)
+	refusing.respond = func(*http.Request, int) int { return http.StatusUnprocessableEntity }
+	okEP, refusingEP := f.endpoint(t, ok, "order.placed"), f.endpoint(t, refusing, "order.placed")
+
+	start := func(opts ...outbox.MetricsOption) *prometheus.Registry {
+		metrics := outbox.NewMetrics(opts...)
+		reg := prometheus.NewRegistry()
+		require.NoError(t, metrics.Register(reg))
+		cfg := fastConfig()
+		cfg.MaxAttempts = 1
+		relay, err := outbox.NewRelay(f.pool, cfg, &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
+			discardLogger(), metrics)
+		require.NoError(t, err)
+		require.NoError(t, relay.Start(ctx))
+		t.Cleanup(func() {
+			c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			_ = relay.Stop(c)
+		})
+		return reg
+	}
+	reg := start()
+	f.enqueue(t, "order.placed", 1)
+	f.enqueue(t, "order.placed", 2)
+	f.enqueue(t, "order.placed", 3)
+	want := map[[2]string]float64{
+		{okEP.ID.String(), "delivered"}:    3,
+		{refusingEP.ID.String(), "failed"}: 3,
+	}
+	within(t, 10*time.Second, func() bool {
+		got := byEndpoint(t, reg, "outbox_endpoint_deliveries_total")
+		return got[[2]string{okEP.ID.String(), "delivered"}] == 3 && got[[2]string{refusingEP.ID.String(), "failed"}] == 3
+	}, "each endpoint's outcomes under its own id")
+	require.Equal(t, want, byEndpoint(t, reg, "outbox_endpoint_deliveries_total"), "nothing else counted")
+	require.Equal(t, 3.0, byEndpoint(t, reg, "outbox_deliveries_total")[[2]string{"", "delivered"}], "the totals by outcome stay")
+
+	quiet := start(outbox.WithoutEndpointMetrics())
+	families, err := quiet.Gather()
+	require.NoError(t, err)
+	for _, fam := range families {
+		require.NotContains(t, fam.GetName(), "outbox_endpoint_", "switched off: no series per endpoint")
+	}
+}
