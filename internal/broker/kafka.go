@@ -49,10 +49,7 @@ func NewKafka(cfg Config, source string) (*Kafka, error) {
 
 // Deliver implements outbox.Transport.
 func (t *Kafka) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result {
-	dest, err := outbox.ParseDestination(d.URL)
-	if err != nil {
-		return outbox.Result{Err: err}
-	}
+	dest := d.Target()
 	rec := &kgo.Record{Topic: dest.Name, Value: d.Data}
 	if d.OrderingKey != "" {
 		rec.Key = []byte(d.OrderingKey)

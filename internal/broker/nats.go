@@ -57,10 +57,7 @@ func (t *NATS) conn(ctx context.Context) (jetstream.JetStream, error) {
 
 // Deliver implements outbox.Transport.
 func (t *NATS) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result {
-	dest, err := outbox.ParseDestination(d.URL)
-	if err != nil {
-		return outbox.Result{Err: err}
-	}
+	dest := d.Target()
 	js, err := t.conn(ctx)
 	if err != nil {
 		return outbox.Result{Err: err}

@@ -88,10 +88,7 @@ func (t *RabbitMQ) release(c *confirmChannel) {
 
 // Deliver implements outbox.Transport.
 func (t *RabbitMQ) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result {
-	dest, err := outbox.ParseDestination(d.URL)
-	if err != nil {
-		return outbox.Result{Err: err}
-	}
+	dest := d.Target()
 	c, err := t.channel()
 	if err != nil {
 		return outbox.Result{Err: err}

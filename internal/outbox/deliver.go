@@ -42,7 +42,10 @@ type Delivery struct {
 	MessageID uuid.UUID
 	Type      string
 	URL       string
-	Secret    string
+	// Destination is URL read: its kind and, for a broker, the names to
+	// publish to. The relay sets it; a zero one is read from URL.
+	Destination Destination
+	Secret      string
 	// PreviousSecret, set during a secret rotation's overlap, adds a second
 	// signature so receivers still on the old secret verify too.
 	PreviousSecret string
@@ -394,14 +397,15 @@ func (s *session) send(ctx context.Context, row outboxdb.MessageClaimRow, sign s
 	body := webhookBody(row.EventID, row.Type, row.CreatedAt, row.Payload)
 	reqCtx, cancel := context.WithTimeout(spanCtx, r.cfg.DeliveryTimeout)
 	res := Result{Err: sign.err}
-	if d, _ := ParseDestination(row.EndpointUrl); d.Kind != KindWebhook {
+	dest := destinationOf(row.EndpointUrl)
+	if dest.Kind != KindWebhook {
 		// A broker destination signs nothing: a secret that does not
 		// decrypt is no reason to hold its messages.
 		res.Err = nil
 	}
 	if res.Err == nil {
 		res = r.transport.Deliver(reqCtx, Delivery{
-			EventID: row.EventID, MessageID: row.ID, Type: row.Type, URL: row.EndpointUrl, Secret: sign.secret,
+			EventID: row.EventID, MessageID: row.ID, Type: row.Type, URL: row.EndpointUrl, Destination: dest, Secret: sign.secret,
 			PreviousSecret: sign.previous, Body: body, Header: header,
 			Data: row.Payload, CreatedAt: row.CreatedAt, OrderingKey: orEmpty(row.OrderingKey),
 		})

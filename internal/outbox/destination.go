@@ -114,32 +114,50 @@ func (spec DestinationSpec) URLOf() (string, error) {
 	return u, nil
 }
 
-// ParseDestination reads an endpoint URL. Any URL that is not a broker
-// destination is a webhook; its own checks (scheme, SSRF guard) are made
-// where webhooks are registered and sent.
+// ParseDestination reads an endpoint URL and checks a broker destination's
+// name by its broker's rules. Any URL that is not a broker destination is a
+// webhook; its own checks (scheme, SSRF guard) are made where webhooks are
+// registered and sent.
 func ParseDestination(rawURL string) (Destination, error) {
-	scheme, rest, ok := strings.Cut(rawURL, ":")
-	if !ok {
-		return Destination{Kind: KindWebhook, URL: rawURL}, nil
+	d := destinationOf(rawURL)
+	switch d.Kind {
+	case KindNATS:
+		return d, checkSubject(d.Name)
+	case KindKafka:
+		return d, checkTopic(d.Name)
+	case KindRabbitMQ:
+		if !strings.Contains(strings.TrimPrefix(rawURL, KindRabbitMQ+":"), "/") {
+			return d, fmt.Errorf("%w: a RabbitMQ destination is exchange/routing-key, got %q", ErrInvalidDestination, rawURL)
+		}
+		return d, checkExchange(d.Exchange, d.RoutingKey)
 	}
+	return d, nil
+}
+
+// Target is where d goes: its Destination, or, when that was not set, its
+// URL read.
+func (d Delivery) Target() Destination {
+	if d.Destination.Kind != "" {
+		return d.Destination
+	}
+	return destinationOf(d.URL)
+}
+
+// destinationOf splits an endpoint URL into its kind and names without
+// checking them: what the relay does for every delivery, of URLs that were
+// checked when they were stored.
+func destinationOf(rawURL string) Destination {
+	scheme, rest, _ := strings.Cut(rawURL, ":")
 	d := Destination{Kind: scheme, URL: rawURL}
 	switch scheme {
-	case KindNATS:
+	case KindNATS, KindKafka:
 		d.Name = rest
-		return d, checkSubject(rest)
-	case KindKafka:
-		d.Name = rest
-		return d, checkTopic(rest)
 	case KindRabbitMQ:
-		ex, key, ok := strings.Cut(rest, "/")
-		if !ok {
-			return d, fmt.Errorf("%w: a RabbitMQ destination is exchange/routing-key, got %q", ErrInvalidDestination, rest)
-		}
-		d.Exchange, d.RoutingKey = ex, key
-		return d, checkExchange(ex, key)
+		d.Exchange, d.RoutingKey, _ = strings.Cut(rest, "/")
+	default:
+		d.Kind = KindWebhook
 	}
-	d.Kind = KindWebhook
-	return d, nil
+	return d
 }
 
 // checkSubject accepts a JetStream subject a message can be published to:
@@ -207,13 +225,10 @@ type Router map[string]Transport
 
 // Deliver implements Transport.
 func (r Router) Deliver(ctx context.Context, d Delivery) Result {
-	dest, err := ParseDestination(d.URL)
-	if err != nil {
-		return Result{Err: err}
-	}
-	t := r[dest.Kind]
+	d.Destination = d.Target()
+	t := r[d.Destination.Kind]
 	if t == nil {
-		return Result{Err: fmt.Errorf("no %s connection is configured on this worker", dest.Kind)}
+		return Result{Err: fmt.Errorf("no %s connection is configured on this worker", d.Destination.Kind)}
 	}
 	return t.Deliver(ctx, d)
 }
