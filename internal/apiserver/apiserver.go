@@ -49,8 +49,11 @@ type config struct {
 	// opsCookieSecure marks the ops session cookie Secure behind a proxy
 	// that terminates TLS.
 	opsCookieSecure bool
-	tracing         telemetry.Config
-	secretKeys      *secretbox.Keyring
+	// stallThreshold is when the ops page and GET /outbox/relays call the
+	// relay stalled.
+	stallThreshold time.Duration
+	tracing        telemetry.Config
+	secretKeys     *secretbox.Keyring
 }
 
 func parseConfig(getenv func(string) string) (config, error) {
@@ -64,6 +67,7 @@ func parseConfig(getenv func(string) string) (config, error) {
 		allowPrivate:    env.Bool("OUTBOX_ALLOW_PRIVATE_TARGETS", false),
 		notify:          env.Bool("OUTBOX_NOTIFY", false),
 		opsCookieSecure: env.Bool("OPS_COOKIE_SECURE", false),
+		stallThreshold:  env.Duration("OUTBOX_STALL_THRESHOLD", outbox.DefaultStallThreshold),
 		tracing:         telemetry.FromEnv(env, "orders-api"),
 		secretKeys:      parseSecretKeys(env),
 	}
@@ -145,7 +149,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 
 	guard := netguard.Guard{AllowPrivate: cfg.allowPrivate}
 	ordersSvc := orders.NewService(pool, logger)
-	admin := outbox.NewAdmin(pool, guard, logger, outbox.WithSecretKeys(cfg.secretKeys))
+	admin := outbox.NewAdmin(pool, guard, logger, outbox.WithSecretKeys(cfg.secretKeys),
+		outbox.WithStallThreshold(cfg.stallThreshold))
 	httpMetrics := process.NewHTTPMetrics()
 	reg, err := process.NewRegistry(append(httpMetrics.Collectors(),
 		outbox.NewBacklogCollector(pool), process.NewPoolCollector(pool, "api"))...)
@@ -169,8 +174,19 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	adminMux.Handle("/webhook-endpoints", adminH)
 	adminMux.Handle("/webhook-endpoints/", adminH)
 	adminMux.Handle("/outbox/", adminH)
-	opsH := ops.New(ops.Options{Admin: admin, Token: cfg.adminToken, Logger: logger, Warnings: cfg.warnings(),
-		Pool: pool, CookieSecure: cfg.opsCookieSecure})
+	opsOpts := ops.Options{Admin: admin, Token: cfg.adminToken, Logger: logger, Warnings: cfg.warnings(),
+		Pool: pool, CookieSecure: cfg.opsCookieSecure}
+	// River UI counts River's jobs in the background: only when someone
+	// can sign in to look at it.
+	if cfg.adminToken != "" {
+		riverUI, stopRiverUI, err := newRiverUI(ctx, pool, logger)
+		if err != nil {
+			return err
+		}
+		defer stopRiverUI()
+		opsOpts.Jobs = riverUI
+	}
+	opsH := ops.New(opsOpts)
 	adminMux.Handle("/ops", opsH)
 	adminMux.Handle("/ops/", opsH)
 	process.Metrics(adminMux, reg)

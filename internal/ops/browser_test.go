@@ -4,10 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -20,18 +18,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/chromedp/cdproto/cdp"
-	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/chromedp"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/orders/internal/proctest"
-
-	"github.com/outboxkit/orders/internal/apiserver"
-	"github.com/outboxkit/orders/internal/dbtest"
-	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/outbox"
 )
 
@@ -70,10 +61,6 @@ func screenshotDir(t *testing.T) string {
 // them): sign in, check the numbers against the database, open the failed
 // message, fix the receiver, retry (and confirm), and watch it delivered.
 func TestBrowserRetryAFailedMessage(t *testing.T) {
-	browser := chromiumPath()
-	if browser == "" {
-		t.Skip("no Chromium installed (run .ci/ensure-chromium, or set CHROMIUM_PATH): skipping the ops page's browser test")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
@@ -91,43 +78,13 @@ func TestBrowserRetryAFailedMessage(t *testing.T) {
 	}))
 	t.Cleanup(flaky.Close)
 
-	// The real api, on a fresh database.
-	dbURL := dbtest.URL(t)
-	addr := proctest.FreeAddr(t)
-	base := "http://" + addr
-	env := map[string]string{
-		"DATABASE_URL": dbURL, "API_ADDR": addr, "ADMIN_TOKEN": token,
-		"OUTBOX_ALLOW_PRIVATE_TARGETS": "true", "LOG_FORMAT": "json",
-	}
-	apiLog := &proctest.Output{}
-	apiCtx, stopAPI := context.WithCancel(ctx)
-	apiDone := make(chan error, 1)
-	go func() { apiDone <- apiserver.Run(apiCtx, nil, func(k string) string { return env[k] }, apiLog) }()
-	t.Cleanup(func() {
-		stopAPI()
-		if err := <-apiDone; err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("api: %v", err)
-		}
-		if t.Failed() {
-			t.Logf("api log:\n%s", apiLog.String())
-		}
-	})
-	waitHealthy(t, base)
-
-	// A real relay, giving up after two attempts.
-	pool, err := pgxpool.New(ctx, dbURL)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	relay, err := outbox.NewRelay(pool, outbox.RelayConfig{
+	// The real api, on a fresh database, and a real relay giving up after
+	// two attempts.
+	api := startAPI(t, ctx, nil)
+	base, pool, apiLog := api.base, api.pool, api.log
+	api.startRelay(t, ctx, outbox.RelayConfig{
 		PollInterval: 50 * time.Millisecond, BackoffBase: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
 		DeliveryTimeout: 2 * time.Second, ClaimTimeout: time.Minute, MaxAttempts: 2,
-	}, &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()}, slog.New(slog.DiscardHandler), nil)
-	require.NoError(t, err)
-	require.NoError(t, relay.Start(ctx))
-	t.Cleanup(func() {
-		sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer scancel()
-		_ = relay.Stop(sctx)
 	})
 
 	// Endpoints and orders, through the api like any client.
@@ -155,37 +112,8 @@ func TestBrowserRetryAFailedMessage(t *testing.T) {
 		return count(t, pool, `SELECT count(*) FROM outbox_messages WHERE status IN ('pending', 'claimed')`) == 0
 	}, 30*time.Second, 50*time.Millisecond, "the placed orders were never delivered")
 
-	// The browser: headless, no sandbox (CI runs as root), nothing phoning home.
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx,
-		chromedp.ExecPath(browser),
-		chromedp.Headless,
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.NoFirstRun,
-		chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.Flag("disable-extensions", true),
-		chromedp.Flag("force-device-scale-factor", "1"),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1360, 900),
-	)
-	defer cancelAlloc()
-	bctx, cancelBrowser := chromedp.NewContext(allocCtx, chromedp.WithLogf(t.Logf))
-	defer cancelBrowser()
-
-	shots := screenshotDir(t)
-	shot := func(name string) {
-		t.Helper()
-		png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
-		require.NoError(t, err)
-		p := filepath.Join(shots, name)
-		require.NoError(t, os.WriteFile(p, png, 0o644))
-		t.Logf("screenshot: %s", p)
-	}
+	// The browser, scripts off: everything below works with forms and links alone.
+	bctx, shot := headless(t, ctx, false)
 	do := func(steps ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
 		require.NoError(t, chromedp.Do(bctx, steps...))
@@ -204,12 +132,6 @@ func TestBrowserRetryAFailedMessage(t *testing.T) {
 		require.Equal(t, strconv.FormatInt(v, 10), strings.ReplaceAll(m[1], ",", ""), "#%s shows another number than it holds", id)
 		return v
 	}
-
-	// Scripts off: everything below works with forms and links alone.
-	do(chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-		_, err := cdp.Call(ctx, tg, emulation.SetScriptExecutionDisabled, emulation.SetScriptExecutionDisabledParams{Value: true})
-		return err
-	}))
 
 	// Sign in through the form.
 	do(chromedp.Navigate(base+"/ops"), chromedp.WaitReady(chromedp.ID("token")))

@@ -1,11 +1,15 @@
 // Package ops is the outbox's ops page: a small server-rendered web UI, served
 // by the api under /ops, that answers an operator's questions without SQL —
-// is the relay keeping up, what failed and why, did we tell them and when —
-// and lets them requeue or skip failed messages, disable or enable
-// endpoints, and replay an endpoint's past events.
+// is anyone delivering, is the relay keeping up, what happened to this
+// order or event, what failed and why, how is this endpoint doing — and
+// lets them requeue or skip failed messages, create, edit, pause, resume,
+// rotate and delete endpoints, discard what waits for one, and replay an
+// endpoint's past events.
 //
 // It is html/template with embedded assets: no JavaScript at all, so it
-// works in any browser and under a strict Content-Security-Policy. Every
+// works in any browser and under a strict Content-Security-Policy. River
+// UI, mounted beside it under JobsPath behind the same login, is the one
+// JavaScript app (jobs.go). Every
 // state-changing request is a POST carrying a CSRF token, and every action
 // asks for confirmation (a second POST) and is logged.
 //
@@ -71,6 +75,9 @@ type Options struct {
 	// Warnings are shown at the top of every page once signed in: what the
 	// server's configuration leaves unsafe (secrets stored in the clear).
 	Warnings []string
+	// Jobs, if set, is River UI: served under JobsPath behind the same
+	// login, so the jobs underneath the relay can be looked at too.
+	Jobs http.Handler
 }
 
 const (
@@ -99,8 +106,10 @@ type Handler struct {
 	tokenSum   [sha256.Size]byte
 	sessionKey []byte
 	pages      *pages
-	mux        *http.ServeMux
-	crossOrig  *http.CrossOriginProtection
+	// jobs: River UI is mounted at JobsPath.
+	jobs      bool
+	mux       *http.ServeMux
+	crossOrig *http.CrossOriginProtection
 }
 
 // New returns the ops page handler. Mount it at both Prefix and Prefix+"/".
@@ -142,14 +151,28 @@ func New(o Options) *Handler {
 	mux.Handle("POST /ops/logout", h.authed(h.handleLogout))
 	mux.Handle("GET /ops", h.authed(h.handleOverview))
 	mux.Handle("GET /ops/{$}", h.authed(h.handleOverview))
+	mux.Handle("GET /ops/messages", h.authed(h.handleMessages))
+	mux.Handle("GET /ops/search", h.authed(h.handleSearch))
 	mux.Handle("GET /ops/messages/{id}", h.authed(h.handleMessage))
 	mux.Handle("POST /ops/messages/{id}/retry", h.authed(h.handleRetryMessage))
 	mux.Handle("POST /ops/messages/{id}/skip", h.authed(h.handleSkipMessage))
+	mux.Handle("GET /ops/endpoints/new", h.authed(h.handleNewEndpointForm))
+	mux.Handle("POST /ops/endpoints/new", h.authed(h.handleCreateEndpoint))
+	mux.Handle("GET /ops/endpoints/{id}", h.authed(h.handleEndpoint))
+	mux.Handle("GET /ops/endpoints/{id}/edit", h.authed(h.handleEditEndpointForm))
+	mux.Handle("POST /ops/endpoints/{id}/edit", h.authed(h.handleEditEndpoint))
+	mux.Handle("POST /ops/endpoints/{id}/rotate-secret", h.authed(h.handleRotateSecret))
+	mux.Handle("POST /ops/endpoints/{id}/discard-waiting", h.authed(h.handleDiscardWaiting))
+	mux.Handle("POST /ops/endpoints/{id}/delete", h.authed(h.handleDeleteEndpoint))
 	mux.Handle("POST /ops/endpoints/{id}/disable", h.authed(h.handleSetEnabled(false)))
 	mux.Handle("POST /ops/endpoints/{id}/enable", h.authed(h.handleSetEnabled(true)))
 	mux.Handle("POST /ops/endpoints/{id}/retry-failed", h.authed(h.handleRetryEndpoint))
 	mux.Handle("GET /ops/endpoints/{id}/replay", h.authed(h.handleReplayForm))
 	mux.Handle("POST /ops/endpoints/{id}/replay", h.authed(h.handleReplay))
+	if o.Jobs != nil {
+		h.jobs = true
+		h.mountJobs(mux, o.Jobs)
+	}
 	mux.Handle("/ops/", h.authed(func(w http.ResponseWriter, r *http.Request) {
 		h.renderError(w, r, http.StatusNotFound, "Not found", "There is no ops page at "+r.URL.Path+".")
 	}))
@@ -163,6 +186,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// No script runs on these pages; styles and images only from here.
 	hd.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self' data:; "+
 		"form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	if isJobsPath(r.URL.Path) {
+		// Except River UI, a JavaScript app: jobsCSP (jobs.go) lets its own
+		// scripts run, and none from elsewhere or inline.
+		hd.Set("Content-Security-Policy", jobsCSP)
+	}
 	hd.Set("X-Content-Type-Options", "nosniff")
 	hd.Set("Referrer-Policy", "no-referrer")
 	hd.Set("X-Frame-Options", "DENY")
@@ -445,6 +473,13 @@ func notice(q url.Values) string {
 			return "1 failed message requeued."
 		}
 		return n + " failed messages requeued."
+	case "updated":
+		return "Endpoint changed: what waits goes to its new URL, and its new event types apply from now on."
+	case "discarded":
+		return fmt.Sprintf("Discarded %s: they will not be sent.", plural(n, "waiting message", "waiting messages"))
+	case "deleted":
+		return fmt.Sprintf("Endpoint deleted: nothing more is sent to it; %s not yet delivered %s discarded.",
+			plural(n, "message", "messages"), map[bool]string{true: "was", false: "were"}[n == "1"])
 	case "disabled":
 		return "Endpoint paused: its messages wait until it is resumed."
 	case "enabled":

@@ -80,7 +80,13 @@ func (e *env) loggedIn(t *testing.T) *http.Client {
 
 func get(t *testing.T, c *http.Client, u string, hdr ...string) (*http.Response, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, u, nil)
+	return call(t, c, http.MethodGet, u, "", hdr...)
+}
+
+// call sends one request and returns the answer with its body.
+func call(t *testing.T, c *http.Client, method, u, body string, hdr ...string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, u, strings.NewReader(body))
 	require.NoError(t, err)
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
@@ -88,9 +94,9 @@ func get(t *testing.T, c *http.Client, u string, hdr ...string) (*http.Response,
 	res, err := c.Do(req)
 	require.NoError(t, err)
 	defer res.Body.Close()
-	body, err := io.ReadAll(res.Body)
+	raw, err := io.ReadAll(res.Body)
 	require.NoError(t, err)
-	return res, string(body)
+	return res, string(raw)
 }
 
 func post(t *testing.T, c *http.Client, u string, form url.Values, hdr ...string) *http.Response {

@@ -45,7 +45,8 @@ type pages struct {
 func mustParsePages() *pages {
 	base := template.Must(template.New("").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/replay_form.html"))
 	p := &pages{byName: map[string]*template.Template{}}
-	for _, name := range []string{"login", "overview", "message", "confirm", "error", "replay"} {
+	for _, name := range []string{"login", "overview", "message", "confirm", "error", "replay",
+		"messages", "search", "endpoint", "endpoint_form", "secret"} {
 		t := template.Must(base.Clone())
 		p.byName[name] = template.Must(t.ParseFS(templateFS, "templates/"+name+".html"))
 	}
@@ -62,11 +63,13 @@ type Layout struct {
 	Warnings []string
 	Now      time.Time
 	Refresh  int
+	// Jobs: River UI is mounted, so the menu links to it.
+	Jobs bool
 }
 
 func (h *Handler) layout(r *http.Request, title string) Layout {
 	s := sessionFrom(r.Context())
-	l := Layout{Title: title, Authed: s.via != "", CSRF: s.csrf, Now: h.now().UTC(), Notice: notice(r.URL.Query())}
+	l := Layout{Title: title, Authed: s.via != "", CSRF: s.csrf, Now: h.now().UTC(), Notice: notice(r.URL.Query()), Jobs: h.jobs}
 	if l.Authed {
 		l.Warnings = h.warnings
 	}
@@ -118,6 +121,7 @@ const Window = time.Hour
 
 type overviewPage struct {
 	Layout
+	Relay        outbox.RelayStatus
 	Stats        outbox.Overview
 	OldestAge    string
 	Rate5m       string
@@ -150,6 +154,11 @@ func (h *Handler) handleOverview(w http.ResponseWriter, r *http.Request) {
 	now := h.now()
 	// Never outbox.Stats: it counts the whole delivered history.
 	stats, err := h.admin.Overview(ctx)
+	if err != nil {
+		h.actionError(w, r, err)
+		return
+	}
+	relay, err := h.admin.Relays(ctx)
 	if err != nil {
 		h.actionError(w, r, err)
 		return
@@ -189,6 +198,7 @@ func (h *Handler) handleOverview(w http.ResponseWriter, r *http.Request) {
 	}
 	p := overviewPage{
 		Layout:       h.layout(r, "Outbox"),
+		Relay:        relay,
 		Stats:        stats,
 		OldestAge:    humanAge(time.Duration(stats.OldestPendingAgeSeconds * float64(time.Second))),
 		Rate5m:       perMinute(act.Delivered5m, 5),
@@ -472,7 +482,7 @@ var funcs = template.FuncMap{
 	"ago":      ago,
 	"stamp":    stamp,
 	"num":      num,
-	"short":    func(id uuid.UUID) string { return id.String()[:8] + "…" + id.String()[len(id.String())-4:] },
+	"short":    func(id uuid.UUID) string { return tail(id.String()) },
 	"truncate": truncate,
 	"ms":       func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) + " ms" },
 	"lower":    strings.ToLower,
@@ -483,6 +493,20 @@ var funcs = template.FuncMap{
 	"sub":      func(a, b float64) float64 { return a - b },
 	"mid":      func(a, b float64) float64 { return (a + b) / 2 },
 	"plural":   func(n int64, one, many string) string { return plural(num(n), one, many) },
+	"seconds":  func(f float64) string { return humanAge(time.Duration(f * float64(time.Second))) },
+	"tail":     tail,
+	"pct": func(f float64) string {
+		return strconv.FormatFloat(math.Floor(f*1000)/10, 'f', -1, 64) + "%"
+	},
+}
+
+// tail is the end of an id, where UUIDv7 ids differ: their first half is a
+// time, shared by everything written in the same millisecond.
+func tail(id string) string {
+	if len(id) <= 12 {
+		return id
+	}
+	return "…" + id[len(id)-12:]
 }
 
 // humanAge reads like a person would say it: 42s, 3m 12s, 2h 05m, 3d 4h.

@@ -114,6 +114,8 @@ type Admin struct {
 	logger  *slog.Logger
 	// keys seal the signing secrets it writes; nil stores them in the clear.
 	keys *secretbox.Keyring
+	// stallThreshold judges RelayStatus; 0 means DefaultStallThreshold.
+	stallThreshold time.Duration
 }
 
 // NewAdmin returns the admin service; checker vets endpoint URLs.
@@ -361,6 +363,9 @@ type MessageFilter struct {
 	Destination *uuid.UUID
 	// Event selects the deliveries of one event.
 	Event *uuid.UUID
+	// OrderingKey selects the deliveries of the events of one ordering key
+	// (the orders module's events are keyed by order id).
+	OrderingKey string
 	// CreatedFrom (inclusive) and CreatedTo (exclusive) bound created_at.
 	CreatedFrom, CreatedTo *time.Time
 	// Before is the pagination cursor: only messages older than this id.
@@ -383,7 +388,13 @@ func (a *Admin) Messages(ctx context.Context, f MessageFilter) ([]Message, *uuid
 	if f.Type != "" {
 		p.Type = &f.Type
 	}
-	rows, err := outboxdb.New(a.pool).MessageList(ctx, p)
+	var rows []outboxdb.MessageListRow
+	var err error
+	if f.OrderingKey != "" {
+		rows, err = a.messagesByKey(ctx, f.OrderingKey, p)
+	} else {
+		rows, err = outboxdb.New(a.pool).MessageList(ctx, p)
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("listing messages: %w", err)
 	}
@@ -396,6 +407,32 @@ func (a *Admin) Messages(ctx context.Context, f MessageFilter) ([]Message, *uuid
 		next = &msgs[len(msgs)-1].ID
 	}
 	return msgs, next, nil
+}
+
+// messagesByKey is MessageList for one ordering key, found on the events'
+// key index rather than by walking every delivery.
+func (a *Admin) messagesByKey(ctx context.Context, key string, p outboxdb.MessageListParams) ([]outboxdb.MessageListRow, error) {
+	rows, err := outboxdb.New(a.pool).MessageListByKey(ctx, outboxdb.MessageListByKeyParams{OrderingKey: &key,
+		EventID: p.EventID, Status: p.Status, Type: p.Type, Destination: p.Destination, CreatedFrom: p.CreatedFrom,
+		CreatedTo: p.CreatedTo, BeforeID: p.BeforeID, MaxRows: p.MaxRows})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]outboxdb.MessageListRow, len(rows))
+	for i, r := range rows {
+		out[i] = outboxdb.MessageListRow(r)
+	}
+	return out, nil
+}
+
+// EventRecorded reports whether the outbox holds an event with this id
+// (within the retention), whether or not any endpoint was subscribed.
+func (a *Admin) EventRecorded(ctx context.Context, id uuid.UUID) (bool, error) {
+	ok, err := outboxdb.New(a.pool).EventExists(ctx, id)
+	if err != nil {
+		return false, fmt.Errorf("looking up event: %w", err)
+	}
+	return ok, nil
 }
 
 // Message returns one message with its attempt history.
@@ -426,14 +463,7 @@ func (a *Admin) Message(ctx context.Context, id uuid.UUID) (MessageDetail, error
 		}
 	}
 	for i, at := range attempts {
-		d.History[i] = Attempt{Attempt: int(at.Attempt), Outcome: at.Outcome, StartedAt: at.StartedAt,
-			FinishedAt: at.FinishedAt, DurationMS: float64(at.FinishedAt.Sub(at.StartedAt).Microseconds()) / 1000}
-		if at.StatusCode != nil {
-			d.History[i].StatusCode = int(*at.StatusCode)
-		}
-		if at.Error != nil {
-			d.History[i].Error = *at.Error
-		}
+		d.History[i] = toAttempt(at.Attempt, at.Outcome, at.StartedAt, at.FinishedAt, at.StatusCode, at.Error)
 	}
 	return d, nil
 }
@@ -509,6 +539,18 @@ func (a *Admin) Skip(ctx context.Context, id uuid.UUID) (Message, error) {
 	}
 	a.logger.InfoContext(ctx, "failed message skipped", slog.String("message_id", id.String()))
 	return msg, nil
+}
+
+func toAttempt(n int32, outcome string, started, finished time.Time, status *int32, errText *string) Attempt {
+	at := Attempt{Attempt: int(n), Outcome: outcome, StartedAt: started, FinishedAt: finished,
+		DurationMS: float64(finished.Sub(started).Microseconds()) / 1000}
+	if status != nil {
+		at.StatusCode = int(*status)
+	}
+	if errText != nil {
+		at.Error = *errText
+	}
+	return at
 }
 
 func notFound(action string, err error) error {

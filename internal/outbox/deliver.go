@@ -380,7 +380,9 @@ func (s *session) claim(ctx context.Context, n int) ([]outboxdb.MessageClaimRow,
 	}
 	if len(rows) > 0 {
 		s.r.metrics.claimed.Add(float64(len(rows)))
-		s.r.progressAt.Store(time.Now().UnixNano())
+		now := time.Now().UnixNano()
+		s.r.progressAt.Store(now)
+		s.r.claimedAt.Store(now)
 	}
 	return rows, nil
 }

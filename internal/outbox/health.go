@@ -245,3 +245,85 @@ func (a *Admin) RetryFailedForEndpoint(ctx context.Context, endpointID uuid.UUID
 		slog.Int("requeued", len(ids)))
 	return len(ids), nil
 }
+
+// EndpointHealth returns one endpoint as EndpointsHealth does.
+func (a *Admin) EndpointHealth(ctx context.Context, id uuid.UUID, window time.Duration) (EndpointHealth, error) {
+	eps, err := a.EndpointsHealth(ctx, window)
+	if err != nil {
+		return EndpointHealth{}, err
+	}
+	for _, e := range eps {
+		if e.ID == id {
+			return e, nil
+		}
+	}
+	return EndpointHealth{}, fmt.Errorf("reading endpoint health: %w", ErrNotFound)
+}
+
+// AttemptStats sum up an endpoint's attempts over a window.
+type AttemptStats struct {
+	// Window is how far back it looks.
+	Window    time.Duration `json:"window"`
+	Attempts  int64         `json:"attempts"`
+	Delivered int64         `json:"delivered"`
+	// SuccessRate is Delivered / Attempts (0 with no attempts).
+	SuccessRate float64 `json:"success_rate"`
+	// Request time of the delivered attempts, in milliseconds.
+	P50MS float64 `json:"p50_ms"`
+	P95MS float64 `json:"p95_ms"`
+	P99MS float64 `json:"p99_ms"`
+}
+
+// EndpointAttemptStats returns an endpoint's success rate and delivery
+// latency over the last window.
+func (a *Admin) EndpointAttemptStats(ctx context.Context, id uuid.UUID, window time.Duration) (AttemptStats, error) {
+	r, err := outboxdb.New(a.pool).OpsEndpointAttemptStats(ctx, time.Now().Add(-window), id)
+	if err != nil {
+		return AttemptStats{}, fmt.Errorf("reading endpoint attempt stats: %w", err)
+	}
+	s := AttemptStats{Window: window, Attempts: r.Attempts, Delivered: r.Delivered, P50MS: r.P50Ms, P95MS: r.P95Ms, P99MS: r.P99Ms}
+	if r.Attempts > 0 {
+		s.SuccessRate = float64(r.Delivered) / float64(r.Attempts)
+	}
+	return s, nil
+}
+
+// EndpointAttempt is one attempt of one of an endpoint's messages.
+type EndpointAttempt struct {
+	Attempt
+	MessageID uuid.UUID `json:"message_id"`
+	EventID   uuid.UUID `json:"event_id"`
+	Type      string    `json:"type"`
+}
+
+// EndpointAttempts returns an endpoint's latest attempts of the last day,
+// newest first, at most limit of them.
+func (a *Admin) EndpointAttempts(ctx context.Context, id uuid.UUID, limit int) ([]EndpointAttempt, error) {
+	rows, err := outboxdb.New(a.pool).OpsEndpointRecentAttempts(ctx, id, int32(limit))
+	if err != nil {
+		return nil, fmt.Errorf("listing endpoint attempts: %w", err)
+	}
+	out := make([]EndpointAttempt, len(rows))
+	for i, r := range rows {
+		out[i] = EndpointAttempt{MessageID: r.MessageID, EventID: r.EventID, Type: r.Type,
+			Attempt: toAttempt(r.Attempt, r.Outcome, r.StartedAt, r.FinishedAt, r.StatusCode, r.Error)}
+	}
+	return out, nil
+}
+
+// DiscardWaiting gives up on every message waiting for an endpoint that
+// stays registered: its pending messages, parked ones too, are settled as
+// discarded and never sent (a replay can send their events again). Messages
+// in flight finish; failed ones still wait for a retry or a skip. It returns
+// how many it discarded.
+func (a *Admin) DiscardWaiting(ctx context.Context, id uuid.UUID) (int64, error) {
+	if _, err := a.Endpoint(ctx, id); err != nil {
+		return 0, err
+	}
+	n, err := outboxdb.New(a.pool).OpsDiscardWaiting(ctx, "discarded by an operator", id)
+	if err != nil {
+		return 0, fmt.Errorf("discarding waiting messages: %w", err)
+	}
+	a.logger.InfoContext(ctx, "waiting messages discarded", slog.String("endpoint_id", id.String()), slog.Int64("discarded", n))
+	return n, nil
+}

@@ -28,6 +28,7 @@ func (a *Admin) Handler() http.Handler {
 	mux.HandleFunc("POST /webhook-endpoints/{id}/rotate-secret", a.handleRotateSecret)
 	mux.HandleFunc("POST /webhook-endpoints/{id}/replay", a.handleReplay)
 	mux.HandleFunc("GET /outbox/stats", a.handleStats)
+	mux.HandleFunc("GET /outbox/relays", a.handleRelays)
 	mux.HandleFunc("GET /outbox/messages", a.handleListMessages)
 	mux.HandleFunc("GET /outbox/messages/{id}", a.handleGetMessage)
 	mux.HandleFunc("POST /outbox/messages/{id}/retry", a.handleRetry)
@@ -231,9 +232,18 @@ func (a *Admin) handleStats(w http.ResponseWriter, r *http.Request) {
 	httpjson.Write(w, http.StatusOK, s)
 }
 
+func (a *Admin) handleRelays(w http.ResponseWriter, r *http.Request) {
+	s, err := a.Relays(r.Context())
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, s)
+}
+
 func (a *Admin) handleListMessages(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	f := MessageFilter{Status: q.Get("status"), Type: q.Get("type"), Limit: 50}
+	f := MessageFilter{Status: q.Get("status"), Type: q.Get("type"), OrderingKey: q.Get("ordering_key"), Limit: 50}
 	bad := func(format string, args ...any) {
 		httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusBadRequest, format, args...))
 	}

@@ -70,7 +70,12 @@ func (r *Relay) keepAlive(ctx context.Context) {
 // beat is one heartbeat and one look for dead relays and stale claims.
 func (r *Relay) beat(ctx context.Context, conn *pgx.Conn) error {
 	q := outboxdb.New(conn)
-	n, err := q.RelayHeartbeat(ctx, r.id)
+	var claimed *time.Time
+	if ns := r.claimedAt.Load(); ns != 0 {
+		t := time.Unix(0, ns)
+		claimed = &t
+	}
+	n, err := q.RelayHeartbeat(ctx, claimed, r.id)
 	if err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
 	}
@@ -79,7 +84,7 @@ func (r *Relay) beat(ctx context.Context, conn *pgx.Conn) error {
 		// claims and leases were released and may be served elsewhere now.
 		// Its jobs find their leases gone and stop claiming.
 		host, _ := os.Hostname()
-		if err := q.RelayRegister(ctx, r.id, host, int32(os.Getpid())); err != nil {
+		if err := q.RelayRegister(ctx, r.register(host)); err != nil {
 			return fmt.Errorf("registering again: %w", err)
 		}
 		r.logger.WarnContext(ctx, "this relay was declared dead by another and has registered again; its claims were released",
@@ -99,6 +104,12 @@ func (r *Relay) beat(ctx context.Context, conn *pgx.Conn) error {
 	}
 	r.retryUnsettled(ctx)
 	return nil
+}
+
+// register is this relay's row of outbox_relays.
+func (r *Relay) register(host string) outboxdb.RelayRegisterParams {
+	return outboxdb.RelayRegisterParams{ID: r.id, Hostname: host, Pid: int32(os.Getpid()),
+		TimeoutSeconds: r.cfg.RelayTimeout.Seconds()}
 }
 
 // reapDead declares dead the relays silent for longer than RelayTimeout and

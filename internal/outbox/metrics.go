@@ -167,7 +167,7 @@ func NewBacklogCollector(pool *pgxpool.Pool) *BacklogCollector {
 		destinations: prometheus.NewDesc("outbox_destinations",
 			"Webhook endpoints by state: healthy, backing_off, paused.", []string{"state"}, nil),
 		relays: prometheus.NewDesc("outbox_relays",
-			"Relay processes registered and heartbeating.", nil, nil),
+			"Relay processes alive: heartbeating within their relay timeout (a killed worker is not counted, even before another relay reaps it).", nil, nil),
 		up: prometheus.NewDesc("outbox_backlog_scrape_success",
 			"1 when the backlog queries succeeded (they run at most every 5 s, whatever the scrape rate).", nil, nil),
 	}

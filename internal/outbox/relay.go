@@ -59,6 +59,9 @@ type Relay struct {
 	tracer    trace.Tracer
 	// id names this relay process in outbox_relays and on its claims.
 	id uuid.UUID
+	// claimedAt is when this relay last claimed a message (Unix nanos, 0
+	// before the first); the heartbeat writes it to outbox_relays.
+	claimedAt atomic.Int64
 	// progressAt is when this relay last claimed something (Unix nanos),
 	// or when it started.
 	progressAt atomic.Int64
@@ -108,7 +111,7 @@ func (r *Relay) Start(ctx context.Context) error {
 		return errors.New("outbox: relay already started")
 	}
 	host, _ := os.Hostname()
-	if err := outboxdb.New(r.pool).RelayRegister(ctx, r.id, host, int32(os.Getpid())); err != nil {
+	if err := outboxdb.New(r.pool).RelayRegister(ctx, r.register(host)); err != nil {
 		return fmt.Errorf("registering relay: %w", err)
 	}
 	client, err := r.newRiverClient()
@@ -202,6 +205,9 @@ func (r *Relay) newRiverClient() (*river.Client[pgx.Tx], error) {
 		})}
 	}
 	client, err := river.NewClient(riverpgxv5.New(r.pool), &river.Config{
+		// River's client id is the relay's, so River's elected leader
+		// (river_leader) names a row of outbox_relays.
+		ID:         r.id.String(),
 		Middleware: middleware,
 		// River reports routine progress at info every few seconds; the
 		// relay's own metrics say that better, so River speaks up only for

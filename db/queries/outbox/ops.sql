@@ -118,3 +118,64 @@ SELECT
         AS oldest_pending_age_seconds,
     COALESCE((SELECT c.reltuples FROM pg_catalog.pg_class c
               WHERE c.oid = to_regclass('outbox_messages_delivered_idx')), -1)::float8 AS delivered_estimate;
+
+-- name: OpsPendingBreakdown :one
+-- What the pending messages (parked ones aside) wait for: due now (their
+-- endpoint is enabled and not backing off, their own retry time has come),
+-- scheduled (a retry of their own or their endpoint's backoff lies ahead),
+-- or a paused endpoint. oldest_due_seconds is how long the oldest due
+-- message has been due: a working relay keeps it within moments. One pass
+-- over the pending index, like the overview's pending count.
+SELECT
+    count(*) FILTER (WHERE e.enabled AND m.next_attempt_at <= now()
+                           AND (e.backoff_until IS NULL OR e.backoff_until <= now())) AS due,
+    count(*) FILTER (WHERE e.enabled AND (m.next_attempt_at > now() OR e.backoff_until > now())) AS scheduled,
+    count(*) FILTER (WHERE NOT e.enabled) AS paused,
+    COALESCE(EXTRACT(epoch FROM now() - min(GREATEST(m.next_attempt_at, e.backoff_until))
+        FILTER (WHERE e.enabled AND m.next_attempt_at <= now()
+                      AND (e.backoff_until IS NULL OR e.backoff_until <= now()))), 0)::float8 AS oldest_due_seconds
+FROM outbox_messages m
+JOIN webhook_endpoints e ON e.id = m.destination
+WHERE m.status = 'pending' AND NOT m.parked;
+
+-- name: OpsEndpointAttemptStats :one
+-- One endpoint's attempts finished since @since: how many, how many were
+-- delivered, and the request time of the delivered ones (median, 95th and
+-- 99th percentiles, in milliseconds). The window comes from the finished_at
+-- index; each attempt's endpoint from its message's primary key.
+SELECT count(*) AS attempts,
+       count(*) FILTER (WHERE a.outcome = 'delivered') AS delivered,
+       COALESCE(percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(epoch FROM a.finished_at - a.started_at) * 1000)
+                FILTER (WHERE a.outcome = 'delivered'), 0)::float8 AS p50_ms,
+       COALESCE(percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(epoch FROM a.finished_at - a.started_at) * 1000)
+                FILTER (WHERE a.outcome = 'delivered'), 0)::float8 AS p95_ms,
+       COALESCE(percentile_cont(0.99) WITHIN GROUP (ORDER BY EXTRACT(epoch FROM a.finished_at - a.started_at) * 1000)
+                FILTER (WHERE a.outcome = 'delivered'), 0)::float8 AS p99_ms
+FROM outbox_attempts a
+JOIN outbox_messages m ON m.id = a.message_id
+WHERE a.finished_at >= @since::timestamptz AND m.destination = @destination;
+
+-- name: OpsEndpointRecentAttempts :many
+-- One endpoint's latest attempts within the last day, newest first: the
+-- finished_at index walked backwards until @max_rows of them are found.
+SELECT a.message_id, m.event_id, m.type, a.attempt, a.outcome, a.started_at, a.finished_at, a.status_code, a.error
+FROM outbox_attempts a
+JOIN outbox_messages m ON m.id = a.message_id
+WHERE m.destination = @destination AND a.finished_at >= now() - interval '1 day'
+ORDER BY a.finished_at DESC
+LIMIT @max_rows;
+
+-- name: OpsDiscardWaiting :execrows
+-- A person gives up on what waits for an endpoint that stays: its pending
+-- messages, parked ones too, are settled as discarded with @reason and are
+-- never sent. Messages in flight finish as they will; failed ones keep
+-- waiting for a retry or a skip. The outer status check is re-read after a
+-- concurrent claim, so a message claimed meanwhile is left to its claim.
+UPDATE outbox_messages
+SET status = 'discarded', discarded_at = now(), last_error = @reason::text, parked = false
+WHERE status = 'pending' AND id IN (
+    SELECT p.id FROM outbox_messages p WHERE p.destination = @destination AND p.status = 'pending' AND NOT p.parked
+    UNION ALL
+    SELECT w.id FROM outbox_messages w
+    WHERE w.destination = @destination AND w.ordering_key IS NOT NULL AND w.status = 'pending' AND w.parked
+);

@@ -5,13 +5,17 @@
 -- name: RelayRegister :exec
 -- Registers a relay process, or brings back one that was declared dead
 -- while it lived (a long pause, a lost connection).
-INSERT INTO outbox_relays (id, hostname, pid)
-VALUES (@id, @hostname, @pid)
+INSERT INTO outbox_relays (id, hostname, pid, timeout_seconds)
+VALUES (@id, @hostname, @pid, @timeout_seconds)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now();
 
 -- name: RelayHeartbeat :execrows
 -- No row means another relay declared this one dead and released its work.
-UPDATE outbox_relays SET heartbeat_at = now() WHERE id = @id;
+-- @last_claim_at is the relay's latest claim (NULL before its first); it
+-- only moves forward.
+UPDATE outbox_relays
+SET heartbeat_at = now(), last_claim_at = GREATEST(last_claim_at, sqlc.narg(last_claim_at))
+WHERE id = @id;
 
 -- name: RelayUnregister :exec
 DELETE FROM outbox_relays WHERE id = @id;
@@ -24,8 +28,14 @@ DELETE FROM outbox_relays
 WHERE heartbeat_at < now() - make_interval(secs => @relay_timeout_seconds::float8)
 RETURNING id;
 
--- name: RelaysAlive :many
-SELECT * FROM outbox_relays ORDER BY started_at, id;
+-- name: RelaysList :many
+-- Every registered relay, and whether it is alive: its heartbeat is younger
+-- than its own relay timeout. A killed relay's row stays until another relay
+-- reaps it, so with none left it is here, silent.
+SELECT id, hostname, pid, started_at, heartbeat_at, last_claim_at, timeout_seconds,
+       (heartbeat_at >= now() - make_interval(secs => timeout_seconds))::boolean AS alive
+FROM outbox_relays
+ORDER BY started_at, id;
 
 -- name: DestinationsDispatch :many
 -- Finds destinations with due messages that no live job serves, marks them
@@ -128,4 +138,6 @@ SET lease_token = NULL, lease_relay = NULL
 WHERE lease_relay = ANY (@relay_ids::uuid[]);
 
 -- name: RelaysCount :one
-SELECT count(*) FROM outbox_relays;
+-- The live relays (see RelaysList).
+SELECT count(*) FROM outbox_relays
+WHERE heartbeat_at >= now() - make_interval(secs => timeout_seconds);

@@ -98,6 +98,17 @@ func (q *Queries) EventEnqueue(ctx context.Context, arg EventEnqueueParams) (uui
 	return id, err
 }
 
+const eventExists = `-- name: EventExists :one
+SELECT EXISTS (SELECT 1 FROM outbox_events WHERE id = $1)
+`
+
+func (q *Queries) EventExists(ctx context.Context, id uuid.UUID) (bool, error) {
+	row := q.db.QueryRow(ctx, eventExists, id)
+	var exists bool
+	err := row.Scan(&exists)
+	return exists, err
+}
+
 const eventNotify = `-- name: EventNotify :exec
 SELECT pg_notify('outbox', CASE WHEN count(*) > 200 THEN '' ELSE string_agg(m.destination::text, ',') END)
 FROM outbox_messages m
@@ -436,6 +447,106 @@ func (q *Queries) MessageList(ctx context.Context, arg MessageListParams) ([]Mes
 	var items []MessageListRow
 	for rows.Next() {
 		var i MessageListRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.EventID,
+			&i.Type,
+			&i.Destination,
+			&i.Status,
+			&i.Attempts,
+			&i.Parked,
+			&i.NextAttemptAt,
+			&i.ClaimedAt,
+			&i.DeliveredAt,
+			&i.DiscardedAt,
+			&i.LastError,
+			&i.CreatedAt,
+			&i.OrderingKey,
+			&i.EventCreatedAt,
+			&i.Payload,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const messageListByKey = `-- name: MessageListByKey :many
+SELECT m.id, m.event_id, m.type, m.destination, m.status, m.attempts,
+       m.parked, m.next_attempt_at,
+       m.claimed_at, m.delivered_at, m.discarded_at, m.last_error, m.created_at, m.ordering_key,
+       ev.created_at AS event_created_at, ev.payload
+FROM outbox_events ev
+JOIN outbox_messages m ON m.id BETWEEN outbox_uuid_floor(ev.id) AND outbox_uuid_ceil(ev.id) AND m.event_id = ev.id
+WHERE ev.ordering_key = $1
+  AND ($2::uuid IS NULL OR ev.id = $2)
+  AND ($3::text IS NULL OR m.status = $3)
+  AND ($4::text IS NULL OR m.type = $4)
+  AND ($5::uuid IS NULL OR m.destination = $5)
+  AND ($6::timestamptz IS NULL OR m.created_at >= $6)
+  AND ($7::timestamptz IS NULL OR m.created_at < $7)
+  AND ($8::uuid IS NULL OR m.id < $8)
+ORDER BY m.id DESC
+LIMIT $9
+`
+
+type MessageListByKeyParams struct {
+	OrderingKey *string
+	EventID     *uuid.UUID
+	Status      *string
+	Type        *string
+	Destination *uuid.UUID
+	CreatedFrom *time.Time
+	CreatedTo   *time.Time
+	BeforeID    *uuid.UUID
+	MaxRows     int32
+}
+
+type MessageListByKeyRow struct {
+	ID             uuid.UUID
+	EventID        uuid.UUID
+	Type           string
+	Destination    uuid.UUID
+	Status         string
+	Attempts       int32
+	Parked         bool
+	NextAttemptAt  time.Time
+	ClaimedAt      *time.Time
+	DeliveredAt    *time.Time
+	DiscardedAt    *time.Time
+	LastError      *string
+	CreatedAt      time.Time
+	OrderingKey    *string
+	EventCreatedAt time.Time
+	Payload        []byte
+}
+
+// MessageList for the events of one ordering key (an order's, say): the key's
+// events come from their index, and each event's deliveries from the
+// primary key, whose ids share the event's time prefix.
+func (q *Queries) MessageListByKey(ctx context.Context, arg MessageListByKeyParams) ([]MessageListByKeyRow, error) {
+	rows, err := q.db.Query(ctx, messageListByKey,
+		arg.OrderingKey,
+		arg.EventID,
+		arg.Status,
+		arg.Type,
+		arg.Destination,
+		arg.CreatedFrom,
+		arg.CreatedTo,
+		arg.BeforeID,
+		arg.MaxRows,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []MessageListByKeyRow
+	for rows.Next() {
+		var i MessageListByKeyRow
 		if err := rows.Scan(
 			&i.ID,
 			&i.EventID,

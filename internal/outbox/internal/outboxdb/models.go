@@ -51,11 +51,13 @@ type OutboxMessage struct {
 }
 
 type OutboxRelay struct {
-	ID          uuid.UUID
-	Hostname    string
-	Pid         int32
-	StartedAt   time.Time
-	HeartbeatAt time.Time
+	ID             uuid.UUID
+	Hostname       string
+	Pid            int32
+	StartedAt      time.Time
+	HeartbeatAt    time.Time
+	TimeoutSeconds float64
+	LastClaimAt    *time.Time
 }
 
 type WebhookEndpoint struct {

@@ -108,6 +108,69 @@ func (q *Queries) OpsDeliveryRate(ctx context.Context) (OpsDeliveryRateRow, erro
 	return i, err
 }
 
+const opsDiscardWaiting = `-- name: OpsDiscardWaiting :execrows
+UPDATE outbox_messages
+SET status = 'discarded', discarded_at = now(), last_error = $1::text, parked = false
+WHERE status = 'pending' AND id IN (
+    SELECT p.id FROM outbox_messages p WHERE p.destination = $2 AND p.status = 'pending' AND NOT p.parked
+    UNION ALL
+    SELECT w.id FROM outbox_messages w
+    WHERE w.destination = $2 AND w.ordering_key IS NOT NULL AND w.status = 'pending' AND w.parked
+)
+`
+
+// A person gives up on what waits for an endpoint that stays: its pending
+// messages, parked ones too, are settled as discarded with @reason and are
+// never sent. Messages in flight finish as they will; failed ones keep
+// waiting for a retry or a skip. The outer status check is re-read after a
+// concurrent claim, so a message claimed meanwhile is left to its claim.
+func (q *Queries) OpsDiscardWaiting(ctx context.Context, reason string, destination uuid.UUID) (int64, error) {
+	result, err := q.db.Exec(ctx, opsDiscardWaiting, reason, destination)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const opsEndpointAttemptStats = `-- name: OpsEndpointAttemptStats :one
+SELECT count(*) AS attempts,
+       count(*) FILTER (WHERE a.outcome = 'delivered') AS delivered,
+       COALESCE(percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(epoch FROM a.finished_at - a.started_at) * 1000)
+                FILTER (WHERE a.outcome = 'delivered'), 0)::float8 AS p50_ms,
+       COALESCE(percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(epoch FROM a.finished_at - a.started_at) * 1000)
+                FILTER (WHERE a.outcome = 'delivered'), 0)::float8 AS p95_ms,
+       COALESCE(percentile_cont(0.99) WITHIN GROUP (ORDER BY EXTRACT(epoch FROM a.finished_at - a.started_at) * 1000)
+                FILTER (WHERE a.outcome = 'delivered'), 0)::float8 AS p99_ms
+FROM outbox_attempts a
+JOIN outbox_messages m ON m.id = a.message_id
+WHERE a.finished_at >= $1::timestamptz AND m.destination = $2
+`
+
+type OpsEndpointAttemptStatsRow struct {
+	Attempts  int64
+	Delivered int64
+	P50Ms     float64
+	P95Ms     float64
+	P99Ms     float64
+}
+
+// One endpoint's attempts finished since @since: how many, how many were
+// delivered, and the request time of the delivered ones (median, 95th and
+// 99th percentiles, in milliseconds). The window comes from the finished_at
+// index; each attempt's endpoint from its message's primary key.
+func (q *Queries) OpsEndpointAttemptStats(ctx context.Context, since time.Time, destination uuid.UUID) (OpsEndpointAttemptStatsRow, error) {
+	row := q.db.QueryRow(ctx, opsEndpointAttemptStats, since, destination)
+	var i OpsEndpointAttemptStatsRow
+	err := row.Scan(
+		&i.Attempts,
+		&i.Delivered,
+		&i.P50Ms,
+		&i.P95Ms,
+		&i.P99Ms,
+	)
+	return i, err
+}
+
 const opsEndpointHealth = `-- name: OpsEndpointHealth :many
 WITH waiting AS (
     SELECT destination,
@@ -242,6 +305,59 @@ func (q *Queries) OpsEndpointHealth(ctx context.Context, windowSeconds float64) 
 	return items, nil
 }
 
+const opsEndpointRecentAttempts = `-- name: OpsEndpointRecentAttempts :many
+SELECT a.message_id, m.event_id, m.type, a.attempt, a.outcome, a.started_at, a.finished_at, a.status_code, a.error
+FROM outbox_attempts a
+JOIN outbox_messages m ON m.id = a.message_id
+WHERE m.destination = $1 AND a.finished_at >= now() - interval '1 day'
+ORDER BY a.finished_at DESC
+LIMIT $2
+`
+
+type OpsEndpointRecentAttemptsRow struct {
+	MessageID  uuid.UUID
+	EventID    uuid.UUID
+	Type       string
+	Attempt    int32
+	Outcome    string
+	StartedAt  time.Time
+	FinishedAt time.Time
+	StatusCode *int32
+	Error      *string
+}
+
+// One endpoint's latest attempts within the last day, newest first: the
+// finished_at index walked backwards until @max_rows of them are found.
+func (q *Queries) OpsEndpointRecentAttempts(ctx context.Context, destination uuid.UUID, maxRows int32) ([]OpsEndpointRecentAttemptsRow, error) {
+	rows, err := q.db.Query(ctx, opsEndpointRecentAttempts, destination, maxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []OpsEndpointRecentAttemptsRow
+	for rows.Next() {
+		var i OpsEndpointRecentAttemptsRow
+		if err := rows.Scan(
+			&i.MessageID,
+			&i.EventID,
+			&i.Type,
+			&i.Attempt,
+			&i.Outcome,
+			&i.StartedAt,
+			&i.FinishedAt,
+			&i.StatusCode,
+			&i.Error,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const opsOverviewCounts = `-- name: OpsOverviewCounts :one
 SELECT
     ((SELECT count(*) FROM outbox_messages WHERE status = 'pending' AND NOT parked)
@@ -282,6 +398,45 @@ func (q *Queries) OpsOverviewCounts(ctx context.Context) (OpsOverviewCountsRow, 
 		&i.Parked,
 		&i.OldestPendingAgeSeconds,
 		&i.DeliveredEstimate,
+	)
+	return i, err
+}
+
+const opsPendingBreakdown = `-- name: OpsPendingBreakdown :one
+SELECT
+    count(*) FILTER (WHERE e.enabled AND m.next_attempt_at <= now()
+                           AND (e.backoff_until IS NULL OR e.backoff_until <= now())) AS due,
+    count(*) FILTER (WHERE e.enabled AND (m.next_attempt_at > now() OR e.backoff_until > now())) AS scheduled,
+    count(*) FILTER (WHERE NOT e.enabled) AS paused,
+    COALESCE(EXTRACT(epoch FROM now() - min(GREATEST(m.next_attempt_at, e.backoff_until))
+        FILTER (WHERE e.enabled AND m.next_attempt_at <= now()
+                      AND (e.backoff_until IS NULL OR e.backoff_until <= now()))), 0)::float8 AS oldest_due_seconds
+FROM outbox_messages m
+JOIN webhook_endpoints e ON e.id = m.destination
+WHERE m.status = 'pending' AND NOT m.parked
+`
+
+type OpsPendingBreakdownRow struct {
+	Due              int64
+	Scheduled        int64
+	Paused           int64
+	OldestDueSeconds float64
+}
+
+// What the pending messages (parked ones aside) wait for: due now (their
+// endpoint is enabled and not backing off, their own retry time has come),
+// scheduled (a retry of their own or their endpoint's backoff lies ahead),
+// or a paused endpoint. oldest_due_seconds is how long the oldest due
+// message has been due: a working relay keeps it within moments. One pass
+// over the pending index, like the overview's pending count.
+func (q *Queries) OpsPendingBreakdown(ctx context.Context) (OpsPendingBreakdownRow, error) {
+	row := q.db.QueryRow(ctx, opsPendingBreakdown)
+	var i OpsPendingBreakdownRow
+	err := row.Scan(
+		&i.Due,
+		&i.Scheduled,
+		&i.Paused,
+		&i.OldestDueSeconds,
 	)
 	return i, err
 }

@@ -214,12 +214,16 @@ func (q *Queries) DestinationsReleaseLeases(ctx context.Context, relayIds []uuid
 }
 
 const relayHeartbeat = `-- name: RelayHeartbeat :execrows
-UPDATE outbox_relays SET heartbeat_at = now() WHERE id = $1
+UPDATE outbox_relays
+SET heartbeat_at = now(), last_claim_at = GREATEST(last_claim_at, $1)
+WHERE id = $2
 `
 
 // No row means another relay declared this one dead and released its work.
-func (q *Queries) RelayHeartbeat(ctx context.Context, id uuid.UUID) (int64, error) {
-	result, err := q.db.Exec(ctx, relayHeartbeat, id)
+// @last_claim_at is the relay's latest claim (NULL before its first); it
+// only moves forward.
+func (q *Queries) RelayHeartbeat(ctx context.Context, lastClaimAt *time.Time, iD uuid.UUID) (int64, error) {
+	result, err := q.db.Exec(ctx, relayHeartbeat, lastClaimAt, iD)
 	if err != nil {
 		return 0, err
 	}
@@ -228,18 +232,30 @@ func (q *Queries) RelayHeartbeat(ctx context.Context, id uuid.UUID) (int64, erro
 
 const relayRegister = `-- name: RelayRegister :exec
 
-INSERT INTO outbox_relays (id, hostname, pid)
-VALUES ($1, $2, $3)
+INSERT INTO outbox_relays (id, hostname, pid, timeout_seconds)
+VALUES ($1, $2, $3, $4)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 `
+
+type RelayRegisterParams struct {
+	ID             uuid.UUID
+	Hostname       string
+	Pid            int32
+	TimeoutSeconds float64
+}
 
 // Queries of the relay's scheduling: which relays are alive, which
 // destinations have work, and the lease that lets one deliver job at a time
 // serve a destination.
 // Registers a relay process, or brings back one that was declared dead
 // while it lived (a long pause, a lost connection).
-func (q *Queries) RelayRegister(ctx context.Context, iD uuid.UUID, hostname string, pid int32) error {
-	_, err := q.db.Exec(ctx, relayRegister, iD, hostname, pid)
+func (q *Queries) RelayRegister(ctx context.Context, arg RelayRegisterParams) error {
+	_, err := q.db.Exec(ctx, relayRegister,
+		arg.ID,
+		arg.Hostname,
+		arg.Pid,
+		arg.TimeoutSeconds,
+	)
 	return err
 }
 
@@ -252,40 +268,12 @@ func (q *Queries) RelayUnregister(ctx context.Context, id uuid.UUID) error {
 	return err
 }
 
-const relaysAlive = `-- name: RelaysAlive :many
-SELECT id, hostname, pid, started_at, heartbeat_at FROM outbox_relays ORDER BY started_at, id
-`
-
-func (q *Queries) RelaysAlive(ctx context.Context) ([]OutboxRelay, error) {
-	rows, err := q.db.Query(ctx, relaysAlive)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []OutboxRelay
-	for rows.Next() {
-		var i OutboxRelay
-		if err := rows.Scan(
-			&i.ID,
-			&i.Hostname,
-			&i.Pid,
-			&i.StartedAt,
-			&i.HeartbeatAt,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const relaysCount = `-- name: RelaysCount :one
 SELECT count(*) FROM outbox_relays
+WHERE heartbeat_at >= now() - make_interval(secs => timeout_seconds)
 `
 
+// The live relays (see RelaysList).
 func (q *Queries) RelaysCount(ctx context.Context) (int64, error) {
 	row := q.db.QueryRow(ctx, relaysCount)
 	var count int64
@@ -315,6 +303,56 @@ func (q *Queries) RelaysDeclareDead(ctx context.Context, relayTimeoutSeconds flo
 			return nil, err
 		}
 		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const relaysList = `-- name: RelaysList :many
+SELECT id, hostname, pid, started_at, heartbeat_at, last_claim_at, timeout_seconds,
+       (heartbeat_at >= now() - make_interval(secs => timeout_seconds))::boolean AS alive
+FROM outbox_relays
+ORDER BY started_at, id
+`
+
+type RelaysListRow struct {
+	ID             uuid.UUID
+	Hostname       string
+	Pid            int32
+	StartedAt      time.Time
+	HeartbeatAt    time.Time
+	LastClaimAt    *time.Time
+	TimeoutSeconds float64
+	Alive          bool
+}
+
+// Every registered relay, and whether it is alive: its heartbeat is younger
+// than its own relay timeout. A killed relay's row stays until another relay
+// reaps it, so with none left it is here, silent.
+func (q *Queries) RelaysList(ctx context.Context) ([]RelaysListRow, error) {
+	rows, err := q.db.Query(ctx, relaysList)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []RelaysListRow
+	for rows.Next() {
+		var i RelaysListRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Hostname,
+			&i.Pid,
+			&i.StartedAt,
+			&i.HeartbeatAt,
+			&i.LastClaimAt,
+			&i.TimeoutSeconds,
+			&i.Alive,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

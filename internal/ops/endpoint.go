@@ -1,0 +1,259 @@
+package ops
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxkit/orders/internal/outbox"
+)
+
+// One endpoint's story, and what an operator can do to it: create, edit,
+// rotate its secret, discard what waits for it, delete it. Pausing,
+// resuming, retrying its failed messages and replaying are in pages.go and
+// replay.go; this page offers them too.
+
+// rotationOverlap is how long the relay signs with the previous secret too,
+// after a rotation from the page: a day for the receiver to switch.
+const rotationOverlap = 24 * time.Hour
+
+// attemptsShown is how many recent attempts the endpoint page lists.
+const attemptsShown = 50
+
+type endpointPage struct {
+	Layout
+	EP        outbox.EndpointHealth
+	RelayDown bool
+	Hour, Day outbox.AttemptStats
+	Attempts  []outbox.EndpointAttempt
+	Replay    replayForm
+	// Self is the page's path, where its actions return.
+	Self string
+}
+
+func (h *Handler) handleEndpoint(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		h.renderError(w, r, http.StatusNotFound, "Not found", "There is no endpoint with that id.")
+		return
+	}
+	ep, err := h.admin.EndpointHealth(ctx, id, Window)
+	if err != nil {
+		h.actionError(w, r, err)
+		return
+	}
+	p := endpointPage{Layout: h.layout(r, "Endpoint "+ep.URL), EP: ep, Self: Prefix + "/endpoints/" + id.String()}
+	relay, err := h.admin.Relays(ctx)
+	if err != nil {
+		h.actionError(w, r, err)
+		return
+	}
+	p.RelayDown = relay.State == outbox.RelayDown
+	if p.Hour, err = h.admin.EndpointAttemptStats(ctx, id, time.Hour); err != nil {
+		h.actionError(w, r, err)
+		return
+	}
+	if p.Day, err = h.admin.EndpointAttemptStats(ctx, id, 24*time.Hour); err != nil {
+		h.actionError(w, r, err)
+		return
+	}
+	if p.Attempts, err = h.admin.EndpointAttempts(ctx, id, attemptsShown); err != nil {
+		h.actionError(w, r, err)
+		return
+	}
+	p.Replay = h.newReplayForm(r, ep.Endpoint, p.Self)
+	h.render(w, r, http.StatusOK, "endpoint", p)
+}
+
+// endpointForm is the create and edit form.
+type endpointForm struct {
+	Layout
+	// Endpoint is nil when creating.
+	Endpoint   *outbox.Endpoint
+	URL        string
+	EventTypes string
+	Error      string
+}
+
+// eventTypes reads the form's event types: separated by commas, spaces or
+// lines.
+func eventTypes(s string) []string {
+	return strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' || r == '\n' || r == '\r' || r == '\t' })
+}
+
+func (h *Handler) handleNewEndpointForm(w http.ResponseWriter, r *http.Request) {
+	h.render(w, r, http.StatusOK, "endpoint_form", endpointForm{Layout: h.layout(r, "New endpoint"),
+		EventTypes: "order.placed, order.cancelled"})
+}
+
+// secretPage shows a signing secret, once.
+type secretPage struct {
+	Layout
+	Endpoint outbox.Endpoint
+	Secret   string
+	// Rotated: a new secret for an existing endpoint; Overlap is how long
+	// the previous one still signs too.
+	Rotated bool
+	Overlap string
+}
+
+// handleCreateEndpoint registers an endpoint from the form. It needs no
+// second step: the form is the confirmation, and nothing is sent until an
+// event is committed.
+func (h *Handler) handleCreateEndpoint(w http.ResponseWriter, r *http.Request) {
+	f := endpointForm{Layout: h.layout(r, "New endpoint"), URL: strings.TrimSpace(r.PostForm.Get("url")),
+		EventTypes: r.PostForm.Get("event_types")}
+	ep, err := h.admin.CreateEndpoint(r.Context(), f.URL, eventTypes(f.EventTypes))
+	if errors.Is(err, outbox.ErrInvalidEndpoint) {
+		f.Error = err.Error()
+		h.render(w, r, http.StatusUnprocessableEntity, "endpoint_form", f)
+		return
+	}
+	if err != nil {
+		h.actionError(w, r, err)
+		return
+	}
+	h.logAction(r, "create_endpoint", slog.String("endpoint_id", ep.ID.String()), slog.String("url", ep.URL))
+	h.render(w, r, http.StatusCreated, "secret", secretPage{Layout: h.layout(r, "Endpoint created"), Endpoint: ep, Secret: ep.Secret})
+}
+
+func (h *Handler) handleEditEndpointForm(w http.ResponseWriter, r *http.Request) {
+	ep, ok := h.endpointFor(w, r)
+	if !ok {
+		return
+	}
+	h.render(w, r, http.StatusOK, "endpoint_form", endpointForm{Layout: h.layout(r, "Edit endpoint"), Endpoint: &ep,
+		URL: ep.URL, EventTypes: strings.Join(ep.EventTypes, ", ")})
+}
+
+func (h *Handler) handleEditEndpoint(w http.ResponseWriter, r *http.Request) {
+	ep, ok := h.endpointFor(w, r)
+	if !ok {
+		return
+	}
+	f := endpointForm{Layout: h.layout(r, "Edit endpoint"), Endpoint: &ep, URL: strings.TrimSpace(r.PostForm.Get("url")),
+		EventTypes: r.PostForm.Get("event_types")}
+	types := eventTypes(f.EventTypes)
+	if !confirmed(r) {
+		if f.URL == "" || len(types) == 0 {
+			f.Error = "Give the endpoint a URL and at least one event type."
+			h.render(w, r, http.StatusUnprocessableEntity, "endpoint_form", f)
+			return
+		}
+		h.render(w, r, http.StatusOK, "confirm", confirmPage{
+			Layout: h.layout(r, "Change endpoint?"),
+			Question: "Change this endpoint in place? It keeps its id, secret and messages: what already waits goes to the new URL, " +
+				"and the new event types apply to events committed from now on.",
+			Details: []fact{{"URL now", ep.URL}, {"URL after", f.URL},
+				{"Event types now", strings.Join(ep.EventTypes, ", ")}, {"Event types after", strings.Join(types, ", ")}},
+			Action: r.URL.Path, Return: Prefix + "/endpoints/" + ep.ID.String(), Button: "Change endpoint",
+			Hidden: []fact{{"url", f.URL}, {"event_types", f.EventTypes}},
+		})
+		return
+	}
+	updated, err := h.admin.UpdateEndpoint(r.Context(), ep.ID, outbox.EndpointChange{URL: &f.URL, EventTypes: types})
+	if errors.Is(err, outbox.ErrInvalidEndpoint) {
+		f.Error = err.Error()
+		h.render(w, r, http.StatusUnprocessableEntity, "endpoint_form", f)
+		return
+	}
+	if err != nil {
+		h.actionError(w, r, err)
+		return
+	}
+	h.logAction(r, "update_endpoint", slog.String("endpoint_id", ep.ID.String()), slog.String("url", updated.URL),
+		slog.String("previous_url", ep.URL), slog.Any("event_types", updated.EventTypes))
+	done(w, r, "updated")
+}
+
+func (h *Handler) handleRotateSecret(w http.ResponseWriter, r *http.Request) {
+	ep, ok := h.endpointFor(w, r)
+	if !ok {
+		return
+	}
+	if !confirmed(r) {
+		question := "Give this endpoint a new signing secret? The new one is shown once, on the next page. " +
+			"For the next 24 hours the relay signs every delivery with both the new and the previous secret, " +
+			"so the receiver can switch without rejecting one."
+		if ep.Kind != outbox.KindWebhook {
+			question = "This is a broker destination: its messages are not signed, so a new secret changes nothing it receives. Rotate it anyway?"
+		}
+		h.render(w, r, http.StatusOK, "confirm", confirmPage{
+			Layout: h.layout(r, "Rotate signing secret?"), Question: question,
+			Details: []fact{{"Endpoint", ep.URL}}, Action: r.URL.Path, Return: returnPath(r), Button: "Rotate secret", Danger: true,
+		})
+		return
+	}
+	rotated, err := h.admin.RotateSecret(r.Context(), ep.ID, rotationOverlap)
+	if err != nil {
+		h.actionError(w, r, err)
+		return
+	}
+	h.logAction(r, "rotate_secret", slog.String("endpoint_id", ep.ID.String()), slog.Duration("overlap", rotationOverlap))
+	h.render(w, r, http.StatusOK, "secret", secretPage{Layout: h.layout(r, "Secret rotated"), Endpoint: rotated,
+		Secret: rotated.Secret, Rotated: true, Overlap: "24 hours"})
+}
+
+func (h *Handler) handleDiscardWaiting(w http.ResponseWriter, r *http.Request) {
+	ep, ok := h.endpointFor(w, r)
+	if !ok {
+		return
+	}
+	if !confirmed(r) {
+		health, err := h.admin.EndpointHealth(r.Context(), ep.ID, Window)
+		if err != nil {
+			h.actionError(w, r, err)
+			return
+		}
+		h.render(w, r, http.StatusOK, "confirm", confirmPage{
+			Layout: h.layout(r, "Discard waiting messages?"),
+			Question: fmt.Sprintf("Discard the %s waiting for this endpoint? They are settled as discarded and never sent "+
+				"(a replay can send their events again). Messages being sent right now finish; failed ones stay for a retry or a skip. "+
+				"This cannot be undone.", plural(strconv.FormatInt(health.Waiting, 10), "message", "messages")),
+			Details: []fact{{"Endpoint", ep.URL}, {"Waiting", strconv.FormatInt(health.Waiting, 10)},
+				{"Parked behind their key", strconv.FormatInt(health.Parked, 10)}},
+			Action: r.URL.Path, Return: returnPath(r), Button: "Discard waiting messages", Danger: true,
+		})
+		return
+	}
+	n, err := h.admin.DiscardWaiting(r.Context(), ep.ID)
+	if err != nil {
+		h.actionError(w, r, err)
+		return
+	}
+	h.logAction(r, "discard_waiting", slog.String("endpoint_id", ep.ID.String()), slog.Int64("discarded", n))
+	done(w, r, "discarded", int(n))
+}
+
+func (h *Handler) handleDeleteEndpoint(w http.ResponseWriter, r *http.Request) {
+	ep, ok := h.endpointFor(w, r)
+	if !ok {
+		return
+	}
+	if !confirmed(r) {
+		h.render(w, r, http.StatusOK, "confirm", confirmPage{
+			Layout: h.layout(r, "Delete endpoint?"),
+			Question: "Delete this endpoint for good? Nothing more is sent to it: every message not yet delivered to it is discarded " +
+				"at once, and events committed from now on are not written for it. Its delivered history stays for the retention period. " +
+				"To stop deliveries for a while instead, pause it. This cannot be undone.",
+			Details: []fact{{"Endpoint", ep.URL}, {"Events", strings.Join(ep.EventTypes, ", ")}},
+			Action:  r.URL.Path, Return: Prefix + "/endpoints/" + ep.ID.String(), Button: "Delete endpoint", Danger: true,
+		})
+		return
+	}
+	n, err := h.admin.DeleteEndpoint(r.Context(), ep.ID)
+	if err != nil {
+		h.actionError(w, r, err)
+		return
+	}
+	h.logAction(r, "delete_endpoint", slog.String("endpoint_id", ep.ID.String()), slog.String("url", ep.URL), slog.Int64("discarded", n))
+	r.PostForm.Set("return", Prefix)
+	done(w, r, "deleted", int(n))
+}

@@ -1,0 +1,208 @@
+package ops_test
+
+import (
+	"context"
+	"html"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/webhook"
+)
+
+// One endpoint's story: its state, what waits and failed, its success rate
+// and latency over the hour and the day, and its recent attempts with their
+// errors, all as the database has them.
+func TestEndpointPageTellsTheEndpointsStory(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, token)
+	c := e.loggedIn(t)
+	ep := e.endpoint(t, "http://127.0.0.1:9/hook", "order.placed")
+	other := e.endpoint(t, "http://127.0.0.1:9/other", "order.cancelled")
+	e.enqueue(t, "order.cancelled", 0)
+	// Within the hour: 3 delivered (8 ms each) and one failed after three
+	// attempts (12 ms each); 2 hours ago: 2 delivered. The other endpoint's
+	// attempts are not this one's.
+	for range 3 {
+		e.deliver(t, e.enqueue(t, "order.placed", 1)[0], time.Minute)
+	}
+	failed := e.enqueue(t, "order.placed", 2)[0]
+	e.fail(t, failed)
+	for range 2 {
+		e.deliver(t, e.enqueue(t, "order.placed", 3)[0], 2*time.Hour)
+	}
+	waiting := e.enqueue(t, "order.placed", 4)
+	e.exec(t, `UPDATE outbox_messages SET status = 'delivered', attempts = 1, delivered_at = now() WHERE destination = $1`, other.ID)
+	e.exec(t, `INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code, error)
+		SELECT id, 2, 'retry', now() - interval '1 minute', now() - interval '1 minute' + interval '900 ms', 503, 'other endpoint down'
+		FROM outbox_messages WHERE destination = $1`, other.ID)
+	// The same numbers from the database: this endpoint's attempts.
+	hourAttempts := e.count(t, `SELECT count(*) FROM outbox_attempts a JOIN outbox_messages m ON m.id = a.message_id
+		WHERE m.destination = $1 AND a.finished_at >= now() - interval '1 hour'`, ep.ID)
+	require.Equal(t, int64(6), hourAttempts, "3 delivered and 3 attempts of the failed one")
+
+	res, body := get(t, c, e.srv.URL+"/ops/endpoints/"+ep.ID.String())
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Contains(t, body, `id="endpoint-state" data-state="healthy"`)
+	require.Equal(t, int64(1), dataValue(t, body, "endpoint-waiting"), "the one message still pending: %v", waiting)
+	require.Equal(t, int64(1), dataValue(t, body, "endpoint-failed"))
+	require.Contains(t, body, `id="success-hour" data-attempts="6" data-delivered="3">50%<`)
+	require.Contains(t, body, `<span id="success-day">62.5%</span> of 8`, "5 of 8 over the day")
+	require.Regexp(t, `data-window="hour"><th scope="row">Last hour</th><td class="n">3</td><td class="n">8.0 ms</td>`, body)
+	require.Regexp(t, `data-window="day"><th scope="row">Last day</th><td class="n">5</td><td class="n">8.0 ms</td>`, body)
+	require.Equal(t, 8, strings.Count(body, `<tr data-outcome=`), "the 8 attempts of the day, the other endpoint's left out")
+	require.Contains(t, body, "500 Internal Server Error: receiver down")
+	require.NotContains(t, body, "other endpoint down")
+	require.Contains(t, body, `href="/ops/messages/`+failed.String()+`"`)
+	require.Contains(t, body, "not delivering", "no relay runs in this test, so the page says so")
+
+	// Backing off: "circuit open" with its next probe.
+	e.exec(t, `UPDATE webhook_endpoints SET health = 'backing_off', health_reason = 'connection refused',
+		consecutive_failures = 5, health_changed_at = now(), backoff_until = now() + interval '40 seconds' WHERE id = $1`, ep.ID)
+	_, body = get(t, c, e.srv.URL+"/ops/endpoints/"+ep.ID.String())
+	require.Contains(t, body, `data-state="backing_off"`)
+	require.Contains(t, body, "circuit open")
+	require.Contains(t, body, "after 5 failures in a row")
+	require.Regexp(t, `id="next-probe" title="[^"]+">in (3\d|40)s<`, body)
+	require.Contains(t, body, `id="probe"`)
+
+	res, _ = get(t, c, e.srv.URL+"/ops/endpoints/"+uuid.NewString())
+	require.Equal(t, http.StatusNotFound, res.StatusCode)
+}
+
+var secretRe = regexp.MustCompile(`<code class="secret" id="secret">(whsec_[^<]+)</code>`)
+
+// secretOn reads the secret a page shows (html/template writes + as &#43;).
+func secretOn(body string) []string {
+	m := secretRe.FindStringSubmatch(body)
+	if m != nil {
+		m[1] = html.UnescapeString(m[1])
+	}
+	return m
+}
+
+// From the page an operator creates an endpoint (its secret shown once),
+// edits it in place, rotates its secret, discards what waits for it and
+// deletes it; each change is confirmed first (but creation, whose form is
+// the confirmation), carries the CSRF token, and is logged.
+func TestEndpointActionsFromThePage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, token)
+	c := e.loggedIn(t)
+	csrf := e.csrf(t, c)
+	ctx := context.Background()
+
+	// Bad input: a clear error and nothing written.
+	res, body := postPage(t, c, e.srv.URL+"/ops/endpoints/new", url.Values{"csrf": {csrf}, "url": {"ftp://x"}, "event_types": {"order.placed"}})
+	require.Equal(t, http.StatusUnprocessableEntity, res.StatusCode)
+	require.Contains(t, body, `id="form-error"`)
+	res, _ = postPage(t, c, e.srv.URL+"/ops/endpoints/new", url.Values{"csrf": {csrf}, "url": {"http://127.0.0.1:9/x"}, "event_types": {" , "}})
+	require.Equal(t, http.StatusUnprocessableEntity, res.StatusCode)
+	require.Zero(t, e.count(t, `SELECT count(*) FROM webhook_endpoints`))
+
+	res, body = postPage(t, c, e.srv.URL+"/ops/endpoints/new", url.Values{"csrf": {csrf},
+		"url": {"http://127.0.0.1:9/hook"}, "event_types": {"order.placed, order.cancelled"}})
+	require.Equal(t, http.StatusCreated, res.StatusCode)
+	m := secretOn(body)
+	require.NotNil(t, m, "the new secret is on the page: %s", body)
+	eps, err := e.admin.Endpoints(ctx)
+	require.NoError(t, err)
+	require.Len(t, eps, 1)
+	ep := eps[0]
+	require.Equal(t, []string{"order.cancelled", "order.placed"}, ep.EventTypes)
+	require.Equal(t, "http://127.0.0.1:9/hook", ep.URL)
+	_, err = webhook.NewVerifier(m[1])
+	require.NoError(t, err, "a usable secret")
+	_, body = get(t, c, e.srv.URL+"/ops/endpoints/"+ep.ID.String())
+	require.NotContains(t, body, m[1], "the secret is shown once")
+	base := e.srv.URL + "/ops/endpoints/" + ep.ID.String()
+
+	// Edit: confirmed, then in place (same id).
+	form := url.Values{"csrf": {csrf}, "url": {"http://127.0.0.1:9/new-hook"}, "event_types": {"order.placed"}}
+	res, body = postPage(t, c, base+"/edit", form)
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Contains(t, body, "Change endpoint?")
+	require.Contains(t, body, "http://127.0.0.1:9/new-hook")
+	got, _ := e.admin.Endpoint(ctx, ep.ID)
+	require.Equal(t, "http://127.0.0.1:9/hook", got.URL, "not before the confirmation")
+	hidden := hiddenFields(body)
+	res = post(t, c, base+"/edit", hidden)
+	require.Equal(t, http.StatusSeeOther, res.StatusCode)
+	require.Equal(t, "/ops/endpoints/"+ep.ID.String()+"?done=updated", res.Header.Get("Location"))
+	got, _ = e.admin.Endpoint(ctx, ep.ID)
+	require.Equal(t, "http://127.0.0.1:9/new-hook", got.URL)
+	require.Equal(t, []string{"order.placed"}, got.EventTypes)
+
+	// Rotate: confirmed, then a new secret, shown once, the old one kept
+	// for the overlap.
+	res, body = postPage(t, c, base+"/rotate-secret", url.Values{"csrf": {csrf}})
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Contains(t, body, "Rotate signing secret?")
+	res, body = postPage(t, c, base+"/rotate-secret", url.Values{"csrf": {csrf}, "confirm": {"yes"}})
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	rotated := secretOn(body)
+	require.NotNil(t, rotated, body)
+	require.NotEqual(t, m[1], rotated[1])
+	require.Equal(t, int64(1), e.count(t, `SELECT count(*) FROM webhook_endpoints
+		WHERE id = $1 AND previous_secret IS NOT NULL AND previous_secret_expires_at > now() + interval '23 hours'`, ep.ID))
+
+	// Discard what waits: pending and parked go, the failed one and the
+	// one in flight stay.
+	ids := e.enqueueKeyed(t, "order.placed", "k", 1)
+	ids = append(ids, e.enqueueKeyed(t, "order.placed", "k", 2)...)
+	ids = append(ids, e.enqueue(t, "order.placed", 3)...)
+	ids = append(ids, e.enqueue(t, "order.placed", 4)...)
+	ids = append(ids, e.enqueue(t, "order.placed", 5)...)
+	e.park(t, ids[1])
+	e.fail(t, ids[3])
+	e.exec(t, `UPDATE outbox_messages SET status = 'claimed', claimed_at = now(), claim_token = gen_random_uuid() WHERE id = $1`, ids[4])
+	res, body = postPage(t, c, base+"/discard-waiting", url.Values{"csrf": {csrf}, "return": {"/ops/endpoints/" + ep.ID.String()}})
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Contains(t, body, "Discard the 4 messages waiting", "pending, parked and the claimed one wait; the failed one does not")
+	res = post(t, c, base+"/discard-waiting", hiddenFields(body))
+	require.Equal(t, http.StatusSeeOther, res.StatusCode)
+	require.Equal(t, "/ops/endpoints/"+ep.ID.String()+"?done=discarded&n=3", res.Header.Get("Location"))
+	for i, want := range []string{outbox.StatusDiscarded, outbox.StatusDiscarded, outbox.StatusDiscarded, outbox.StatusFailed, outbox.StatusClaimed} {
+		require.Equal(t, want, e.status(t, ids[i]), "message %d", i)
+	}
+	require.Equal(t, int64(3), e.count(t, `SELECT count(*) FROM outbox_messages WHERE destination = $1
+		AND status = 'discarded' AND last_error = 'discarded by an operator' AND NOT parked`, ep.ID))
+
+	// Delete: confirmed, then gone, its undelivered messages discarded.
+	res, body = postPage(t, c, base+"/delete", url.Values{"csrf": {csrf}})
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Contains(t, body, "Delete this endpoint for good?")
+	res = post(t, c, base+"/delete", hiddenFields(body))
+	require.Equal(t, http.StatusSeeOther, res.StatusCode)
+	require.Equal(t, "/ops?done=deleted&n=2", res.Header.Get("Location"), "the failed and the claimed one")
+	_, err = e.admin.Endpoint(ctx, ep.ID)
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+
+	logs := e.logs.String()
+	for _, action := range []string{"create_endpoint", "update_endpoint", "rotate_secret", "discard_waiting", "delete_endpoint"} {
+		require.Contains(t, logs, `"action":"`+action+`"`)
+	}
+	require.NotContains(t, logs, m[1], "secrets are never logged")
+	require.NotContains(t, logs, rotated[1])
+
+	// None of them acts without the session's CSRF token.
+	victim := e.endpoint(t, "http://127.0.0.1:9/victim", "order.placed")
+	vbase := e.srv.URL + "/ops/endpoints/" + victim.ID.String()
+	for _, path := range []string{"/edit", "/rotate-secret", "/discard-waiting", "/delete"} {
+		res := post(t, c, vbase+path, url.Values{"confirm": {"yes"}, "url": {"http://127.0.0.1:9/evil"}, "event_types": {"x"}})
+		require.Equal(t, http.StatusForbidden, res.StatusCode, path)
+	}
+	res = post(t, c, e.srv.URL+"/ops/endpoints/new", url.Values{"url": {"http://127.0.0.1:9/evil"}, "event_types": {"x"}})
+	require.Equal(t, http.StatusForbidden, res.StatusCode)
+	got, err = e.admin.Endpoint(ctx, victim.ID)
+	require.NoError(t, err)
+	require.Equal(t, "http://127.0.0.1:9/victim", got.URL)
+	require.Equal(t, int64(1), e.count(t, `SELECT count(*) FROM webhook_endpoints`))
+}

@@ -1,0 +1,239 @@
+package ops
+
+import (
+	"errors"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxkit/orders/internal/outbox"
+)
+
+// "What happened to order X / event Y?": one search box for any id, and a
+// message list with filters and pagination.
+
+// pageSize is how many messages a list page shows.
+const pageSize = 50
+
+type messagesPage struct {
+	Layout
+	Filter    listFilter
+	Endpoints []outbox.Endpoint
+	Messages  []messageRow
+	// Older is the link to the next (older) page; empty on the last one.
+	Older string
+	// Paged: this is not the first page.
+	Paged bool
+	// Statuses are the status filter's choices.
+	Statuses []string
+	// Error explains a filter that could not be read.
+	Error string
+}
+
+// listFilter is the list's filter as the form holds it (text), and the
+// outbox filter it reads as.
+type listFilter struct {
+	Status, Type, Endpoint, Key, Event, From, To string
+}
+
+// query is the filter as URL parameters, without the page cursor.
+func (f listFilter) query() url.Values {
+	q := url.Values{}
+	for name, v := range map[string]string{"status": f.Status, "type": f.Type, "endpoint": f.Endpoint, "key": f.Key,
+		"event": f.Event, "from": f.From, "to": f.To} {
+		if v != "" {
+			q.Set(name, v)
+		}
+	}
+	return q
+}
+
+// Active reports whether anything is filtered.
+func (f listFilter) Active() bool { return len(f.query()) > 0 }
+
+// parse reads the form into an outbox filter; a value that cannot be read
+// is an error that names the field.
+func (f listFilter) parse() (outbox.MessageFilter, error) {
+	mf := outbox.MessageFilter{Status: f.Status, Type: f.Type, OrderingKey: f.Key, Limit: pageSize}
+	if f.Status != "" && !isStatus(f.Status) {
+		return mf, errors.New("status must be one of pending, claimed, delivered, failed or discarded")
+	}
+	for name, p := range map[string]struct {
+		v   string
+		dst **uuid.UUID
+	}{"Endpoint": {f.Endpoint, &mf.Destination}, "Event id": {f.Event, &mf.Event}} {
+		if p.v == "" {
+			continue
+		}
+		id, err := uuid.Parse(p.v)
+		if err != nil {
+			return mf, errors.New(name + " must be an id (a UUID)")
+		}
+		*p.dst = &id
+	}
+	for name, p := range map[string]struct {
+		v   string
+		dst **time.Time
+	}{"From": {f.From, &mf.CreatedFrom}, "To": {f.To, &mf.CreatedTo}} {
+		if p.v == "" {
+			continue
+		}
+		t, err := time.ParseInLocation(localMinute, p.v, time.UTC)
+		if err != nil {
+			return mf, errors.New(name + " must be a date and time (UTC)")
+		}
+		*p.dst = &t
+	}
+	return mf, nil
+}
+
+var statuses = []string{outbox.StatusPending, outbox.StatusClaimed, outbox.StatusDelivered, outbox.StatusFailed, outbox.StatusDiscarded}
+
+func isStatus(s string) bool {
+	for _, v := range statuses {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+func (h *Handler) handleMessages(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	q := r.URL.Query()
+	f := listFilter{Status: q.Get("status"), Type: strings.TrimSpace(q.Get("type")), Endpoint: q.Get("endpoint"),
+		Key: strings.TrimSpace(q.Get("key")), Event: strings.TrimSpace(q.Get("event")), From: q.Get("from"), To: q.Get("to")}
+	eps, err := h.admin.Endpoints(ctx)
+	if err != nil {
+		h.actionError(w, r, err)
+		return
+	}
+	p := messagesPage{Layout: h.layout(r, "Messages"), Filter: f, Endpoints: eps, Statuses: statuses}
+	mf, err := f.parse()
+	if err == nil && q.Get("before") != "" {
+		id, perr := uuid.Parse(q.Get("before"))
+		if perr != nil {
+			err = errors.New("the page cursor is not an id: start again from the newest")
+		}
+		mf.Before, p.Paged = &id, true
+	}
+	if err != nil {
+		p.Error = err.Error()
+		h.render(w, r, http.StatusBadRequest, "messages", p)
+		return
+	}
+	msgs, next, err := h.admin.Messages(ctx, mf)
+	if err != nil {
+		h.actionError(w, r, err)
+		return
+	}
+	urls := make(map[uuid.UUID]string, len(eps))
+	for _, e := range eps {
+		urls[e.ID] = e.URL
+	}
+	for _, m := range msgs {
+		p.Messages = append(p.Messages, messageRow{Message: m, EndpointURL: urls[m.Destination]})
+	}
+	if next != nil {
+		nq := f.query()
+		nq.Set("before", next.String())
+		p.Older = Prefix + "/messages?" + nq.Encode()
+	}
+	h.render(w, r, http.StatusOK, "messages", p)
+}
+
+// NewestLink is the first page of the same filter.
+func (p messagesPage) NewestLink() string {
+	if q := p.Filter.query(); len(q) > 0 {
+		return Prefix + "/messages?" + q.Encode()
+	}
+	return Prefix + "/messages"
+}
+
+type searchPage struct {
+	Layout
+	Query string
+	// Event is set when the query is an event recorded with no delivery.
+	Event *uuid.UUID
+	// Endpoints are the endpoints whose URL contains the query.
+	Endpoints []outbox.Endpoint
+}
+
+// handleSearch takes whatever an operator pasted — a message id, an event
+// id (webhook-id), an endpoint id, an order id or another ordering key, or
+// part of an endpoint's URL — and goes where it leads.
+func (h *Handler) handleSearch(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	q := strings.TrimSpace(r.URL.Query().Get("q"))
+	if q == "" {
+		http.Redirect(w, r, Prefix+"/messages", http.StatusSeeOther)
+		return
+	}
+	to := func(path string) { http.Redirect(w, r, path, http.StatusSeeOther) }
+	p := searchPage{Layout: h.layout(r, "Search"), Query: q}
+	if id, err := uuid.Parse(q); err == nil {
+		switch _, err := h.admin.Message(ctx, id); {
+		case err == nil:
+			to(Prefix + "/messages/" + id.String())
+			return
+		case !errors.Is(err, outbox.ErrNotFound):
+			h.actionError(w, r, err)
+			return
+		}
+		msgs, _, err := h.admin.Messages(ctx, outbox.MessageFilter{Event: &id, Limit: 1})
+		if err != nil {
+			h.actionError(w, r, err)
+			return
+		}
+		if len(msgs) > 0 {
+			to(Prefix + "/messages?" + url.Values{"event": {id.String()}}.Encode())
+			return
+		}
+		recorded, err := h.admin.EventRecorded(ctx, id)
+		if err != nil {
+			h.actionError(w, r, err)
+			return
+		}
+		if recorded {
+			p.Event = &id
+			h.render(w, r, http.StatusOK, "search", p)
+			return
+		}
+		switch _, err := h.admin.Endpoint(ctx, id); {
+		case err == nil:
+			to(Prefix + "/endpoints/" + id.String())
+			return
+		case !errors.Is(err, outbox.ErrNotFound):
+			h.actionError(w, r, err)
+			return
+		}
+	}
+	// An order id, or any other ordering key.
+	msgs, _, err := h.admin.Messages(ctx, outbox.MessageFilter{OrderingKey: q, Limit: 1})
+	if err != nil {
+		h.actionError(w, r, err)
+		return
+	}
+	if len(msgs) > 0 {
+		to(Prefix + "/messages?" + url.Values{"key": {q}}.Encode())
+		return
+	}
+	eps, err := h.admin.Endpoints(ctx)
+	if err != nil {
+		h.actionError(w, r, err)
+		return
+	}
+	for _, e := range eps {
+		if strings.Contains(strings.ToLower(e.URL), strings.ToLower(q)) {
+			p.Endpoints = append(p.Endpoints, e)
+		}
+	}
+	if len(p.Endpoints) == 1 {
+		to(Prefix + "/endpoints/" + p.Endpoints[0].ID.String())
+		return
+	}
+	h.render(w, r, http.StatusOK, "search", p)
+}

@@ -1,0 +1,174 @@
+package ops_test
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/orders/internal/outbox"
+)
+
+// The search box goes where whatever an operator pasted leads: a message id
+// to its page, an event id (webhook-id) to its deliveries, an order id (an
+// ordering key) to its events' deliveries, an endpoint id or part of its URL
+// to its page; an event with no subscriber is said to be recorded; anything
+// else says what was looked for.
+func TestSearchFindsMessagesEventsOrdersAndEndpoints(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, token)
+	c := e.loggedIn(t)
+	billing := e.endpoint(t, "http://127.0.0.1:9/billing", "order.placed", "order.cancelled")
+	e.endpoint(t, "http://127.0.0.1:9/shipping", "order.placed")
+	order := uuid.NewString()
+	placed := e.enqueueKeyed(t, "order.placed", order, map[string]string{"id": order})
+	cancelled := e.enqueueKeyed(t, "order.cancelled", order, map[string]string{"id": order})
+	other := e.enqueueKeyed(t, "order.placed", uuid.NewString(), map[string]string{"id": "other"})
+	require.Len(t, placed, 2, "two endpoints take order.placed")
+	require.Len(t, cancelled, 1)
+
+	search := func(q string) (*http.Response, string) {
+		return get(t, c, e.srv.URL+"/ops/search?"+url.Values{"q": {q}}.Encode())
+	}
+	redirect := func(q, want string) {
+		t.Helper()
+		res, _ := search(q)
+		require.Equal(t, http.StatusSeeOther, res.StatusCode, "q=%s", q)
+		require.Equal(t, want, res.Header.Get("Location"), "q=%s", q)
+	}
+	redirect(placed[1].String(), "/ops/messages/"+placed[1].String())
+	redirect("  "+placed[1].String()+" ", "/ops/messages/"+placed[1].String())
+	redirect(e.eventOf(t, placed[0]).String(), "/ops/messages?event="+e.eventOf(t, placed[0]).String())
+	redirect(order, "/ops/messages?key="+order)
+	redirect(billing.ID.String(), "/ops/endpoints/"+billing.ID.String())
+	redirect("BILLING", "/ops/endpoints/"+billing.ID.String())
+
+	// The order's page lists its three deliveries, and nothing else.
+	_, body := get(t, c, e.srv.URL+"/ops/messages?key="+order)
+	require.Equal(t, 3, strings.Count(body, `<tr id="message-`), body)
+	for _, id := range append(placed, cancelled...) {
+		require.Contains(t, body, `id="message-`+id.String()+`"`)
+	}
+	require.NotContains(t, body, other[0].String())
+	// The ids on the list end with their random part: two deliveries of one
+	// event written in the same instant still read apart.
+	require.Contains(t, body, "…"+placed[0].String()[24:])
+	require.Contains(t, body, "…"+placed[1].String()[24:])
+	require.NotEqual(t, placed[0].String()[24:], placed[1].String()[24:])
+
+	// An event nobody subscribed to is recorded all the same.
+	var lonely uuid.UUID
+	require.NoError(t, pgx.BeginFunc(context.Background(), e.pool, func(tx pgx.Tx) (err error) {
+		lonely, err = outbox.Enqueue(context.Background(), tx, outbox.Event{Type: "order.refunded", Data: map[string]int{"n": 1}})
+		return err
+	}))
+	res, body := search(lonely.String())
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Contains(t, body, `id="event-found"`)
+	require.Contains(t, body, "no endpoint was subscribed")
+
+	// Two endpoints match "127.0.0.1": a list of both.
+	res, body = search("127.0.0.1")
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Equal(t, 2, strings.Count(body, `<li><a href="/ops/endpoints/`))
+
+	res, body = search(uuid.NewString())
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Contains(t, body, `id="nothing-found"`)
+	res, body = search("no-such-thing")
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Contains(t, body, `id="nothing-found"`)
+}
+
+var messageRowRe = regexp.MustCompile(`<tr id="message-([0-9a-f-]{36})" data-status="(\w+)">`)
+
+// The list filters by status, type, endpoint and time, and pages through
+// everything once, newest first, with the filter kept on every page.
+func TestMessageListFiltersAndPages(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, token)
+	c := e.loggedIn(t)
+	a := e.endpoint(t, "http://127.0.0.1:9/a", "order.placed", "order.cancelled")
+	b := e.endpoint(t, "http://127.0.0.1:9/b", "order.placed")
+	var forA []uuid.UUID
+	for i := range 120 {
+		typ := "order.placed"
+		if i%3 == 0 {
+			typ = "order.cancelled"
+		}
+		ev := e.eventOf(t, e.enqueue(t, typ, map[string]int{"i": i})[0])
+		var id uuid.UUID
+		require.NoError(t, e.pool.QueryRow(context.Background(),
+			`SELECT id FROM outbox_messages WHERE event_id = $1 AND destination = $2`, ev, a.ID).Scan(&id))
+		forA = append(forA, id)
+	}
+	e.fail(t, forA[5])
+	e.fail(t, forA[77])
+
+	// Every message of endpoint a, page by page: 120 of them, each once, in
+	// newest-first order, and none of b's.
+	next := e.srv.URL + "/ops/messages?endpoint=" + a.ID.String()
+	var seen []string
+	pages := 0
+	for next != "" {
+		res, body := get(t, c, next)
+		require.Equal(t, http.StatusOK, res.StatusCode)
+		pages++
+		for _, m := range messageRowRe.FindAllStringSubmatch(body, -1) {
+			seen = append(seen, m[1])
+		}
+		require.NotContains(t, body, "/ops/endpoints/"+b.ID.String()+`">`, "a message of endpoint b")
+		next = ""
+		if m := regexp.MustCompile(`href="([^"]+)" id="older"`).FindStringSubmatch(body); m != nil {
+			u, err := url.Parse(strings.ReplaceAll(m[1], "&amp;", "&"))
+			require.NoError(t, err)
+			require.Equal(t, a.ID.String(), u.Query().Get("endpoint"), "the next page keeps the filter")
+			next = e.srv.URL + u.String()
+		}
+	}
+	require.Equal(t, 3, pages, "50 + 50 + 20")
+	require.Len(t, seen, 120)
+	for i, id := range seen {
+		require.Equal(t, forA[len(forA)-1-i].String(), id, "newest first, each once")
+	}
+
+	// Failed only: the two.
+	_, body := get(t, c, e.srv.URL+"/ops/messages?status=failed")
+	rows := messageRowRe.FindAllStringSubmatch(body, -1)
+	require.Len(t, rows, 2)
+	require.Equal(t, forA[77].String(), rows[0][1])
+	require.Equal(t, forA[5].String(), rows[1][1])
+
+	// By type, across both endpoints: 40 cancellations, all for a.
+	n := 0
+	next = e.srv.URL + "/ops/messages?type=order.cancelled"
+	for next != "" {
+		_, body := get(t, c, next)
+		for _, m := range messageRowRe.FindAllStringSubmatch(body, -1) {
+			require.Contains(t, body, `id="message-`+m[1])
+			n++
+		}
+		next = ""
+		if m := regexp.MustCompile(`href="([^"]+)" id="older"`).FindStringSubmatch(body); m != nil {
+			next = e.srv.URL + strings.ReplaceAll(m[1], "&amp;", "&")
+		}
+	}
+	require.Equal(t, 40, n)
+
+	// A time range that ends before everything: nothing.
+	_, body = get(t, c, e.srv.URL+"/ops/messages?to=2001-01-01T00:00")
+	require.Contains(t, body, `id="no-messages"`)
+
+	// Bad filters are a clear 400.
+	for _, q := range []string{"status=lost", "endpoint=nope", "from=yesterday", "before=x"} {
+		res, body := get(t, c, e.srv.URL+"/ops/messages?"+q)
+		require.Equal(t, http.StatusBadRequest, res.StatusCode, q)
+		require.Contains(t, body, `id="filter-error"`, q)
+	}
+}

@@ -1,0 +1,119 @@
+package ops_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/emulation"
+	"github.com/chromedp/chromedp"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/orders/internal/apiserver"
+	"github.com/outboxkit/orders/internal/dbtest"
+	"github.com/outboxkit/orders/internal/netguard"
+	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/proctest"
+)
+
+// liveAPI is the real api, run in-process as cmd/api runs it, on a fresh
+// database, with a pool of its own for the test's checks.
+type liveAPI struct {
+	base string
+	pool *pgxpool.Pool
+	log  *proctest.Output
+}
+
+// startAPI runs the api with ADMIN_TOKEN (so the ops page is open to the
+// test), private webhook targets allowed and JSON logs, plus extra, until
+// the test ends; its log is printed if the test fails.
+func startAPI(t *testing.T, ctx context.Context, extra map[string]string) *liveAPI {
+	t.Helper()
+	dbURL := dbtest.URL(t)
+	addr := proctest.FreeAddr(t)
+	a := &liveAPI{base: "http://" + addr, log: &proctest.Output{}}
+	env := map[string]string{"DATABASE_URL": dbURL, "API_ADDR": addr, "ADMIN_TOKEN": token,
+		"OUTBOX_ALLOW_PRIVATE_TARGETS": "true", "LOG_FORMAT": "json"}
+	maps.Copy(env, extra)
+	apiCtx, stopAPI := context.WithCancel(ctx)
+	apiDone := make(chan error, 1)
+	go func() { apiDone <- apiserver.Run(apiCtx, nil, proctest.Getenv(env), a.log) }()
+	t.Cleanup(func() {
+		stopAPI()
+		if err := <-apiDone; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("api: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("api log:\n%s", a.log.String())
+		}
+	})
+	waitHealthy(t, a.base)
+	pool, err := pgxpool.New(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	a.pool = pool
+	return a
+}
+
+// startRelay runs a real relay (River, dispatch, heartbeat) on the api's
+// database until the test ends, delivering to private addresses.
+func (a *liveAPI) startRelay(t *testing.T, ctx context.Context, cfg outbox.RelayConfig) *outbox.Relay {
+	t.Helper()
+	relay, err := outbox.NewRelay(a.pool, cfg, &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
+		slog.New(slog.DiscardHandler), nil)
+	require.NoError(t, err)
+	require.NoError(t, relay.Start(ctx))
+	t.Cleanup(func() {
+		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer scancel()
+		_ = relay.Stop(sctx)
+	})
+	return relay
+}
+
+// headless starts Chromium (headless, no sandbox as CI runs as root,
+// nothing phoning home) and returns its context and a function that saves
+// a full-page screenshot. With scripts false, scripts are off: the ops page
+// must work without them. A machine without Chromium skips the test.
+func headless(t *testing.T, ctx context.Context, scripts bool) (context.Context, func(name string)) {
+	t.Helper()
+	browser := chromiumPath()
+	if browser == "" {
+		t.Skip("no Chromium installed (run .ci/ensure-chromium, or set CHROMIUM_PATH): skipping a browser test")
+	}
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx,
+		chromedp.ExecPath(browser), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-dev-shm-usage", true), chromedp.Flag("disable-extensions", true),
+		chromedp.Flag("force-device-scale-factor", "1"),
+		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1360, 900),
+	)
+	t.Cleanup(cancelAlloc)
+	bctx, cancel := chromedp.NewContext(allocCtx, chromedp.WithLogf(t.Logf))
+	t.Cleanup(cancel)
+	if !scripts {
+		_, err := chromedp.Run(bctx, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			_, err := cdp.Call(ctx, tg, emulation.SetScriptExecutionDisabled, emulation.SetScriptExecutionDisabledParams{Value: true})
+			return err
+		}))
+		require.NoError(t, err)
+	}
+	dir := screenshotDir(t)
+	return bctx, func(name string) {
+		t.Helper()
+		png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+		require.NoError(t, err)
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, png, 0o644))
+		t.Logf("screenshot: %s", p)
+	}
+}

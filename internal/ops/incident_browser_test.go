@@ -1,0 +1,112 @@
+package ops_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/orders/internal/outbox"
+)
+
+// An incident as the on-call engineer sees it, in a real browser against
+// the real api: first no worker runs at all (the overview is red and the
+// endpoints say they are not delivering, though nothing failed), then a
+// relay at its defaults meets a receiver that refuses connections (its
+// endpoint's page says the circuit is open and when it probes next), and
+// the search box takes an order id to that order's deliveries.
+func TestBrowserRelayDownThenCircuitOpen(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	bctx, shot := headless(t, ctx, false)
+	do := func(steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		require.NoError(t, chromedp.Do(bctx, steps...))
+	}
+	text := func(sel string) string {
+		t.Helper()
+		s, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(sel)))
+		require.NoError(t, err)
+		return s
+	}
+	attr := func(sel, name string) string {
+		t.Helper()
+		attrs, err := chromedp.Run(bctx, chromedp.Attributes(chromedp.CSS(sel)))
+		require.NoError(t, err)
+		return attrs[name]
+	}
+
+	// A receiver that refuses connections: a server's address, closed.
+	gone := httptest.NewServer(http.NotFoundHandler())
+	refusing := gone.URL + "/webhooks"
+	gone.Close()
+	healthy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	t.Cleanup(healthy.Close)
+
+	a := startAPI(t, ctx, nil)
+	base, pool := a.base, a.pool
+
+	down := apiJSON[outbox.Endpoint](t, base, "POST", "/webhook-endpoints",
+		map[string]any{"url": refusing, "event_types": []string{"order.placed", "order.cancelled"}})
+	apiJSON[outbox.Endpoint](t, base, "POST", "/webhook-endpoints",
+		map[string]any{"url": healthy.URL + "/hooks", "event_types": []string{"order.placed"}})
+	var orders []string
+	for i := range 8 {
+		o := apiJSON[struct {
+			ID string `json:"id"`
+		}](t, base, "POST", "/orders", map[string]any{"customer_id": fmt.Sprintf("c-%d", i),
+			"lines": []map[string]any{{"sku": "A-1", "quantity": 1, "unit_price_cents": 900}}})
+		orders = append(orders, o.ID)
+	}
+	apiJSON[map[string]any](t, base, "POST", "/orders/"+orders[3]+"/cancel", nil)
+
+	// No worker: the overview says so in red, and so does every endpoint.
+	do(chromedp.Navigate(base+"/ops"), chromedp.WaitReady(chromedp.ID("token")),
+		chromedp.SendKeys(chromedp.ID("token"), token), chromedp.Click(chromedp.ID("login")),
+		chromedp.WaitReady(chromedp.ID("relay")))
+	require.Equal(t, outbox.RelayDown, attr("#relay", "data-state"))
+	require.Contains(t, text("#relay-h"), "No relay running")
+	require.Equal(t, "0", attr("#relays-alive", "data-value"))
+	require.Equal(t, "17", attr("#due-count", "data-value"), "8 placed to two endpoints, 1 cancelled to one: all due")
+	require.Contains(t, text("#endpoint-"+down.ID.String()), "not delivering")
+	shot("11-overview-relay-down.png")
+
+	// A relay at its defaults: the healthy endpoint gets everything, the
+	// refusing one opens its circuit after its failures in a row.
+	a.startRelay(t, ctx, outbox.RelayConfig{})
+	require.Eventually(t, func() bool {
+		var health string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT health FROM webhook_endpoints WHERE id = $1`, down.ID).Scan(&health))
+		return health == outbox.HealthBackingOff
+	}, 60*time.Second, 50*time.Millisecond, "the refusing endpoint's circuit never opened")
+	require.Eventually(t, func() bool {
+		do(chromedp.Navigate(base+"/ops"), chromedp.WaitReady(chromedp.ID("relay")))
+		return attr("#relay", "data-state") == outbox.RelayRunning && attr("#relays-alive", "data-value") == "1"
+	}, 30*time.Second, 200*time.Millisecond, "the overview never showed the relay running")
+	require.Equal(t, outbox.HealthBackingOff, attr("#endpoint-"+down.ID.String(), "data-health"))
+	shot("12-overview-circuit-open.png")
+
+	do(chromedp.Click(chromedp.CSS(`#endpoint-`+down.ID.String()+` .url a`)), chromedp.WaitReady(chromedp.ID("endpoint-state")))
+	require.Equal(t, outbox.HealthBackingOff, attr("#endpoint-state", "data-state"))
+	require.Contains(t, text("#endpoint-state"), "circuit open")
+	require.Contains(t, text(".kpi-note"), "next probe")
+	require.Equal(t, "9", attr("#endpoint-waiting", "data-value"), "its 9 messages wait, none failed")
+	page, err := chromedp.Run(bctx, chromedp.OuterHTML(chromedp.ID("attempts")))
+	require.NoError(t, err)
+	require.Contains(t, page, "connection refused")
+	shot("13-endpoint-circuit-open.png")
+
+	// The search box: an order id leads to that order's deliveries.
+	do(chromedp.SendKeys(chromedp.ID("search"), orders[3]+"\n"), chromedp.WaitReady(chromedp.ID("messages")))
+	page, err = chromedp.Run(bctx, chromedp.OuterHTML(chromedp.ID("messages")))
+	require.NoError(t, err)
+	require.Equal(t, 3, strings.Count(page, `<tr id="message-`), "placed to two endpoints, cancelled to one")
+	shot("14-search-an-order.png")
+}
