@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -18,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
@@ -175,7 +177,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	adminMux.Handle("/webhook-endpoints/", adminH)
 	adminMux.Handle("/outbox/", adminH)
 	opsOpts := ops.Options{Admin: admin, Token: cfg.adminToken, Logger: logger, Warnings: cfg.warnings(),
-		Pool: pool, CookieSecure: cfg.opsCookieSecure}
+		Pool: pool, CookieSecure: cfg.opsCookieSecure, Lookups: []ops.Lookup{orderLookup(ordersSvc)}}
 	// River UI counts River's jobs in the background: only when someone
 	// can sign in to look at it.
 	if cfg.adminToken != "" {
@@ -295,4 +297,23 @@ func requireAdmin(token string, next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// orderLookup makes order ids searchable on the ops page: an order's events
+// are keyed by its id and written between its placement and cancellation.
+func orderLookup(svc *orders.Service) ops.Lookup {
+	return func(ctx context.Context, q string) (ops.Found, bool, error) {
+		id, err := uuid.Parse(q)
+		if err != nil {
+			return ops.Found{}, false, nil
+		}
+		key, from, to, err := svc.EventWindow(ctx, id)
+		if errors.Is(err, orders.ErrNotFound) {
+			return ops.Found{}, false, nil
+		}
+		if err != nil {
+			return ops.Found{}, false, err
+		}
+		return ops.Found{Key: key, From: from, To: to}, true, nil
+	}
 }

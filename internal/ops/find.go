@@ -106,6 +106,11 @@ func (h *Handler) handleMessages(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f := listFilter{Status: q.Get("status"), Type: strings.TrimSpace(q.Get("type")), Endpoint: q.Get("endpoint"),
 		Key: strings.TrimSpace(q.Get("key")), Event: strings.TrimSpace(q.Get("event")), From: q.Get("from"), To: q.Get("to")}
+	if f.Key != "" && f.From == "" {
+		// Nothing indexes the key: a key's search reads a window of events,
+		// the last day unless the form says otherwise.
+		f.From = h.now().UTC().Add(-searchKeyWindow).Truncate(time.Minute).Format(localMinute)
+	}
 	eps, err := h.admin.Endpoints(ctx)
 	if err != nil {
 		h.actionError(w, r, err)
@@ -151,6 +156,18 @@ func (p messagesPage) NewestLink() string {
 		return Prefix + "/messages?" + q.Encode()
 	}
 	return Prefix + "/messages"
+}
+
+// searchKeyWindow is how far back the search looks for an ordering key that
+// no module recognises.
+const searchKeyWindow = 24 * time.Hour
+
+// keyLink lists the deliveries of one ordering key's events written from
+// from to to, in whole minutes (UTC, as the list's filter reads them).
+func keyLink(key string, from, to time.Time) string {
+	return Prefix + "/messages?" + url.Values{"key": {key},
+		"from": {from.UTC().Truncate(time.Minute).Format(localMinute)},
+		"to":   {to.UTC().Truncate(time.Minute).Add(time.Minute).Format(localMinute)}}.Encode()
 }
 
 type searchPage struct {
@@ -211,14 +228,28 @@ func (h *Handler) handleSearch(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	// An order id, or any other ordering key.
-	msgs, _, err := h.admin.Messages(ctx, outbox.MessageFilter{OrderingKey: q, Limit: 1})
+	// An id a module knows (an order's): its events, in their window.
+	for _, look := range h.lookups {
+		f, ok, err := look(ctx, q)
+		if err != nil {
+			h.actionError(w, r, err)
+			return
+		}
+		if ok {
+			to(keyLink(f.Key, f.From, f.To))
+			return
+		}
+	}
+	// Any other ordering key, among the last day's events: nothing indexes
+	// the key, so the search reads a bounded window.
+	since := h.now().Add(-searchKeyWindow)
+	msgs, _, err := h.admin.Messages(ctx, outbox.MessageFilter{OrderingKey: q, CreatedFrom: &since, Limit: 1})
 	if err != nil {
 		h.actionError(w, r, err)
 		return
 	}
 	if len(msgs) > 0 {
-		to(Prefix + "/messages?" + url.Values{"key": {q}}.Encode())
+		to(keyLink(q, since, h.now()))
 		return
 	}
 	eps, err := h.admin.Endpoints(ctx)

@@ -7,11 +7,13 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxkit/orders/internal/ops"
 	"github.com/outboxkit/orders/internal/outbox"
 )
 
@@ -22,10 +24,23 @@ import (
 // else says what was looked for.
 func TestSearchFindsMessagesEventsOrdersAndEndpoints(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, token)
+	// A module's lookup, as the orders module's is wired in the api: it
+	// knows one entity, whose events carry its id as their key and were
+	// written in the last few minutes.
+	entity := uuid.New()
+	e := newEnv(t, token, func(o *ops.Options) {
+		o.Lookups = []ops.Lookup{func(_ context.Context, q string) (ops.Found, bool, error) {
+			if q != entity.String() {
+				return ops.Found{}, false, nil
+			}
+			return ops.Found{Key: q, From: time.Now().Add(-5 * time.Minute), To: time.Now().Add(time.Minute)}, true, nil
+		}}
+	})
 	c := e.loggedIn(t)
 	billing := e.endpoint(t, "http://127.0.0.1:9/billing", "order.placed", "order.cancelled")
 	e.endpoint(t, "http://127.0.0.1:9/shipping", "order.placed")
+	e.enqueueKeyed(t, "order.placed", entity.String(), map[string]string{"id": entity.String()})
+	e.enqueueKeyed(t, "order.cancelled", entity.String(), map[string]string{"id": entity.String()})
 	order := uuid.NewString()
 	placed := e.enqueueKeyed(t, "order.placed", order, map[string]string{"id": order})
 	cancelled := e.enqueueKeyed(t, "order.cancelled", order, map[string]string{"id": order})
@@ -45,12 +60,21 @@ func TestSearchFindsMessagesEventsOrdersAndEndpoints(t *testing.T) {
 	redirect(placed[1].String(), "/ops/messages/"+placed[1].String())
 	redirect("  "+placed[1].String()+" ", "/ops/messages/"+placed[1].String())
 	redirect(e.eventOf(t, placed[0]).String(), "/ops/messages?event="+e.eventOf(t, placed[0]).String())
-	redirect(order, "/ops/messages?key="+order)
+	// A key no module knows: found among the last day's events.
+	res, _ := search(order)
+	require.Equal(t, http.StatusSeeOther, res.StatusCode)
+	loc, err := url.Parse(res.Header.Get("Location"))
+	require.NoError(t, err)
+	require.Equal(t, "/ops/messages", loc.Path)
+	require.Equal(t, order, loc.Query().Get("key"))
+	from, err := time.Parse("2006-01-02T15:04", loc.Query().Get("from"))
+	require.NoError(t, err)
+	require.WithinDuration(t, time.Now().Add(-24*time.Hour), from, 2*time.Minute)
 	redirect(billing.ID.String(), "/ops/endpoints/"+billing.ID.String())
 	redirect("BILLING", "/ops/endpoints/"+billing.ID.String())
 
-	// The order's page lists its three deliveries, and nothing else.
-	_, body := get(t, c, e.srv.URL+"/ops/messages?key="+order)
+	// The key's page lists its three deliveries, and nothing else.
+	_, body := get(t, c, e.srv.URL+loc.String())
 	require.Equal(t, 3, strings.Count(body, `<tr id="message-`), body)
 	for _, id := range append(placed, cancelled...) {
 		require.Contains(t, body, `id="message-`+id.String()+`"`)
@@ -62,13 +86,24 @@ func TestSearchFindsMessagesEventsOrdersAndEndpoints(t *testing.T) {
 	require.Contains(t, body, "…"+placed[1].String()[24:])
 	require.NotEqual(t, placed[0].String()[24:], placed[1].String()[24:])
 
+	// The module's entity: its events' key, in the window it gives.
+	res, body = search(entity.String())
+	require.Equal(t, http.StatusSeeOther, res.StatusCode)
+	loc, err = url.Parse(res.Header.Get("Location"))
+	require.NoError(t, err)
+	require.Equal(t, entity.String(), loc.Query().Get("key"))
+	_, body = get(t, c, e.srv.URL+loc.String())
+	require.Equal(t, 3, strings.Count(body, `<tr id="message-`), "placed to both endpoints, cancelled to billing: %s", loc)
+	require.Equal(t, 2, strings.Count(body, ">order.placed<"))
+	require.Equal(t, 1, strings.Count(body, ">order.cancelled<"))
+
 	// An event nobody subscribed to is recorded all the same.
 	var lonely uuid.UUID
 	require.NoError(t, pgx.BeginFunc(context.Background(), e.pool, func(tx pgx.Tx) (err error) {
 		lonely, err = outbox.Enqueue(context.Background(), tx, outbox.Event{Type: "order.refunded", Data: map[string]int{"n": 1}})
 		return err
 	}))
-	res, body := search(lonely.String())
+	res, body = search(lonely.String())
 	require.Equal(t, http.StatusOK, res.StatusCode)
 	require.Contains(t, body, `id="event-found"`)
 	require.Contains(t, body, "no endpoint was subscribed")

@@ -78,6 +78,25 @@ type Options struct {
 	// Jobs, if set, is River UI: served under JobsPath behind the same
 	// login, so the jobs underneath the relay can be looked at too.
 	Jobs http.Handler
+	// Lookups make the modules' own ids searchable (an order id): each is
+	// asked, in turn, about what an operator typed into the search box.
+	Lookups []Lookup
+}
+
+// Lookup is how a module makes its own ids searchable on the ops page: told
+// what an operator typed, it says whether that names one of its entities
+// and, if so, the ordering key of the entity's events and the window of time
+// they were written in. The page lists those events' deliveries, reading
+// only that window of the outbox. ok is false for anything it does not
+// know.
+type Lookup func(ctx context.Context, q string) (found Found, ok bool, err error)
+
+// Found is what a Lookup recognised: where its events are.
+type Found struct {
+	// Key is the ordering key of its events.
+	Key string
+	// From and To bound when they were written.
+	From, To time.Time
 }
 
 const (
@@ -106,6 +125,7 @@ type Handler struct {
 	tokenSum   [sha256.Size]byte
 	sessionKey []byte
 	pages      *pages
+	lookups    []Lookup
 	// jobs: River UI is mounted at JobsPath.
 	jobs      bool
 	mux       *http.ServeMux
@@ -124,6 +144,7 @@ func New(o Options) *Handler {
 		// A replay request runs batches for this long, then hands back.
 		replayFor: cmp.Or(o.ReplayBudget, 10*time.Second),
 		enabled:   o.Token != "",
+		lookups:   o.Lookups,
 		pages:     mustParsePages(),
 		// A second line behind the CSRF tokens: browsers say where a
 		// request comes from (Sec-Fetch-Site, Origin), and a POST from

@@ -364,7 +364,10 @@ type MessageFilter struct {
 	// Event selects the deliveries of one event.
 	Event *uuid.UUID
 	// OrderingKey selects the deliveries of the events of one ordering key
-	// (the orders module's events are keyed by order id).
+	// (the orders module's events are keyed by order id). With it,
+	// CreatedFrom and CreatedTo bound the events' time instead, and should:
+	// nothing indexes the key, so the search reads every event of the
+	// window (all of the retention when they are nil).
 	OrderingKey string
 	// CreatedFrom (inclusive) and CreatedTo (exclusive) bound created_at.
 	CreatedFrom, CreatedTo *time.Time
@@ -409,12 +412,19 @@ func (a *Admin) Messages(ctx context.Context, f MessageFilter) ([]Message, *uuid
 	return msgs, next, nil
 }
 
-// messagesByKey is MessageList for one ordering key, found on the events'
-// key index rather than by walking every delivery.
+// messagesByKey is MessageList for one ordering key, within a window of
+// event time (MessageFilter.OrderingKey).
 func (a *Admin) messagesByKey(ctx context.Context, key string, p outboxdb.MessageListParams) ([]outboxdb.MessageListRow, error) {
+	from, to := time.Unix(0, 0), time.Now().Add(time.Hour)
+	if p.CreatedFrom != nil {
+		from = *p.CreatedFrom
+	}
+	if p.CreatedTo != nil {
+		to = *p.CreatedTo
+	}
 	rows, err := outboxdb.New(a.pool).MessageListByKey(ctx, outboxdb.MessageListByKeyParams{OrderingKey: &key,
-		EventID: p.EventID, Status: p.Status, Type: p.Type, Destination: p.Destination, CreatedFrom: p.CreatedFrom,
-		CreatedTo: p.CreatedTo, BeforeID: p.BeforeID, MaxRows: p.MaxRows})
+		EventsFrom: from, EventsTo: to, EventID: p.EventID, Status: p.Status, Type: p.Type, Destination: p.Destination,
+		BeforeID: p.BeforeID, MaxRows: p.MaxRows})
 	if err != nil {
 		return nil, err
 	}

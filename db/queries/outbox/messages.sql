@@ -373,9 +373,14 @@ ORDER BY m.id DESC
 LIMIT @max_rows;
 
 -- name: MessageListByKey :many
--- MessageList for the events of one ordering key (an order's, say): the key's
--- events come from their index, and each event's deliveries from the
--- primary key, whose ids share the event's time prefix.
+-- MessageList for the events of one ordering key (an order's, say) written
+-- from @events_from to @events_to. Event ids begin with their time, so the
+-- window is a range of the events' primary key, read newest first and
+-- filtered by key; each event's deliveries come from the deliveries'
+-- primary key, whose ids share the event's time prefix. There is no index
+-- on the key (the order transaction would maintain it): the cost follows
+-- the window, which the caller keeps narrow (a module knows when its
+-- entity's events were written).
 SELECT m.id, m.event_id, m.type, m.destination, m.status, m.attempts,
        m.parked, m.next_attempt_at,
        m.claimed_at, m.delivered_at, m.discarded_at, m.last_error, m.created_at, m.ordering_key,
@@ -383,12 +388,11 @@ SELECT m.id, m.event_id, m.type, m.destination, m.status, m.attempts,
 FROM outbox_events ev
 JOIN outbox_messages m ON m.id BETWEEN outbox_uuid_floor(ev.id) AND outbox_uuid_ceil(ev.id) AND m.event_id = ev.id
 WHERE ev.ordering_key = @ordering_key
+  AND ev.id >= outbox_uuid_at(@events_from::timestamptz) AND ev.id < outbox_uuid_at(@events_to::timestamptz)
   AND (sqlc.narg(event_id)::uuid IS NULL OR ev.id = sqlc.narg(event_id))
   AND (sqlc.narg(status)::text IS NULL OR m.status = sqlc.narg(status))
   AND (sqlc.narg(type)::text IS NULL OR m.type = sqlc.narg(type))
   AND (sqlc.narg(destination)::uuid IS NULL OR m.destination = sqlc.narg(destination))
-  AND (sqlc.narg(created_from)::timestamptz IS NULL OR m.created_at >= sqlc.narg(created_from))
-  AND (sqlc.narg(created_to)::timestamptz IS NULL OR m.created_at < sqlc.narg(created_to))
   AND (sqlc.narg(before_id)::uuid IS NULL OR m.id < sqlc.narg(before_id))
 ORDER BY m.id DESC
 LIMIT @max_rows;

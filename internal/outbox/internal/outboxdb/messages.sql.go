@@ -483,12 +483,11 @@ SELECT m.id, m.event_id, m.type, m.destination, m.status, m.attempts,
 FROM outbox_events ev
 JOIN outbox_messages m ON m.id BETWEEN outbox_uuid_floor(ev.id) AND outbox_uuid_ceil(ev.id) AND m.event_id = ev.id
 WHERE ev.ordering_key = $1
-  AND ($2::uuid IS NULL OR ev.id = $2)
-  AND ($3::text IS NULL OR m.status = $3)
-  AND ($4::text IS NULL OR m.type = $4)
-  AND ($5::uuid IS NULL OR m.destination = $5)
-  AND ($6::timestamptz IS NULL OR m.created_at >= $6)
-  AND ($7::timestamptz IS NULL OR m.created_at < $7)
+  AND ev.id >= outbox_uuid_at($2::timestamptz) AND ev.id < outbox_uuid_at($3::timestamptz)
+  AND ($4::uuid IS NULL OR ev.id = $4)
+  AND ($5::text IS NULL OR m.status = $5)
+  AND ($6::text IS NULL OR m.type = $6)
+  AND ($7::uuid IS NULL OR m.destination = $7)
   AND ($8::uuid IS NULL OR m.id < $8)
 ORDER BY m.id DESC
 LIMIT $9
@@ -496,12 +495,12 @@ LIMIT $9
 
 type MessageListByKeyParams struct {
 	OrderingKey *string
+	EventsFrom  time.Time
+	EventsTo    time.Time
 	EventID     *uuid.UUID
 	Status      *string
 	Type        *string
 	Destination *uuid.UUID
-	CreatedFrom *time.Time
-	CreatedTo   *time.Time
 	BeforeID    *uuid.UUID
 	MaxRows     int32
 }
@@ -525,18 +524,23 @@ type MessageListByKeyRow struct {
 	Payload        []byte
 }
 
-// MessageList for the events of one ordering key (an order's, say): the key's
-// events come from their index, and each event's deliveries from the
-// primary key, whose ids share the event's time prefix.
+// MessageList for the events of one ordering key (an order's, say) written
+// from @events_from to @events_to. Event ids begin with their time, so the
+// window is a range of the events' primary key, read newest first and
+// filtered by key; each event's deliveries come from the deliveries'
+// primary key, whose ids share the event's time prefix. There is no index
+// on the key (the order transaction would maintain it): the cost follows
+// the window, which the caller keeps narrow (a module knows when its
+// entity's events were written).
 func (q *Queries) MessageListByKey(ctx context.Context, arg MessageListByKeyParams) ([]MessageListByKeyRow, error) {
 	rows, err := q.db.Query(ctx, messageListByKey,
 		arg.OrderingKey,
+		arg.EventsFrom,
+		arg.EventsTo,
 		arg.EventID,
 		arg.Status,
 		arg.Type,
 		arg.Destination,
-		arg.CreatedFrom,
-		arg.CreatedTo,
 		arg.BeforeID,
 		arg.MaxRows,
 	)
