@@ -4,13 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"os"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -18,21 +15,17 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/orders/internal/broker"
+	"github.com/outboxkit/orders/internal/brokertest"
 	"github.com/outboxkit/orders/internal/outbox"
 )
 
-// The brokers the project's machines run; TEST_NATS_URL and TEST_AMQP_URL
-// point elsewhere. There is no Kafka server: Kafka runs in process
-// (franz-go's kfake), speaking the real protocol to the real client.
-func natsURL() string { return envOr("TEST_NATS_URL", "nats://127.0.0.1:4222") }
-func amqpURL() string { return envOr("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/") }
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
+// There is no Kafka server here: Kafka runs in process (franz-go's kfake),
+// speaking the real protocol to the real client. NATS and RabbitMQ are the
+// real servers (brokertest).
+var (
+	natsURL = brokertest.NATSURL
+	amqpURL = brokertest.AMQPURL
+)
 
 const source = "urn:test:orders"
 
@@ -56,19 +49,8 @@ func ctxT(t *testing.T) context.Context {
 // other test uses, and deletes it after.
 func stream(t *testing.T) (jetstream.Stream, string) {
 	t.Helper()
-	nc, err := nats.Connect(natsURL())
-	if err != nil {
-		t.Skipf("no NATS server at %s: %v", natsURL(), err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	name := "OUTBOXTEST_" + strings.ReplaceAll(uuid.NewString(), "-", "")
-	subject := "outboxtest." + strings.ToLower(name[len("OUTBOXTEST_"):]) + ".events"
-	s, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: name, Subjects: []string{subject}, Duplicates: time.Minute})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
-	return s, subject
+	_, js := brokertest.JetStream(t)
+	return brokertest.Stream(t, js, "outboxtest", time.Minute)
 }
 
 func TestNATSPublishesACloudEventOnceByEventID(t *testing.T) {
@@ -123,12 +105,7 @@ func TestNATSFailuresAreClearErrors(t *testing.T) {
 // deletes both after.
 func queue(t *testing.T) (ch *amqp.Channel, exchange, key, q string) {
 	t.Helper()
-	conn, err := amqp.Dial(amqpURL())
-	if err != nil {
-		t.Skipf("no RabbitMQ at %s: %v", amqpURL(), err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	ch, err = conn.Channel()
+	ch, err := brokertest.RabbitMQ(t).Channel()
 	require.NoError(t, err)
 	id := uuid.NewString()
 	exchange, key, q = "outboxtest-"+id, "order.placed", "outboxtest-q-"+id

@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,34 +13,19 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/broker"
+	"github.com/outboxkit/orders/internal/brokertest"
 	"github.com/outboxkit/orders/internal/outbox"
 )
 
 // jetStream makes a stream and a durable pull consumer of their own for
-// the test, on the NATS server the project's machines run (TEST_NATS_URL
-// elsewhere), and deletes them after.
+// the test (brokertest), deleted after.
 func jetStream(t *testing.T) (js jetstream.JetStream, cons jetstream.Consumer, subject, url string) {
 	t.Helper()
-	url = os.Getenv("TEST_NATS_URL")
-	if url == "" {
-		url = "nats://127.0.0.1:4222"
-	}
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Skipf("no NATS server at %s: %v", url, err)
-	}
-	t.Cleanup(nc.Close)
-	js, err = jetstream.New(nc)
+	_, js = brokertest.JetStream(t)
+	s, subject := brokertest.Stream(t, js, "consumertest", 0)
+	cons, err := s.CreateOrUpdateConsumer(context.Background(), jetstream.ConsumerConfig{Durable: "ledger", AckPolicy: jetstream.AckExplicitPolicy})
 	require.NoError(t, err)
-	id := strings.ReplaceAll(uuid.NewString(), "-", "")
-	name, subject := "CONSUMERTEST_"+id, "consumertest."+id+".orders"
-	ctx := context.Background()
-	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subject}})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
-	cons, err = s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "ledger", AckPolicy: jetstream.AckExplicitPolicy})
-	require.NoError(t, err)
-	return js, cons, subject, url
+	return js, cons, subject, brokertest.NATSURL()
 }
 
 // orderEvent is a delivery as the relay hands it to the NATS transport.

@@ -322,7 +322,14 @@ func (s *session) run(ctx context.Context) error {
 				}
 				for _, row := range rows {
 					s.inFlight++
-					go s.send(sendCtx, row, s.signing(row))
+					// A broker destination signs nothing: its secret is
+					// never opened, so one that does not decrypt holds
+					// nothing up.
+					dest, sign := destinationOf(row.EndpointUrl), signing{}
+					if dest.Kind == KindWebhook {
+						sign = s.signing(row)
+					}
+					go s.send(sendCtx, row, dest, sign)
 				}
 			}
 		}
@@ -388,7 +395,7 @@ func (s *session) claim(ctx context.Context, n int) ([]outboxdb.MessageClaimRow,
 }
 
 // send makes one request and reports its end on s.results.
-func (s *session) send(ctx context.Context, row outboxdb.MessageClaimRow, sign signing) {
+func (s *session) send(ctx context.Context, row outboxdb.MessageClaimRow, dest Destination, sign signing) {
 	r := s.r
 	if ctx.Err() != nil {
 		s.results <- sent{row: row, notSent: true}
@@ -399,12 +406,6 @@ func (s *session) send(ctx context.Context, row outboxdb.MessageClaimRow, sign s
 	body := webhookBody(row.EventID, row.Type, row.CreatedAt, row.Payload)
 	reqCtx, cancel := context.WithTimeout(spanCtx, r.cfg.DeliveryTimeout)
 	res := Result{Err: sign.err}
-	dest := destinationOf(row.EndpointUrl)
-	if dest.Kind != KindWebhook {
-		// A broker destination signs nothing: a secret that does not
-		// decrypt is no reason to hold its messages.
-		res.Err = nil
-	}
 	if res.Err == nil {
 		res = r.transport.Deliver(reqCtx, Delivery{
 			EventID: row.EventID, MessageID: row.ID, Type: row.Type, URL: row.EndpointUrl, Destination: dest, Secret: sign.secret,

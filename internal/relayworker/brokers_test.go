@@ -4,35 +4,20 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outboxkit/orders/internal/brokertest"
 	"github.com/outboxkit/orders/internal/dbtest"
 )
-
-// brokerURL is a broker of the project's machines, or the test variable
-// naming another; the test skips, saying why, when there is none.
-func brokerURL(t *testing.T, env, def string, dial func(string) error) string {
-	t.Helper()
-	u := os.Getenv(env)
-	if u == "" {
-		u = def
-	}
-	if err := dial(u); err != nil {
-		t.Skipf("no broker at %s (%s; .ci/ensure-brokers starts one): %v", u, env, err)
-	}
-	return u
-}
 
 // brokers is one JetStream stream, one RabbitMQ queue and one in-process
 // Kafka cluster (kfake: there is no Kafka server here) of the test's own.
@@ -48,37 +33,14 @@ type brokers struct {
 func newBrokers(t *testing.T) *brokers {
 	t.Helper()
 	b := &brokers{}
-	b.natsURL = brokerURL(t, "TEST_NATS_URL", "nats://127.0.0.1:4222", func(u string) error {
-		nc, err := nats.Connect(u)
-		if err == nil {
-			nc.Close()
-		}
-		return err
-	})
-	b.amqpURL = brokerURL(t, "TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", func(u string) error {
-		c, err := amqp.Dial(u)
-		if err == nil {
-			_ = c.Close()
-		}
-		return err
-	})
-	ctx := context.Background()
 	id := strings.ReplaceAll(uuid.NewString(), "-", "")
+	_, js := brokertest.JetStream(t)
+	b.natsURL = brokertest.NATSURL()
+	b.stream, b.subject = brokertest.Stream(t, js, "relayworkertest", 0)
 
-	nc, err := nats.Connect(b.natsURL)
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	b.subject = "relayworkertest." + id + ".orders"
-	b.stream, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "RELAYWORKERTEST_" + id, Subjects: []string{b.subject}})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), "RELAYWORKERTEST_"+id) })
-
-	conn, err := amqp.Dial(b.amqpURL)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close() })
-	b.ch, err = conn.Channel()
+	b.amqpURL = brokertest.AMQPURL()
+	var err error
+	b.ch, err = brokertest.RabbitMQ(t).Channel()
 	require.NoError(t, err)
 	b.exchange, b.queue = "relayworkertest-"+id, "relayworkertest-q-"+id
 	require.NoError(t, b.ch.ExchangeDeclare(b.exchange, "topic", false, true, false, false, nil))

@@ -16,11 +16,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxkit/orders/internal/brokertest"
 	"github.com/outboxkit/orders/internal/proctest"
 )
 
@@ -377,7 +376,7 @@ func percentile(sorted []time.Duration, q float64) time.Duration {
 }
 
 // jetStream is a stream of the test's own on the NATS server the project's
-// machines run (CRASH_NATS_URL elsewhere), deleted after.
+// machines run (brokertest), deleted after.
 type jetStream struct {
 	url, name, subject string
 	js                 jetstream.JetStream
@@ -385,23 +384,9 @@ type jetStream struct {
 
 func newJetStream(t *testing.T) jetStream {
 	t.Helper()
-	url := os.Getenv("CRASH_NATS_URL")
-	if url == "" {
-		url = "nats://127.0.0.1:4222"
-	}
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Skipf("no NATS server at %s (.ci/ensure-brokers starts one): %v", url, err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	id := strings.ReplaceAll(uuid.NewString(), "-", "")
-	s := jetStream{url: url, name: "CRASHTEST_" + id, subject: "crashtest." + id + ".orders", js: js}
-	_, err = js.CreateStream(context.Background(), jetstream.StreamConfig{Name: s.name, Subjects: []string{s.subject}})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), s.name) })
-	return s
+	_, js := brokertest.JetStream(t)
+	st, subject := brokertest.Stream(t, js, "crashtest", 0)
+	return jetStream{url: brokertest.NATSURL(), name: st.CachedInfo().Config.Name, subject: subject, js: js}
 }
 
 // consumerInfo is the stream's consumer "ledger", if it exists yet.

@@ -1,0 +1,82 @@
+// Package brokertest gives tests the message brokers the project's machines
+// run, as dbtest gives them PostgreSQL: NATS with JetStream and RabbitMQ, on
+// 127.0.0.1 (.ci/ensure-brokers starts them), or wherever TEST_NATS_URL and
+// TEST_AMQP_URL say. A test whose broker does not answer is skipped, saying
+// why, so a laptop without them still runs everything else. Each test gets
+// a stream or a queue of its own, deleted when it ends, so tests run in
+// parallel and leave nothing behind. There is no Kafka server here: Kafka
+// tests use franz-go's in-process kfake cluster instead.
+package brokertest
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// NATSURL is the NATS server tests use.
+func NATSURL() string { return envOr("TEST_NATS_URL", "nats://127.0.0.1:4222") }
+
+// AMQPURL is the RabbitMQ server tests use.
+func AMQPURL() string { return envOr("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/") }
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// JetStream connects to the NATS server, or skips the test when none
+// answers; the connection closes when the test ends.
+func JetStream(t testing.TB) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(NATSURL())
+	if err != nil {
+		t.Skipf("no NATS server at %s (TEST_NATS_URL; .ci/ensure-brokers starts one): %v", NATSURL(), err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("opening JetStream: %v", err)
+	}
+	return nc, js
+}
+
+// Stream makes a file-backed JetStream stream of the test's own, named
+// prefix_<random>, on one subject no other test uses (returned), with
+// JetStream's duplicate window set to dedup (0: the server's default). It
+// is deleted when the test ends.
+func Stream(t testing.TB, js jetstream.JetStream, prefix string, dedup time.Duration) (jetstream.Stream, string) {
+	t.Helper()
+	id := strings.ReplaceAll(uuid.NewString(), "-", "")
+	name := strings.ToUpper(prefix) + "_" + id
+	subject := strings.ToLower(prefix) + "." + id + ".events"
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subject}, Duplicates: dedup})
+	if err != nil {
+		t.Fatalf("creating stream %s: %v", name, err)
+	}
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
+	return s, subject
+}
+
+// RabbitMQ connects to the RabbitMQ server, or skips the test when none
+// answers; the connection closes when the test ends.
+func RabbitMQ(t testing.TB) *amqp.Connection {
+	t.Helper()
+	conn, err := amqp.Dial(AMQPURL())
+	if err != nil {
+		t.Skipf("no RabbitMQ at %s (TEST_AMQP_URL; .ci/ensure-brokers starts one): %v", AMQPURL(), err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
