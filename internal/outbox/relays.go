@@ -135,7 +135,11 @@ func (a *Admin) Relays(ctx context.Context) (RelayStatus, error) {
 			lastHeard = r.HeartbeatAt
 		}
 	}
+	// Ages against the database's clock, which wrote the times.
 	now := time.Now()
+	if len(rows) > 0 {
+		now = rows[0].Now
+	}
 	due := time.Duration(s.OldestDueSeconds * float64(time.Second))
 	switch {
 	case s.Alive == 0:

@@ -133,7 +133,7 @@ func defaults() config {
 		relay:           outbox.DefaultRelayConfig(),
 		shutdownGrace:   15 * time.Second,
 		idempotencyTTL:  orders.DefaultIdempotencyTTL,
-		stallThreshold:  2 * time.Minute,
+		stallThreshold:  outbox.DefaultStallThreshold,
 		brokers:         broker.Config{Source: "urn:outboxkit:orders"},
 		endpointMetrics: true,
 	}

@@ -312,7 +312,8 @@ func (q *Queries) RelaysDeclareDead(ctx context.Context, relayTimeoutSeconds flo
 
 const relaysList = `-- name: RelaysList :many
 SELECT id, hostname, pid, started_at, heartbeat_at, last_claim_at, timeout_seconds,
-       (heartbeat_at >= now() - make_interval(secs => timeout_seconds))::boolean AS alive
+       (heartbeat_at >= now() - make_interval(secs => timeout_seconds))::boolean AS alive,
+       now()::timestamptz AS now
 FROM outbox_relays
 ORDER BY started_at, id
 `
@@ -326,11 +327,13 @@ type RelaysListRow struct {
 	LastClaimAt    *time.Time
 	TimeoutSeconds float64
 	Alive          bool
+	Now            time.Time
 }
 
 // Every registered relay, and whether it is alive: its heartbeat is younger
 // than its own relay timeout. A killed relay's row stays until another relay
 // reaps it, so with none left it is here, silent.
+// now is the database's clock, which every time here was read from.
 func (q *Queries) RelaysList(ctx context.Context) ([]RelaysListRow, error) {
 	rows, err := q.db.Query(ctx, relaysList)
 	if err != nil {
@@ -349,6 +352,7 @@ func (q *Queries) RelaysList(ctx context.Context) ([]RelaysListRow, error) {
 			&i.LastClaimAt,
 			&i.TimeoutSeconds,
 			&i.Alive,
+			&i.Now,
 		); err != nil {
 			return nil, err
 		}
