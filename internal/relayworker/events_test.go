@@ -1,12 +1,14 @@
 package relayworker_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/url"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/dbtest"
@@ -26,6 +28,17 @@ func TestNotifyDeliversAtCommit(t *testing.T) {
 	env["OUTBOX_NOTIFY"] = "true"
 	startWorker(t, env)
 	register(t, api, rec, "order.placed")
+	// The worker is ready before its listener has connected: wait until
+	// PostgreSQL shows the LISTEN, or the first order may wait for the poll.
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND query ILIKE 'LISTEN %'`).Scan(&n))
+		return n > 0
+	}, 30*time.Second, 10*time.Millisecond, "the worker never LISTENed")
 
 	for range 3 {
 		placed := time.Now()
