@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -98,7 +99,7 @@ func (h *Handler) jobsAuthed(jobs http.Handler) http.Handler {
 			jobsError(w, http.StatusTooManyRequests, "Too many failed sign-ins from here: try again later.")
 			return
 		case !ok && page:
-			http.Redirect(w, r, Prefix+"/login", http.StatusSeeOther)
+			http.Redirect(w, r, Prefix+"/login?"+url.Values{"next": {r.URL.RequestURI()}}.Encode(), http.StatusSeeOther)
 			return
 		case !ok:
 			w.Header().Set("WWW-Authenticate", `Bearer realm="admin"`)

@@ -70,10 +70,9 @@ func TestBrowserRiverUIShowsTheRelaysQueues(t *testing.T) {
 	do(chromedp.Navigate(a.base+ops.JobsPath+"/queues"), chromedp.WaitReady(chromedp.ID("token")))
 	location, err := chromedp.Run(bctx, chromedp.Location())
 	require.NoError(t, err)
-	require.Equal(t, a.base+"/ops/login", location)
-	do(chromedp.SendKeys(chromedp.ID("token"), token), chromedp.Click(chromedp.ID("login")),
-		chromedp.WaitReady(chromedp.ID("pending-count")))
-	do(chromedp.Navigate(a.base + ops.JobsPath + "/queues"))
+	require.Equal(t, a.base+"/ops/login?next=%2Fops%2Friver%2Fqueues", location)
+	// Signing in goes back to the page asked for.
+	do(chromedp.SendKeys(chromedp.ID("token"), token), chromedp.Click(chromedp.ID("login")))
 
 	// River UI renders after its scripts have fetched the queues: read the
 	// page's text until both names are there.

@@ -103,7 +103,7 @@ func TestJobsRiverUIIsBehindTheLogin(t *testing.T) {
 	for _, p := range []string{ops.JobsPath, ops.JobsPath + "/", ops.JobsPath + "/queues", ops.JobsPath + "/jobs?state=running"} {
 		res, body := call(t, c, http.MethodGet, a.base+p, "", "Accept", "text/html")
 		require.Equal(t, http.StatusSeeOther, res.StatusCode, p)
-		require.Equal(t, "/ops/login", res.Header.Get("Location"), p)
+		require.Equal(t, "/ops/login?"+url.Values{"next": {p}}.Encode(), res.Header.Get("Location"), p)
 		require.NotContains(t, body, "config__json", p)
 		require.NotContains(t, body, "/assets/", p)
 	}

@@ -391,11 +391,25 @@ func (h *Handler) sessionCookie(r *http.Request, value string, maxAge int) *http
 func (h *Handler) handleLoginForm(w http.ResponseWriter, r *http.Request) {
 	if c, err := r.Cookie(CookieName); err == nil {
 		if ok, err := h.validSession(r.Context(), c.Value); err == nil && ok {
-			http.Redirect(w, r, Prefix, http.StatusSeeOther)
+			http.Redirect(w, r, nextPath(r.URL.Query().Get("next")), http.StatusSeeOther)
 			return
 		}
 	}
 	h.renderLogin(w, r, http.StatusOK, "")
+}
+
+// nextPath is where a login sends the browser: the page of this site it
+// asked for (path and query), else the overview. Anything else — another
+// site, a scheme, a path outside the ops page, the login itself — is the
+// overview, so the parameter cannot redirect anywhere else.
+func nextPath(v string) string {
+	u, err := url.Parse(v)
+	if v == "" || err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || strings.ContainsAny(v, "\\\r\n") ||
+		strings.HasPrefix(v, "//") || (u.Path != Prefix && !strings.HasPrefix(u.Path, Prefix+"/")) ||
+		u.Path == Prefix+"/login" || u.Path == Prefix+"/logout" || strings.Contains(u.Path, "/../") {
+		return Prefix
+	}
+	return u.RequestURI()
 }
 
 func (h *Handler) handleLogin(w http.ResponseWriter, r *http.Request) {
@@ -425,7 +439,7 @@ func (h *Handler) handleLogin(w http.ResponseWriter, r *http.Request) {
 	}
 	http.SetCookie(w, h.sessionCookie(r, value, int(h.ttl.Seconds())))
 	h.logger.InfoContext(r.Context(), "ops login", slog.String("remote_addr", r.RemoteAddr))
-	http.Redirect(w, r, Prefix, http.StatusSeeOther)
+	http.Redirect(w, r, nextPath(r.PostForm.Get("next")), http.StatusSeeOther)
 }
 
 func (h *Handler) handleLogout(w http.ResponseWriter, r *http.Request) {

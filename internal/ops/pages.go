@@ -103,6 +103,8 @@ func (h *Handler) renderError(w http.ResponseWriter, r *http.Request, status int
 type loginPage struct {
 	Layout
 	Error string
+	// Next is the page to go to once signed in (empty: the overview).
+	Next string
 }
 
 func (h *Handler) renderLogin(w http.ResponseWriter, r *http.Request, status int, msg string) {
@@ -111,7 +113,19 @@ func (h *Handler) renderLogin(w http.ResponseWriter, r *http.Request, status int
 	}
 	l := h.layout(r, "Sign in")
 	l.Authed = false
-	h.render(w, r, status, "login", loginPage{Layout: l, Error: msg})
+	// The page asked for: this one, when a page of the site was refused;
+	// the one the login form carries, when it is shown again.
+	next := r.URL.Query().Get("next")
+	switch {
+	case r.Method == http.MethodPost && r.URL.Path == Prefix+"/login":
+		next = r.PostForm.Get("next")
+	case r.Method == http.MethodGet && r.URL.Path != Prefix+"/login":
+		next = r.URL.RequestURI()
+	}
+	if next = nextPath(next); next == Prefix {
+		next = ""
+	}
+	h.render(w, r, status, "login", loginPage{Layout: l, Error: msg, Next: next})
 }
 
 // ---- overview ----------------------------------------------------------

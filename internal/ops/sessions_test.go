@@ -192,3 +192,26 @@ type fixedJar struct{ cookies []*http.Cookie }
 
 func (j *fixedJar) SetCookies(*url.URL, []*http.Cookie) {}
 func (j *fixedJar) Cookies(*url.URL) []*http.Cookie     { return j.cookies }
+
+// Signing in goes back to the page that asked for it, query included, and
+// never anywhere else: another site, a scheme, or a path outside the ops
+// page lands on the overview.
+func TestLoginReturnsToThePageAsked(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, token)
+	c := e.browser(t)
+	asked := "/ops/messages?status=failed&type=order.placed"
+	res, body := get(t, c, e.srv.URL+asked)
+	require.Equal(t, http.StatusUnauthorized, res.StatusCode)
+	require.Contains(t, body, `<input type="hidden" name="next" value="/ops/messages?status=failed&amp;type=order.placed">`)
+	res = post(t, c, e.srv.URL+"/ops/login", url.Values{"token": {token}, "next": {asked}})
+	require.Equal(t, http.StatusSeeOther, res.StatusCode)
+	require.Equal(t, asked, res.Header.Get("Location"))
+
+	for _, evil := range []string{"https://evil.example/ops", "//evil.example/ops", "/\\evil.example", "/elsewhere",
+		"javascript:alert(1)", "/ops/../admin", "/ops/login", "http:/ops"} {
+		res := post(t, e.browser(t), e.srv.URL+"/ops/login", url.Values{"token": {token}, "next": {evil}})
+		require.Equal(t, http.StatusSeeOther, res.StatusCode, evil)
+		require.Equal(t, "/ops", res.Header.Get("Location"), evil)
+	}
+}
