@@ -50,17 +50,13 @@ func (h *Handler) handleEndpoint(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := endpointPage{Layout: h.layout(r, "Endpoint "+ep.URL), EP: ep, Self: Prefix + "/endpoints/" + id.String()}
-	relay, err := h.admin.Relays(ctx)
+	alive, err := h.admin.RelaysAlive(ctx)
 	if err != nil {
 		h.actionError(w, r, err)
 		return
 	}
-	p.RelayDown = relay.State == outbox.RelayDown
-	if p.Hour, err = h.admin.EndpointAttemptStats(ctx, id, time.Hour); err != nil {
-		h.actionError(w, r, err)
-		return
-	}
-	if p.Day, err = h.admin.EndpointAttemptStats(ctx, id, 24*time.Hour); err != nil {
+	p.RelayDown = alive == 0
+	if p.Hour, p.Day, err = h.admin.EndpointAttemptStats(ctx, id); err != nil {
 		h.actionError(w, r, err)
 		return
 	}
@@ -88,6 +84,18 @@ func eventTypes(s string) []string {
 	return strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' || r == '\n' || r == '\r' || r == '\t' })
 }
 
+// postedForm reads the create or edit form (ep nil when creating).
+func (h *Handler) postedForm(r *http.Request, title string, ep *outbox.Endpoint) endpointForm {
+	return endpointForm{Layout: h.layout(r, title), Endpoint: ep, URL: strings.TrimSpace(r.PostForm.Get("url")),
+		EventTypes: r.PostForm.Get("event_types")}
+}
+
+// refuseForm shows the form again, as filled in, with why it was refused.
+func (h *Handler) refuseForm(w http.ResponseWriter, r *http.Request, f endpointForm, why string) {
+	f.Error = why
+	h.render(w, r, http.StatusUnprocessableEntity, "endpoint_form", f)
+}
+
 func (h *Handler) handleNewEndpointForm(w http.ResponseWriter, r *http.Request) {
 	h.render(w, r, http.StatusOK, "endpoint_form", endpointForm{Layout: h.layout(r, "New endpoint"),
 		EventTypes: "order.placed, order.cancelled"})
@@ -108,12 +116,10 @@ type secretPage struct {
 // second step: the form is the confirmation, and nothing is sent until an
 // event is committed.
 func (h *Handler) handleCreateEndpoint(w http.ResponseWriter, r *http.Request) {
-	f := endpointForm{Layout: h.layout(r, "New endpoint"), URL: strings.TrimSpace(r.PostForm.Get("url")),
-		EventTypes: r.PostForm.Get("event_types")}
+	f := h.postedForm(r, "New endpoint", nil)
 	ep, err := h.admin.CreateEndpoint(r.Context(), f.URL, eventTypes(f.EventTypes))
 	if errors.Is(err, outbox.ErrInvalidEndpoint) {
-		f.Error = err.Error()
-		h.render(w, r, http.StatusUnprocessableEntity, "endpoint_form", f)
+		h.refuseForm(w, r, f, err.Error())
 		return
 	}
 	if err != nil {
@@ -138,13 +144,11 @@ func (h *Handler) handleEditEndpoint(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	f := endpointForm{Layout: h.layout(r, "Edit endpoint"), Endpoint: &ep, URL: strings.TrimSpace(r.PostForm.Get("url")),
-		EventTypes: r.PostForm.Get("event_types")}
+	f := h.postedForm(r, "Edit endpoint", &ep)
 	types := eventTypes(f.EventTypes)
 	if !confirmed(r) {
 		if f.URL == "" || len(types) == 0 {
-			f.Error = "Give the endpoint a URL and at least one event type."
-			h.render(w, r, http.StatusUnprocessableEntity, "endpoint_form", f)
+			h.refuseForm(w, r, f, "Give the endpoint a URL and at least one event type.")
 			return
 		}
 		h.render(w, r, http.StatusOK, "confirm", confirmPage{
@@ -160,8 +164,7 @@ func (h *Handler) handleEditEndpoint(w http.ResponseWriter, r *http.Request) {
 	}
 	updated, err := h.admin.UpdateEndpoint(r.Context(), ep.ID, outbox.EndpointChange{URL: &f.URL, EventTypes: types})
 	if errors.Is(err, outbox.ErrInvalidEndpoint) {
-		f.Error = err.Error()
-		h.render(w, r, http.StatusUnprocessableEntity, "endpoint_form", f)
+		h.refuseForm(w, r, f, err.Error())
 		return
 	}
 	if err != nil {

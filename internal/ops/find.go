@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -58,8 +59,8 @@ func (f listFilter) Active() bool { return len(f.query()) > 0 }
 // is an error that names the field.
 func (f listFilter) parse() (outbox.MessageFilter, error) {
 	mf := outbox.MessageFilter{Status: f.Status, Type: f.Type, OrderingKey: f.Key, Limit: pageSize}
-	if f.Status != "" && !isStatus(f.Status) {
-		return mf, errors.New("status must be one of pending, claimed, delivered, failed or discarded")
+	if f.Status != "" && !slices.Contains(outbox.Statuses, f.Status) {
+		return mf, errors.New("status must be one of " + strings.Join(outbox.Statuses, ", "))
 	}
 	for name, p := range map[string]struct {
 		v   string
@@ -90,17 +91,6 @@ func (f listFilter) parse() (outbox.MessageFilter, error) {
 	return mf, nil
 }
 
-var statuses = []string{outbox.StatusPending, outbox.StatusClaimed, outbox.StatusDelivered, outbox.StatusFailed, outbox.StatusDiscarded}
-
-func isStatus(s string) bool {
-	for _, v := range statuses {
-		if v == s {
-			return true
-		}
-	}
-	return false
-}
-
 func (h *Handler) handleMessages(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	q := r.URL.Query()
@@ -116,7 +106,7 @@ func (h *Handler) handleMessages(w http.ResponseWriter, r *http.Request) {
 		h.actionError(w, r, err)
 		return
 	}
-	p := messagesPage{Layout: h.layout(r, "Messages"), Filter: f, Endpoints: eps, Statuses: statuses}
+	p := messagesPage{Layout: h.layout(r, "Messages"), Filter: f, Endpoints: eps, Statuses: outbox.Statuses}
 	mf, err := f.parse()
 	if err == nil && q.Get("before") != "" {
 		id, perr := uuid.Parse(q.Get("before"))

@@ -513,8 +513,12 @@ func notice(q url.Values) string {
 	case "discarded":
 		return fmt.Sprintf("Discarded %s: they will not be sent.", plural(n, "waiting message", "waiting messages"))
 	case "deleted":
+		were := "were"
+		if n == "1" {
+			were = "was"
+		}
 		return fmt.Sprintf("Endpoint deleted: nothing more is sent to it; %s not yet delivered %s discarded.",
-			plural(n, "message", "messages"), map[bool]string{true: "was", false: "were"}[n == "1"])
+			plural(n, "message", "messages"), were)
 	case "disabled":
 		return "Endpoint paused: its messages wait until it is resumed."
 	case "enabled":

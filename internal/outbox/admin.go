@@ -383,7 +383,7 @@ func (a *Admin) Messages(ctx context.Context, f MessageFilter) ([]Message, *uuid
 	p := outboxdb.MessageListParams{Destination: f.Destination, EventID: f.Event, CreatedFrom: f.CreatedFrom, CreatedTo: f.CreatedTo,
 		BeforeID: f.Before, MaxRows: int32(cmp.Or(f.Limit, 50))}
 	if f.Status != "" {
-		if !slices.Contains([]string{StatusPending, StatusClaimed, StatusDelivered, StatusFailed, StatusDiscarded}, f.Status) {
+		if !slices.Contains(Statuses, f.Status) {
 			return nil, nil, ErrInvalidStatus
 		}
 		p.Status = &f.Status

@@ -211,13 +211,18 @@ type Overview struct {
 // Overview returns the outbox at a glance. Stats counts the delivered
 // history exactly; this does not.
 func (a *Admin) Overview(ctx context.Context) (Overview, error) {
-	s, err := outboxdb.New(a.pool).OpsOverviewCounts(ctx)
+	q := outboxdb.New(a.pool)
+	s, err := q.MessageBacklog(ctx)
+	if err != nil {
+		return Overview{}, fmt.Errorf("reading outbox overview: %w", err)
+	}
+	delivered, err := q.OpsDeliveredEstimate(ctx)
 	if err != nil {
 		return Overview{}, fmt.Errorf("reading outbox overview: %w", err)
 	}
 	est := int64(-1)
-	if s.DeliveredEstimate >= 0 {
-		est = int64(math.Round(s.DeliveredEstimate))
+	if delivered >= 0 {
+		est = int64(math.Round(delivered))
 	}
 	return Overview{Pending: s.Pending, Claimed: s.Claimed, Failed: s.Failed, Parked: s.Parked,
 		OldestPendingAgeSeconds: s.OldestPendingAgeSeconds, DeliveredEstimate: est}, nil
@@ -244,6 +249,16 @@ func (a *Admin) RetryFailedForEndpoint(ctx context.Context, endpointID uuid.UUID
 	a.logger.InfoContext(ctx, "failed messages requeued", slog.String("endpoint_id", endpointID.String()),
 		slog.Int("requeued", len(ids)))
 	return len(ids), nil
+}
+
+// RelaysAlive counts the live relays (RelayStatus.Alive, without the rest
+// of RelayStatus).
+func (a *Admin) RelaysAlive(ctx context.Context) (int64, error) {
+	n, err := outboxdb.New(a.pool).RelaysCount(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("counting live relays: %w", err)
+	}
+	return n, nil
 }
 
 // EndpointHealth returns one endpoint as EndpointsHealth does.
@@ -275,17 +290,22 @@ type AttemptStats struct {
 }
 
 // EndpointAttemptStats returns an endpoint's success rate and delivery
-// latency over the last window.
-func (a *Admin) EndpointAttemptStats(ctx context.Context, id uuid.UUID, window time.Duration) (AttemptStats, error) {
-	r, err := outboxdb.New(a.pool).OpsEndpointAttemptStats(ctx, time.Now().Add(-window), id)
+// latency over the last hour and the last day, read in one pass.
+func (a *Admin) EndpointAttemptStats(ctx context.Context, id uuid.UUID) (hour, day AttemptStats, err error) {
+	r, err := outboxdb.New(a.pool).OpsEndpointAttemptStats(ctx, id)
 	if err != nil {
-		return AttemptStats{}, fmt.Errorf("reading endpoint attempt stats: %w", err)
+		return AttemptStats{}, AttemptStats{}, fmt.Errorf("reading endpoint attempt stats: %w", err)
 	}
-	s := AttemptStats{Window: window, Attempts: r.Attempts, Delivered: r.Delivered, P50MS: r.P50Ms, P95MS: r.P95Ms, P99MS: r.P99Ms}
-	if r.Attempts > 0 {
-		s.SuccessRate = float64(r.Delivered) / float64(r.Attempts)
+	return attemptStats(time.Hour, r.HourAttempts, r.HourDelivered, r.HourP50Ms, r.HourP95Ms, r.HourP99Ms),
+		attemptStats(24*time.Hour, r.DayAttempts, r.DayDelivered, r.DayP50Ms, r.DayP95Ms, r.DayP99Ms), nil
+}
+
+func attemptStats(window time.Duration, attempts, delivered int64, p50, p95, p99 float64) AttemptStats {
+	s := AttemptStats{Window: window, Attempts: attempts, Delivered: delivered, P50MS: p50, P95MS: p95, P99MS: p99}
+	if attempts > 0 {
+		s.SuccessRate = float64(delivered) / float64(attempts)
 	}
-	return s, nil
+	return s
 }
 
 // EndpointAttempt is one attempt of one of an endpoint's messages.

@@ -43,6 +43,10 @@ const (
 	StatusDiscarded = "discarded"
 )
 
+// Statuses are the message statuses, in the order a message goes through
+// them.
+var Statuses = []string{StatusPending, StatusClaimed, StatusDelivered, StatusFailed, StatusDiscarded}
+
 var (
 	// ErrNotInTx is returned by Enqueue when it is not given a live
 	// transaction: nil, already committed or rolled back. Writing the message

@@ -99,25 +99,14 @@ SELECT count(*) FILTER (WHERE finished_at >= now() - interval '5 minutes') AS la
 FROM outbox_attempts
 WHERE finished_at >= now() - interval '60 minutes' AND outcome = 'delivered';
 
--- name: OpsOverviewCounts :one
--- The overview's numbers. What waits or failed is counted exactly, each on
--- its status's partial index; the delivered history is not counted at all:
--- delivered_estimate is the row count PostgreSQL keeps for the delivered
--- index (pg_class.reltuples, as of the last VACUUM or ANALYZE; -1 before
--- the first), so the page costs the same with a week of history as with
+-- name: OpsDeliveredEstimate :one
+-- About how many delivered messages the retention holds, never counted:
+-- the row count PostgreSQL keeps for the delivered index
+-- (pg_class.reltuples, as of the last VACUUM or ANALYZE; -1 before the
+-- first), so the ops page costs the same with a week of history as with
 -- none.
-SELECT
-    ((SELECT count(*) FROM outbox_messages WHERE status = 'pending' AND NOT parked)
-      + (SELECT count(*) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked))::bigint AS pending,
-    (SELECT count(*) FROM outbox_messages WHERE status = 'claimed') AS claimed,
-    (SELECT count(*) FROM outbox_messages WHERE status = 'failed')  AS failed,
-    (SELECT count(*) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked) AS parked,
-    COALESCE(EXTRACT(epoch FROM now() - LEAST(
-        (SELECT min(created_at) FROM outbox_messages WHERE status = 'pending' AND NOT parked),
-        (SELECT min(created_at) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked))), 0)::float8
-        AS oldest_pending_age_seconds,
-    COALESCE((SELECT c.reltuples FROM pg_catalog.pg_class c
-              WHERE c.oid = to_regclass('outbox_messages_delivered_idx')), -1)::float8 AS delivered_estimate;
+SELECT COALESCE((SELECT c.reltuples FROM pg_catalog.pg_class c
+                 WHERE c.oid = to_regclass('outbox_messages_delivered_idx')), -1)::float8 AS delivered_estimate;
 
 -- name: OpsPendingBreakdown :one
 -- What the pending messages (parked ones aside) wait for: due now (their
@@ -139,21 +128,29 @@ JOIN webhook_endpoints e ON e.id = m.destination
 WHERE m.status = 'pending' AND NOT m.parked;
 
 -- name: OpsEndpointAttemptStats :one
--- One endpoint's attempts finished since @since: how many, how many were
--- delivered, and the request time of the delivered ones (median, 95th and
--- 99th percentiles, in milliseconds). The window comes from the finished_at
--- index; each attempt's endpoint from its message's primary key.
-SELECT count(*) AS attempts,
-       count(*) FILTER (WHERE a.outcome = 'delivered') AS delivered,
-       COALESCE(percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(epoch FROM a.finished_at - a.started_at) * 1000)
-                FILTER (WHERE a.outcome = 'delivered'), 0)::float8 AS p50_ms,
-       COALESCE(percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(epoch FROM a.finished_at - a.started_at) * 1000)
-                FILTER (WHERE a.outcome = 'delivered'), 0)::float8 AS p95_ms,
-       COALESCE(percentile_cont(0.99) WITHIN GROUP (ORDER BY EXTRACT(epoch FROM a.finished_at - a.started_at) * 1000)
-                FILTER (WHERE a.outcome = 'delivered'), 0)::float8 AS p99_ms
-FROM outbox_attempts a
-JOIN outbox_messages m ON m.id = a.message_id
-WHERE a.finished_at >= @since::timestamptz AND m.destination = @destination;
+-- One endpoint's attempts of the last day and of the last hour, in one pass:
+-- how many, how many were delivered, and the request time of the delivered
+-- ones (median, 95th and 99th percentiles, in milliseconds). The day comes
+-- from the finished_at index; each attempt's endpoint from its message's
+-- primary key.
+WITH a AS (
+    SELECT a.outcome = 'delivered' AS delivered, a.finished_at >= now() - interval '1 hour' AS last_hour,
+           EXTRACT(epoch FROM a.finished_at - a.started_at) * 1000 AS ms
+    FROM outbox_attempts a
+    JOIN outbox_messages m ON m.id = a.message_id
+    WHERE a.finished_at >= now() - interval '1 day' AND m.destination = @destination
+)
+SELECT count(*) FILTER (WHERE last_hour) AS hour_attempts,
+       count(*) FILTER (WHERE last_hour AND delivered) AS hour_delivered,
+       COALESCE(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) FILTER (WHERE last_hour AND delivered), 0)::float8 AS hour_p50_ms,
+       COALESCE(percentile_cont(0.95) WITHIN GROUP (ORDER BY ms) FILTER (WHERE last_hour AND delivered), 0)::float8 AS hour_p95_ms,
+       COALESCE(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) FILTER (WHERE last_hour AND delivered), 0)::float8 AS hour_p99_ms,
+       count(*) AS day_attempts,
+       count(*) FILTER (WHERE delivered) AS day_delivered,
+       COALESCE(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) FILTER (WHERE delivered), 0)::float8 AS day_p50_ms,
+       COALESCE(percentile_cont(0.95) WITHIN GROUP (ORDER BY ms) FILTER (WHERE delivered), 0)::float8 AS day_p95_ms,
+       COALESCE(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) FILTER (WHERE delivered), 0)::float8 AS day_p99_ms
+FROM a;
 
 -- name: OpsEndpointRecentAttempts :many
 -- One endpoint's latest attempts within the last day, newest first: the

@@ -161,6 +161,7 @@ SELECT
       + (SELECT count(*) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked))::bigint AS pending,
     (SELECT count(*) FROM outbox_messages WHERE status = 'claimed') AS claimed,
     (SELECT count(*) FROM outbox_messages WHERE status = 'failed')  AS failed,
+    (SELECT count(*) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked) AS parked,
     COALESCE(EXTRACT(epoch FROM now() - LEAST(
         (SELECT min(created_at) FROM outbox_messages WHERE status = 'pending' AND NOT parked),
         (SELECT min(created_at) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked))), 0)::float8
@@ -171,10 +172,12 @@ type MessageBacklogRow struct {
 	Pending                 int64
 	Claimed                 int64
 	Failed                  int64
+	Parked                  int64
 	OldestPendingAgeSeconds float64
 }
 
-// The monitoring numbers, without counting the delivered history.
+// The monitoring numbers and the ops page's, without counting the delivered
+// history: what waits or failed, each on its status's partial index.
 func (q *Queries) MessageBacklog(ctx context.Context) (MessageBacklogRow, error) {
 	row := q.db.QueryRow(ctx, messageBacklog)
 	var i MessageBacklogRow
@@ -182,6 +185,7 @@ func (q *Queries) MessageBacklog(ctx context.Context) (MessageBacklogRow, error)
 		&i.Pending,
 		&i.Claimed,
 		&i.Failed,
+		&i.Parked,
 		&i.OldestPendingAgeSeconds,
 	)
 	return i, err

@@ -88,6 +88,23 @@ func (q *Queries) OpsCreatedPerMinute(ctx context.Context, since time.Time) ([]O
 	return items, nil
 }
 
+const opsDeliveredEstimate = `-- name: OpsDeliveredEstimate :one
+SELECT COALESCE((SELECT c.reltuples FROM pg_catalog.pg_class c
+                 WHERE c.oid = to_regclass('outbox_messages_delivered_idx')), -1)::float8 AS delivered_estimate
+`
+
+// About how many delivered messages the retention holds, never counted:
+// the row count PostgreSQL keeps for the delivered index
+// (pg_class.reltuples, as of the last VACUUM or ANALYZE; -1 before the
+// first), so the ops page costs the same with a week of history as with
+// none.
+func (q *Queries) OpsDeliveredEstimate(ctx context.Context) (float64, error) {
+	row := q.db.QueryRow(ctx, opsDeliveredEstimate)
+	var delivered_estimate float64
+	err := row.Scan(&delivered_estimate)
+	return delivered_estimate, err
+}
+
 const opsDeliveryRate = `-- name: OpsDeliveryRate :one
 SELECT count(*) FILTER (WHERE finished_at >= now() - interval '5 minutes') AS last_5m,
        count(*)                                                            AS last_60m
@@ -133,40 +150,58 @@ func (q *Queries) OpsDiscardWaiting(ctx context.Context, reason string, destinat
 }
 
 const opsEndpointAttemptStats = `-- name: OpsEndpointAttemptStats :one
-SELECT count(*) AS attempts,
-       count(*) FILTER (WHERE a.outcome = 'delivered') AS delivered,
-       COALESCE(percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(epoch FROM a.finished_at - a.started_at) * 1000)
-                FILTER (WHERE a.outcome = 'delivered'), 0)::float8 AS p50_ms,
-       COALESCE(percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(epoch FROM a.finished_at - a.started_at) * 1000)
-                FILTER (WHERE a.outcome = 'delivered'), 0)::float8 AS p95_ms,
-       COALESCE(percentile_cont(0.99) WITHIN GROUP (ORDER BY EXTRACT(epoch FROM a.finished_at - a.started_at) * 1000)
-                FILTER (WHERE a.outcome = 'delivered'), 0)::float8 AS p99_ms
-FROM outbox_attempts a
-JOIN outbox_messages m ON m.id = a.message_id
-WHERE a.finished_at >= $1::timestamptz AND m.destination = $2
+WITH a AS (
+    SELECT a.outcome = 'delivered' AS delivered, a.finished_at >= now() - interval '1 hour' AS last_hour,
+           EXTRACT(epoch FROM a.finished_at - a.started_at) * 1000 AS ms
+    FROM outbox_attempts a
+    JOIN outbox_messages m ON m.id = a.message_id
+    WHERE a.finished_at >= now() - interval '1 day' AND m.destination = $1
+)
+SELECT count(*) FILTER (WHERE last_hour) AS hour_attempts,
+       count(*) FILTER (WHERE last_hour AND delivered) AS hour_delivered,
+       COALESCE(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) FILTER (WHERE last_hour AND delivered), 0)::float8 AS hour_p50_ms,
+       COALESCE(percentile_cont(0.95) WITHIN GROUP (ORDER BY ms) FILTER (WHERE last_hour AND delivered), 0)::float8 AS hour_p95_ms,
+       COALESCE(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) FILTER (WHERE last_hour AND delivered), 0)::float8 AS hour_p99_ms,
+       count(*) AS day_attempts,
+       count(*) FILTER (WHERE delivered) AS day_delivered,
+       COALESCE(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) FILTER (WHERE delivered), 0)::float8 AS day_p50_ms,
+       COALESCE(percentile_cont(0.95) WITHIN GROUP (ORDER BY ms) FILTER (WHERE delivered), 0)::float8 AS day_p95_ms,
+       COALESCE(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) FILTER (WHERE delivered), 0)::float8 AS day_p99_ms
+FROM a
 `
 
 type OpsEndpointAttemptStatsRow struct {
-	Attempts  int64
-	Delivered int64
-	P50Ms     float64
-	P95Ms     float64
-	P99Ms     float64
+	HourAttempts  int64
+	HourDelivered int64
+	HourP50Ms     float64
+	HourP95Ms     float64
+	HourP99Ms     float64
+	DayAttempts   int64
+	DayDelivered  int64
+	DayP50Ms      float64
+	DayP95Ms      float64
+	DayP99Ms      float64
 }
 
-// One endpoint's attempts finished since @since: how many, how many were
-// delivered, and the request time of the delivered ones (median, 95th and
-// 99th percentiles, in milliseconds). The window comes from the finished_at
-// index; each attempt's endpoint from its message's primary key.
-func (q *Queries) OpsEndpointAttemptStats(ctx context.Context, since time.Time, destination uuid.UUID) (OpsEndpointAttemptStatsRow, error) {
-	row := q.db.QueryRow(ctx, opsEndpointAttemptStats, since, destination)
+// One endpoint's attempts of the last day and of the last hour, in one pass:
+// how many, how many were delivered, and the request time of the delivered
+// ones (median, 95th and 99th percentiles, in milliseconds). The day comes
+// from the finished_at index; each attempt's endpoint from its message's
+// primary key.
+func (q *Queries) OpsEndpointAttemptStats(ctx context.Context, destination uuid.UUID) (OpsEndpointAttemptStatsRow, error) {
+	row := q.db.QueryRow(ctx, opsEndpointAttemptStats, destination)
 	var i OpsEndpointAttemptStatsRow
 	err := row.Scan(
-		&i.Attempts,
-		&i.Delivered,
-		&i.P50Ms,
-		&i.P95Ms,
-		&i.P99Ms,
+		&i.HourAttempts,
+		&i.HourDelivered,
+		&i.HourP50Ms,
+		&i.HourP95Ms,
+		&i.HourP99Ms,
+		&i.DayAttempts,
+		&i.DayDelivered,
+		&i.DayP50Ms,
+		&i.DayP95Ms,
+		&i.DayP99Ms,
 	)
 	return i, err
 }
@@ -356,50 +391,6 @@ func (q *Queries) OpsEndpointRecentAttempts(ctx context.Context, destination uui
 		return nil, err
 	}
 	return items, nil
-}
-
-const opsOverviewCounts = `-- name: OpsOverviewCounts :one
-SELECT
-    ((SELECT count(*) FROM outbox_messages WHERE status = 'pending' AND NOT parked)
-      + (SELECT count(*) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked))::bigint AS pending,
-    (SELECT count(*) FROM outbox_messages WHERE status = 'claimed') AS claimed,
-    (SELECT count(*) FROM outbox_messages WHERE status = 'failed')  AS failed,
-    (SELECT count(*) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked) AS parked,
-    COALESCE(EXTRACT(epoch FROM now() - LEAST(
-        (SELECT min(created_at) FROM outbox_messages WHERE status = 'pending' AND NOT parked),
-        (SELECT min(created_at) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked))), 0)::float8
-        AS oldest_pending_age_seconds,
-    COALESCE((SELECT c.reltuples FROM pg_catalog.pg_class c
-              WHERE c.oid = to_regclass('outbox_messages_delivered_idx')), -1)::float8 AS delivered_estimate
-`
-
-type OpsOverviewCountsRow struct {
-	Pending                 int64
-	Claimed                 int64
-	Failed                  int64
-	Parked                  int64
-	OldestPendingAgeSeconds float64
-	DeliveredEstimate       float64
-}
-
-// The overview's numbers. What waits or failed is counted exactly, each on
-// its status's partial index; the delivered history is not counted at all:
-// delivered_estimate is the row count PostgreSQL keeps for the delivered
-// index (pg_class.reltuples, as of the last VACUUM or ANALYZE; -1 before
-// the first), so the page costs the same with a week of history as with
-// none.
-func (q *Queries) OpsOverviewCounts(ctx context.Context) (OpsOverviewCountsRow, error) {
-	row := q.db.QueryRow(ctx, opsOverviewCounts)
-	var i OpsOverviewCountsRow
-	err := row.Scan(
-		&i.Pending,
-		&i.Claimed,
-		&i.Failed,
-		&i.Parked,
-		&i.OldestPendingAgeSeconds,
-		&i.DeliveredEstimate,
-	)
-	return i, err
 }
 
 const opsPendingBreakdown = `-- name: OpsPendingBreakdown :one
