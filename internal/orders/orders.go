@@ -203,13 +203,16 @@ func (s *Service) Place(ctx context.Context, req PlaceRequest) (order Order, rep
 			p.Quantities = append(p.Quantities, int32(l.Quantity))
 			p.UnitPricesCents = append(p.UnitPricesCents, l.UnitPriceCents)
 		}
-		if err := q.OrderLinesInsert(ctx, p); err != nil {
-			return fmt.Errorf("inserting order lines: %w", err)
-		}
-
 		order = toOrder(row, req.Lines)
-		if _, err := outbox.Enqueue(ctx, tx, outbox.Event{Type: EventPlaced, Data: order, OrderingKey: order.ID.String()}); err != nil {
+		// The lines and the event go in one round trip (a batch): the
+		// outbox adds a statement to the transaction, not a round trip.
+		var b pgx.Batch
+		ordersdb.QueueOrderLinesInsert(&b, p)
+		if _, err := outbox.Queue(ctx, tx, &b, outbox.Event{Type: EventPlaced, Data: order, OrderingKey: order.ID.String()}); err != nil {
 			return fmt.Errorf("enqueuing %s: %w", EventPlaced, err)
+		}
+		if err := tx.SendBatch(ctx, &b).Close(); err != nil {
+			return fmt.Errorf("inserting order lines and %s: %w", EventPlaced, err)
 		}
 		return nil
 	})

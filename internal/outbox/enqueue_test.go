@@ -124,3 +124,50 @@ func TestEnqueueRollsBackWithTheTransaction(t *testing.T) {
 	events, messages := countRows(t, f.pool)
 	require.Zero(t, events+messages, "the event and its message share the transaction's fate")
 }
+
+// Queue's statement shares the batch, and the transaction, of the caller's:
+// when one of the caller's statements fails, the event is not written
+// either; when the batch succeeds, the event is written as Enqueue writes
+// it. An invalid event is refused before anything is queued.
+func TestQueueSharesTheCallersBatch(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	rc := newReceiver(t)
+	ep := f.endpoint(t, rc, "order.placed")
+
+	err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+		var b pgx.Batch
+		b.Queue("SELECT 1 / 0")
+		q, err := outbox.Queue(ctx, tx, &b, outbox.Event{Type: "order.placed", Data: 1})
+		require.NoError(t, err)
+		err = tx.SendBatch(ctx, &b).Close()
+		require.Equal(t, uuid.Nil, q.ID(), "a statement after a failed one does not run")
+		return err
+	})
+	require.ErrorContains(t, err, "division by zero")
+	events, messages := countRows(t, f.pool)
+	require.Zero(t, events+messages, "the caller's failed statement takes the event with it")
+
+	var b pgx.Batch
+	tx, err := f.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = outbox.Queue(ctx, tx, &b, outbox.Event{Type: "", Data: 1})
+	require.ErrorIs(t, err, outbox.ErrInvalidEvent)
+	_, err = outbox.Queue(ctx, nil, &b, outbox.Event{Type: "order.placed", Data: 1})
+	require.ErrorIs(t, err, outbox.ErrNotInTx)
+	require.Zero(t, b.Len(), "a refused event queues nothing")
+
+	b.Queue("SELECT 1")
+	q, err := outbox.Queue(ctx, tx, &b, outbox.Event{Type: "order.placed", Data: map[string]int{"n": 1}, OrderingKey: "k"})
+	require.NoError(t, err)
+	require.NoError(t, tx.SendBatch(ctx, &b).Close())
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, uuid.Version(7), q.ID().Version())
+	ids := f.deliveries(t, q.ID())
+	require.Len(t, ids, 1)
+	m := f.message(t, ids[0])
+	require.Equal(t, ep.ID, m.Destination)
+	require.Equal(t, outbox.StatusPending, m.Status)
+	require.JSONEq(t, `{"n":1}`, string(m.Payload))
+}

@@ -87,6 +87,35 @@ func ExampleEnqueue_notInTransaction() {
 	// true
 }
 
+// Queue sends the event with the caller's own statements, in one round
+// trip: the outbox adds a statement to the transaction, not a round trip.
+func ExampleQueue() {
+	pool, cleanup := examplePool()
+	defer cleanup()
+	ctx := context.Background()
+
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var b pgx.Batch
+		// ... queue the business statements on b here ...
+		b.Queue("SELECT 1")
+		queued, err := outbox.Queue(ctx, tx, &b, outbox.Event{
+			Type: "order.placed", Data: map[string]any{"id": "o-1"}, OrderingKey: "o-1",
+		})
+		if err != nil {
+			return err // the event is invalid: nothing was queued
+		}
+		if err := tx.SendBatch(ctx, &b).Close(); err != nil {
+			return err
+		}
+		fmt.Println("event id:", queued.ID().Version())
+		return nil
+	})
+	if err != nil {
+		fmt.Println("error:", err)
+	}
+	// Output: event id: VERSION_7
+}
+
 // A worker runs the relay: it starts River and the relay's dispatch and
 // heartbeat, delivers until it is stopped, and on Stop lets the requests in
 // flight finish (within the context's deadline), records them, and leaves

@@ -102,18 +102,43 @@ const maxOrderingKey = 200
 // process's propagator) is stored with the event, and its deliveries
 // continue that trace and send traceparent to the receiver.
 func Enqueue(ctx context.Context, tx pgx.Tx, ev Event) (uuid.UUID, error) {
+	var b pgx.Batch
+	q, err := Queue(ctx, tx, &b, ev)
+	if err != nil {
+		return uuid.Nil, err
+	}
+	err = tx.SendBatch(ctx, &b).Close()
+	if errors.Is(err, pgx.ErrTxClosed) {
+		return uuid.Nil, fmt.Errorf("enqueuing %q: %w: %w", ev.Type, ErrNotInTx, err)
+	}
+	if err != nil {
+		return uuid.Nil, fmt.Errorf("enqueuing %q: %w", ev.Type, err)
+	}
+	return q.ID(), nil
+}
+
+// Queue is Enqueue for a caller that has statements of its own to send:
+// it adds the event's statement to b, and the caller sends b in tx
+// (tx.SendBatch, then Close) with its own statements, in one round trip.
+// The outbox then adds no round trip to the transaction; orders.Service.Place
+// sends an order's lines and its event this way. Everything else is as
+// Enqueue: the event is validated here, the rows are written when b is
+// sent, and they commit or roll back with tx. If b is sent anywhere but in
+// tx, the event is not part of the caller's transaction: that is the
+// dual-write bug Enqueue exists to prevent.
+func Queue(ctx context.Context, tx pgx.Tx, b *pgx.Batch, ev Event) (*Queued, error) {
 	if isNil(tx) {
-		return uuid.Nil, fmt.Errorf("enqueuing %q: %w", ev.Type, ErrNotInTx)
+		return nil, fmt.Errorf("enqueuing %q: %w", ev.Type, ErrNotInTx)
 	}
 	if ev.Type == "" {
-		return uuid.Nil, fmt.Errorf("enqueuing: %w: empty type", ErrInvalidEvent)
+		return nil, fmt.Errorf("enqueuing: %w: empty type", ErrInvalidEvent)
 	}
 	if len(ev.OrderingKey) > maxOrderingKey {
-		return uuid.Nil, fmt.Errorf("enqueuing %q: %w: ordering key longer than %d bytes", ev.Type, ErrInvalidEvent, maxOrderingKey)
+		return nil, fmt.Errorf("enqueuing %q: %w: ordering key longer than %d bytes", ev.Type, ErrInvalidEvent, maxOrderingKey)
 	}
 	payload, err := json.Marshal(ev.Data)
 	if err != nil {
-		return uuid.Nil, fmt.Errorf("enqueuing %q: %w: %w", ev.Type, ErrInvalidEvent, err)
+		return nil, fmt.Errorf("enqueuing %q: %w: %w", ev.Type, ErrInvalidEvent, err)
 	}
 	var key *string
 	if ev.OrderingKey != "" {
@@ -121,25 +146,28 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ev Event) (uuid.UUID, error) {
 	}
 	// The trace context of the caller's span, if any, travels with the
 	// event so its deliveries continue the same trace (see trace.go).
-	q := outboxdb.New(tx)
-	id, err := q.EventEnqueue(ctx, outboxdb.EventEnqueueParams{
+	q := &Queued{}
+	outboxdb.QueueEventEnqueue(b, outboxdb.EventEnqueueParams{
 		Type: ev.Type, Payload: payload, TraceContext: traceContext(ctx), OrderingKey: key,
-	})
-	if errors.Is(err, pgx.ErrTxClosed) {
-		return uuid.Nil, fmt.Errorf("enqueuing %q: %w: %w", ev.Type, ErrNotInTx, err)
-	}
-	if err != nil {
-		return uuid.Nil, fmt.Errorf("enqueuing %q: %w", ev.Type, err)
-	}
+	}, &q.id)
 	// A second statement, only when asked for: the NOTIFY is what costs,
 	// and the default path does not carry even its check.
 	if tx.Conn().Config().RuntimeParams[notifySetting] == "on" {
-		if err := q.EventNotify(ctx, id); err != nil {
-			return uuid.Nil, fmt.Errorf("notifying relays of %q: %w", ev.Type, err)
-		}
+		outboxdb.QueueEventNotify(b, ev.Type)
 	}
-	return id, nil
+	return q, nil
 }
+
+// Queued is an event added to a batch by Queue.
+type Queued struct {
+	id uuid.UUID
+}
+
+// ID is the event's id, the webhook-id every delivery of it carries: set
+// when the batch's results are read, uuid.Nil if its statement did not run.
+// Like every row written in the transaction, the event exists only if the
+// transaction commits.
+func (q *Queued) ID() uuid.UUID { return q.id }
 
 // notifySetting marks the connections made with NotifyRelays (and shows on
 // the server as the session setting outbox.notify).

@@ -34,13 +34,16 @@ SELECT id FROM event;
 
 -- name: EventNotify :exec
 -- Wakes LISTENing relays at commit (NotifyRelays, OUTBOX_NOTIFY): names the
--- destinations of the event's deliveries, or '' (wake all) past what a
--- notification's 8000 bytes hold; nothing when it has none. Identical
--- notifications of one transaction are sent once.
-SELECT pg_notify('outbox', CASE WHEN count(*) > 200 THEN '' ELSE string_agg(m.destination::text, ',') END)
-FROM outbox_messages m
-WHERE m.id BETWEEN outbox_uuid_floor(@event_id::uuid) AND outbox_uuid_ceil(@event_id::uuid)
-  AND m.event_id = @event_id::uuid
+-- endpoints subscribed to @type, the destinations EventEnqueue gives the
+-- event's deliveries, or '' (wake all) past what a notification's 8000
+-- bytes hold; nothing when nobody subscribes. It needs only the type, not
+-- the event's id, so it travels in the same round trip as EventEnqueue. An
+-- endpoint subscribed or removed between the two statements only adds or
+-- misses a wake-up, which the poll covers. Identical notifications of one
+-- transaction are sent once.
+SELECT pg_notify('outbox', CASE WHEN count(*) > 200 THEN '' ELSE string_agg(e.id::text, ',') END)
+FROM webhook_endpoints e
+WHERE @type::text = ANY (e.event_types)
 HAVING count(*) > 0;
 
 -- name: MessageClaim :many

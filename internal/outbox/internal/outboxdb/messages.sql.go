@@ -110,19 +110,22 @@ func (q *Queries) EventExists(ctx context.Context, id uuid.UUID) (bool, error) {
 }
 
 const eventNotify = `-- name: EventNotify :exec
-SELECT pg_notify('outbox', CASE WHEN count(*) > 200 THEN '' ELSE string_agg(m.destination::text, ',') END)
-FROM outbox_messages m
-WHERE m.id BETWEEN outbox_uuid_floor($1::uuid) AND outbox_uuid_ceil($1::uuid)
-  AND m.event_id = $1::uuid
+SELECT pg_notify('outbox', CASE WHEN count(*) > 200 THEN '' ELSE string_agg(e.id::text, ',') END)
+FROM webhook_endpoints e
+WHERE $1::text = ANY (e.event_types)
 HAVING count(*) > 0
 `
 
 // Wakes LISTENing relays at commit (NotifyRelays, OUTBOX_NOTIFY): names the
-// destinations of the event's deliveries, or ” (wake all) past what a
-// notification's 8000 bytes hold; nothing when it has none. Identical
-// notifications of one transaction are sent once.
-func (q *Queries) EventNotify(ctx context.Context, eventID uuid.UUID) error {
-	_, err := q.db.Exec(ctx, eventNotify, eventID)
+// endpoints subscribed to @type, the destinations EventEnqueue gives the
+// event's deliveries, or ” (wake all) past what a notification's 8000
+// bytes hold; nothing when nobody subscribes. It needs only the type, not
+// the event's id, so it travels in the same round trip as EventEnqueue. An
+// endpoint subscribed or removed between the two statements only adds or
+// misses a wake-up, which the poll covers. Identical notifications of one
+// transaction are sent once.
+func (q *Queries) EventNotify(ctx context.Context, type_ string) error {
+	_, err := q.db.Exec(ctx, eventNotify, type_)
 	return err
 }
 
