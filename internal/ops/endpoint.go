@@ -146,9 +146,20 @@ func (h *Handler) handleEditEndpoint(w http.ResponseWriter, r *http.Request) {
 	}
 	f := h.postedForm(r, "Edit endpoint", &ep)
 	types := eventTypes(f.EventTypes)
+	change := outbox.EndpointChange{URL: &f.URL, EventTypes: types}
 	if !confirmed(r) {
 		if f.URL == "" || len(types) == 0 {
 			h.refuseForm(w, r, f, "Give the endpoint a URL and at least one event type.")
+			return
+		}
+		// Refused now rather than after the confirmation: the question is
+		// asked only about a change that can be made.
+		if err := h.admin.CheckEndpointChange(r.Context(), change); err != nil {
+			if !errors.Is(err, outbox.ErrInvalidEndpoint) {
+				h.actionError(w, r, err)
+				return
+			}
+			h.refuseForm(w, r, f, err.Error())
 			return
 		}
 		h.render(w, r, http.StatusOK, "confirm", confirmPage{
@@ -162,7 +173,7 @@ func (h *Handler) handleEditEndpoint(w http.ResponseWriter, r *http.Request) {
 		})
 		return
 	}
-	updated, err := h.admin.UpdateEndpoint(r.Context(), ep.ID, outbox.EndpointChange{URL: &f.URL, EventTypes: types})
+	updated, err := h.admin.UpdateEndpoint(r.Context(), ep.ID, change)
 	if errors.Is(err, outbox.ErrInvalidEndpoint) {
 		h.refuseForm(w, r, f, err.Error())
 		return

@@ -124,7 +124,13 @@ func TestEndpointActionsFromThePage(t *testing.T) {
 	require.NotContains(t, body, m[1], "the secret is shown once")
 	base := e.srv.URL + "/ops/endpoints/" + ep.ID.String()
 
-	// Edit: confirmed, then in place (same id).
+	// Edit: a change that cannot be made is refused before the
+	// confirmation is asked for; a good one is confirmed, then made in
+	// place (same id).
+	res, body = postPage(t, c, base+"/edit", url.Values{"csrf": {csrf}, "url": {"ftp://x"}, "event_types": {"order.placed"}})
+	require.Equal(t, http.StatusUnprocessableEntity, res.StatusCode)
+	require.Contains(t, body, `id="form-error"`)
+	require.NotContains(t, body, "Change endpoint?")
 	form := url.Values{"csrf": {csrf}, "url": {"http://127.0.0.1:9/new-hook"}, "event_types": {"order.placed"}}
 	res, body = postPage(t, c, base+"/edit", form)
 	require.Equal(t, http.StatusOK, res.StatusCode)

@@ -168,17 +168,9 @@ type EndpointChange struct {
 // its id, secret, state and messages: what is already waiting is sent to the
 // new URL, and the new types apply to events written from now on.
 func (a *Admin) UpdateEndpoint(ctx context.Context, id uuid.UUID, c EndpointChange) (Endpoint, error) {
-	var types []string
-	if c.EventTypes != nil {
-		var err error
-		if types, err = subscription(c.EventTypes); err != nil {
-			return Endpoint{}, err
-		}
-	}
-	if c.URL != nil {
-		if err := a.checkDestination(ctx, *c.URL); err != nil {
-			return Endpoint{}, err
-		}
+	types, err := a.checkChange(ctx, c)
+	if err != nil {
+		return Endpoint{}, err
 	}
 	row, err := outboxdb.New(a.pool).EndpointUpdate(ctx, c.URL, types, id)
 	if err != nil {
@@ -187,6 +179,32 @@ func (a *Admin) UpdateEndpoint(ctx context.Context, id uuid.UUID, c EndpointChan
 	a.logger.InfoContext(ctx, "webhook endpoint changed", slog.String("endpoint_id", id.String()),
 		slog.String("url", row.Url), slog.Any("event_types", row.EventTypes))
 	return toEndpoint(row), nil
+}
+
+// CheckEndpointChange vets a change as UpdateEndpoint would, without
+// making it (an ErrInvalidEndpoint error saying why), so a form can refuse
+// it before asking for a confirmation.
+func (a *Admin) CheckEndpointChange(ctx context.Context, c EndpointChange) error {
+	_, err := a.checkChange(ctx, c)
+	return err
+}
+
+// checkChange vets a change and returns its event types sorted and
+// deduplicated (nil when it does not change them).
+func (a *Admin) checkChange(ctx context.Context, c EndpointChange) ([]string, error) {
+	var types []string
+	if c.EventTypes != nil {
+		var err error
+		if types, err = subscription(c.EventTypes); err != nil {
+			return nil, err
+		}
+	}
+	if c.URL != nil {
+		if err := a.checkDestination(ctx, *c.URL); err != nil {
+			return nil, err
+		}
+	}
+	return types, nil
 }
 
 // checkDestination vets an endpoint URL: a broker destination's name by

@@ -25,16 +25,36 @@ import (
 // concurrency is a receiver that counts the requests it has in flight at
 // once, answering each after delay.
 type concurrency struct {
-	delay     time.Duration
+	delay time.Duration
+	// fill, when set, holds every request (up to holdAtMost) until fill
+	// requests have been in flight at once: on a loaded machine the first
+	// requests could otherwise end before the last of a claim's begin, and
+	// most would say less than the relay did.
+	fill      int64
+	filled    chan struct{}
+	fillOnce  sync.Once
 	now, most atomic.Int64
 	served    atomic.Int64
 	mu        sync.Mutex
 	byEventID map[string]int
 }
 
+// holdAtMost bounds how long concurrency holds a request waiting for the
+// others (fill).
+const holdAtMost = 3 * time.Second
+
 func (c *concurrency) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	n := c.now.Add(1)
 	for m := c.most.Load(); n > m && !c.most.CompareAndSwap(m, n); m = c.most.Load() {
+	}
+	if c.fill > 0 {
+		if n >= c.fill {
+			c.fillOnce.Do(func() { close(c.filled) })
+		}
+		select {
+		case <-c.filled:
+		case <-time.After(holdAtMost):
+		}
 	}
 	time.Sleep(c.delay) // the receiver's own work
 	c.now.Add(-1)
@@ -52,7 +72,8 @@ func TestDestinationConcurrencyIsBoundedAcrossRelays(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
-	rc := &concurrency{delay: 30 * time.Millisecond, byEventID: map[string]int{}}
+	limit := int64(outbox.DefaultRelayConfig().DestinationConcurrency)
+	rc := &concurrency{delay: 30 * time.Millisecond, fill: limit, filled: make(chan struct{}), byEventID: map[string]int{}}
 	srv := httptest.NewServer(rc)
 	t.Cleanup(srv.Close)
 	ep, err := f.admin.CreateEndpoint(ctx, srv.URL, []string{"order.placed"})
@@ -62,7 +83,6 @@ func TestDestinationConcurrencyIsBoundedAcrossRelays(t *testing.T) {
 	f.startRelay(t, outbox.RelayConfig{}, nil)
 
 	eventually(t, func() bool { return rc.served.Load() == 300 }, "every message delivered")
-	limit := int64(outbox.DefaultRelayConfig().DestinationConcurrency)
 	require.LessOrEqual(t, rc.most.Load(), limit, "never more requests in flight to one destination than its concurrency")
 	require.Equal(t, limit, rc.most.Load(), "and the destination gets all of them")
 	rc.mu.Lock()
