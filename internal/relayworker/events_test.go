@@ -24,7 +24,9 @@ func TestNotifyDeliversAtCommit(t *testing.T) {
 	api := startAPI(t, map[string]string{"DATABASE_URL": dbURL, "ADMIN_TOKEN": adminToken,
 		"OUTBOX_ALLOW_PRIVATE_TARGETS": "true", "OUTBOX_NOTIFY": "true"})
 	env := relayEnv(dbURL)
-	env["OUTBOX_POLL_INTERVAL"] = "5s"
+	// A poll far longer than the wait below: whatever is delivered in
+	// time was woken by the NOTIFY, however loaded the machine.
+	env["OUTBOX_POLL_INTERVAL"] = "1m"
 	env["OUTBOX_NOTIFY"] = "true"
 	startWorker(t, env)
 	register(t, api, rec, "order.placed")
@@ -46,8 +48,9 @@ func TestNotifyDeliversAtCommit(t *testing.T) {
 			`{"customer_id":"c-1","lines":[{"sku":"A-1","quantity":1,"unit_price_cents":500}]}`)
 		require.Equal(t, http.StatusCreated, code, "body: %s", body)
 		before := len(delivered(rec))
-		require.Eventually(t, func() bool { return len(delivered(rec)) == before+1 }, 10*time.Second, 5*time.Millisecond)
-		require.Less(t, time.Since(placed), 2*time.Second, "delivered at commit, not at the 5 s poll")
+		require.Eventually(t, func() bool { return len(delivered(rec)) == before+1 }, 20*time.Second, 5*time.Millisecond,
+			"delivered at commit, not at the poll a minute away")
+		t.Logf("order %d delivered %s after it was placed", len(delivered(rec)), time.Since(placed).Round(time.Millisecond))
 	}
 }
 
