@@ -96,6 +96,17 @@ func (h *Handler) refuseForm(w http.ResponseWriter, r *http.Request, f endpointF
 	h.render(w, r, http.StatusUnprocessableEntity, "endpoint_form", f)
 }
 
+// formFailed answers a form whose endpoint was refused or whose action
+// failed: the form again with the reason when the input was invalid, the
+// error page otherwise.
+func (h *Handler) formFailed(w http.ResponseWriter, r *http.Request, f endpointForm, err error) {
+	if errors.Is(err, outbox.ErrInvalidEndpoint) {
+		h.refuseForm(w, r, f, err.Error())
+		return
+	}
+	h.actionError(w, r, err)
+}
+
 func (h *Handler) handleNewEndpointForm(w http.ResponseWriter, r *http.Request) {
 	h.render(w, r, http.StatusOK, "endpoint_form", endpointForm{Layout: h.layout(r, "New endpoint"),
 		EventTypes: "order.placed, order.cancelled"})
@@ -118,12 +129,8 @@ type secretPage struct {
 func (h *Handler) handleCreateEndpoint(w http.ResponseWriter, r *http.Request) {
 	f := h.postedForm(r, "New endpoint", nil)
 	ep, err := h.admin.CreateEndpoint(r.Context(), f.URL, eventTypes(f.EventTypes))
-	if errors.Is(err, outbox.ErrInvalidEndpoint) {
-		h.refuseForm(w, r, f, err.Error())
-		return
-	}
 	if err != nil {
-		h.actionError(w, r, err)
+		h.formFailed(w, r, f, err)
 		return
 	}
 	h.logAction(r, "create_endpoint", slog.String("endpoint_id", ep.ID.String()), slog.String("url", ep.URL))
@@ -155,11 +162,7 @@ func (h *Handler) handleEditEndpoint(w http.ResponseWriter, r *http.Request) {
 		// Refused now rather than after the confirmation: the question is
 		// asked only about a change that can be made.
 		if err := h.admin.CheckEndpointChange(r.Context(), change); err != nil {
-			if !errors.Is(err, outbox.ErrInvalidEndpoint) {
-				h.actionError(w, r, err)
-				return
-			}
-			h.refuseForm(w, r, f, err.Error())
+			h.formFailed(w, r, f, err)
 			return
 		}
 		h.render(w, r, http.StatusOK, "confirm", confirmPage{
@@ -174,12 +177,8 @@ func (h *Handler) handleEditEndpoint(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	updated, err := h.admin.UpdateEndpoint(r.Context(), ep.ID, change)
-	if errors.Is(err, outbox.ErrInvalidEndpoint) {
-		h.refuseForm(w, r, f, err.Error())
-		return
-	}
 	if err != nil {
-		h.actionError(w, r, err)
+		h.formFailed(w, r, f, err)
 		return
 	}
 	h.logAction(r, "update_endpoint", slog.String("endpoint_id", ep.ID.String()), slog.String("url", updated.URL),

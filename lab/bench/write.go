@@ -225,7 +225,10 @@ func measureWrite(ctx context.Context, pools writePools, clientCounts []int, rep
 		samples := map[string][]float64{}
 		ratios := map[string][]float64{}
 		// Warm up both pools' connections and the caches.
-		for _, v := range []writeVariant{writeVariants[1], writeVariants[3]} {
+		for _, v := range writeVariants {
+			if v.name != writeWith && v.name != writeNotify {
+				continue
+			}
 			if _, err := placeLoop(ctx, v.place(pools), clients, d/3); err != nil {
 				return writeResult{}, err
 			}
