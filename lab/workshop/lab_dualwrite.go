@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -269,7 +270,14 @@ func lab3(l *lab) (*Report, error) {
 	// kill" is exact: each was answered, and applied, by the consumer.
 	crashCfg := cfg
 	crashCfg.DestinationConcurrency = 1
-	killed, err := l.spawn("relay", relaySpec{DatabaseURL: l.url, Config: crashCfg, DieAfterSends: after}, func(line string) {
+	dyingURL, err := url.Parse(l.url)
+	if err != nil {
+		return nil, err
+	}
+	q := dyingURL.Query()
+	q.Set("application_name", dyingRelay)
+	dyingURL.RawQuery = q.Encode()
+	killed, err := l.spawn("relay", relaySpec{DatabaseURL: dyingURL.String(), Config: crashCfg, DieAfterSends: after}, func(line string) {
 		if strings.HasPrefix(line, "sent ") {
 			reported++
 			l.p.Count(reported, after, "webhooks sent before the kill")
@@ -284,6 +292,12 @@ func lab3(l *lab) (*Report, error) {
 	// What the consumer got from the dead relay (once the requests it was
 	// answering when the relay died are done), and what the relay recorded.
 	sentBeforeKill := requests.Load()
+	// A statement the relay sent just before it died still runs to its end
+	// on the server, and may record an outcome: what it recorded is read
+	// once its sessions are gone.
+	if err := l.waitSessionsGone(dyingRelay); err != nil {
+		return nil, err
+	}
 	recorded, err := l.count("SELECT count(*) FROM outbox_messages WHERE status = 'delivered'")
 	if err != nil {
 		return nil, err
@@ -355,3 +369,27 @@ func keys(m map[int]bool) []int {
 }
 
 var _ http.Handler = (*consumer.Consumer)(nil)
+
+// dyingRelay is the application_name of the relay lab 3 kills.
+const dyingRelay = "workshop-dying-relay"
+
+// waitSessionsGone waits until no session of the lab's database carries
+// application name app.
+func (l *lab) waitSessionsGone(app string) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		n, err := l.count(`SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = $1`, app)
+		if err != nil || n == 0 {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d sessions of %s still open after 30 s", n, app)
+		}
+		select {
+		case <-l.ctx.Done():
+			return l.ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
