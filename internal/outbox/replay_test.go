@@ -81,6 +81,31 @@ func TestReplayResendsRetainedEventsUnderTheirIDs(t *testing.T) {
 	eventually(t, func() bool { return rc.count(cancelled) == 2 }, "sent again, same webhook-id")
 }
 
+// A range is [From, To) to the microsecond, however close an event lies to
+// either end: one written a microsecond before To is in it (its id shares
+// To's millisecond, which an id bound of whole milliseconds left out), one
+// written at To is not.
+func TestReplayRangeIsExactAtItsEnds(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	ep := f.endpoint(t, newReceiver(t), "order.placed")
+	for i := range 20 {
+		id := f.publish(t, outbox.Event{Type: "order.placed", Data: i})
+		var at time.Time
+		require.NoError(t, f.pool.QueryRow(ctx, "SELECT created_at FROM outbox_events WHERE id = $1", id).Scan(&at))
+		count := func(from, to time.Time) int64 {
+			n, err := f.admin.ReplayCount(ctx, ep.ID, outbox.Replay{From: from, To: to})
+			require.NoError(t, err)
+			return n
+		}
+		us := time.Microsecond
+		require.EqualValues(t, 1, count(at, at.Add(us)), "written at From and 1 µs before To: in the range")
+		require.Zero(t, count(at.Add(-us), at), "written at To: after the range")
+		require.Zero(t, count(at.Add(us), at.Add(time.Second)), "written 1 µs before From: before the range")
+	}
+}
+
 func TestReplayRefusesBadInputAndWritesNothing(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
