@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -428,4 +429,16 @@ func (s jetStream) stored() uint64 {
 		return 0
 	}
 	return info.State.Msgs
+}
+
+// withApplicationName returns dbURL with the application_name its sessions
+// carry: how a test finds a process's sessions in pg_stat_activity.
+func withApplicationName(t *testing.T, dbURL, name string) string {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set("application_name", name)
+	u.RawQuery = q.Encode()
+	return u.String()
 }

@@ -290,8 +290,9 @@ func TestRecoveryAfterSIGKILL(t *testing.T) {
 	workers := make([]*service, 2)
 	for i := range workers {
 		addr := proctest.FreeAddr(t)
-		workers[i] = newService(t, fmt.Sprintf("worker-%d", i+1), bin+"/worker", addr, map[string]string{
-			"DATABASE_URL": dbURL, "WORKER_ADDR": addr, "OUTBOX_ALLOW_PRIVATE_TARGETS": "true",
+		name := fmt.Sprintf("worker-%d", i+1)
+		workers[i] = newService(t, name, bin+"/worker", addr, map[string]string{
+			"DATABASE_URL": withApplicationName(t, dbURL, "crashtest-"+name), "WORKER_ADDR": addr, "OUTBOX_ALLOW_PRIVATE_TARGETS": "true",
 		})
 		require.NoError(t, workers[i].start())
 		t.Cleanup(func() { workers[i].stop(20 * time.Second) })
@@ -324,10 +325,24 @@ func TestRecoveryAfterSIGKILL(t *testing.T) {
 		}
 	}
 	require.NotNil(t, victim, "the claims belong to one of the two workers (pid %d)", holderPID)
+	var victimRelay uuid.UUID
+	require.NoError(t, pool.QueryRow(ctx, `SELECT id FROM outbox_relays WHERE pid = $1`, holderPID).Scan(&victimRelay))
 	require.True(t, victim.kill())
 	killedAt := time.Now()
+	// What the dead worker held is known once its database sessions are
+	// gone: a statement it sent just before the kill (a claim, a record)
+	// still runs to its end on the server. Its claims are then still
+	// claimed by it, or already released as interrupted if the survivor
+	// declared it dead meanwhile.
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = $1`, "crashtest-"+victim.name).Scan(&n))
+		return n == 0
+	}, 10*time.Second, 5*time.Millisecond, "the killed worker's sessions ended")
 	var held []string
-	rows, err := pool.Query(ctx, `SELECT id::text FROM outbox_messages WHERE status = 'claimed'`)
+	rows, err := pool.Query(ctx, `SELECT id::text FROM outbox_messages WHERE status = 'claimed' AND claimed_by = $1
+		UNION SELECT message_id::text FROM outbox_attempts WHERE outcome = 'interrupted'`, victimRelay)
 	require.NoError(t, err)
 	for rows.Next() {
 		var id string
