@@ -43,7 +43,7 @@ func TestClaimPartitionsRowsBetweenConcurrentClaimers(t *testing.T) {
 			for {
 				var rows []outboxdb.MessageClaimRow
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
-					rows, err = outboxdb.New(tx).MessageClaim(ctx, outboxdb.MessageClaimParams{
+					rows, err = claimMessages(ctx, tx, outboxdb.MessageClaimParams{
 						ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 50})
 					return err
 				})
@@ -133,6 +133,9 @@ func TestProbeDelayDoublesUpToItsCap(t *testing.T) {
 type statements struct {
 	mu   sync.Mutex
 	last map[string][]any // SQL → its latest arguments
+	// The statement explain explained last, and its arguments.
+	explained     string
+	explainedArgs []any
 }
 
 func (s *statements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
@@ -166,6 +169,7 @@ func (s *statements) explain(t *testing.T, pool *pgxpool.Pool, run func(q *outbo
 		var args []any
 		for sql, args = range s.last {
 		}
+		s.explained, s.explainedArgs = sql, args
 		s.mu.Unlock()
 		rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+sql, args...)
 		require.NoError(t, err)
@@ -179,6 +183,46 @@ func (s *statements) explain(t *testing.T, pool *pgxpool.Pool, run func(q *outbo
 	})
 	require.ErrorIs(t, err, errRollback)
 	return strings.Join(plan, "\n")
+}
+
+// explainGeneric explains the statement explain explained last as the
+// relay runs it, under a generic plan: prepared, with its arguments as
+// literals.
+func (s *statements) explainGeneric(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	ctx := context.Background()
+	s.mu.Lock()
+	sql, args := s.explained, s.explainedArgs
+	s.mu.Unlock()
+	literals := make([]string, len(args))
+	for i, a := range args {
+		literals[i] = fmt.Sprintf("'%v'", a)
+	}
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, "PREPARE generic_check AS "+sql)
+	require.NoError(t, err)
+	defer conn.Exec(ctx, "DEALLOCATE generic_check") //nolint:errcheck
+	var plan []string
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan")
+		require.NoError(t, err)
+		rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) EXECUTE generic_check("+strings.Join(literals, ", ")+")",
+			pgx.QueryExecModeSimpleProtocol)
+		require.NoError(t, err)
+		for rows.Next() {
+			var line string
+			require.NoError(t, rows.Scan(&line))
+			plan = append(plan, line)
+		}
+		require.NoError(t, rows.Err())
+		return errRollback
+	})
+	require.ErrorIs(t, err, errRollback)
+	joined := strings.Join(plan, "\n")
+	require.Contains(t, joined, "$1", "a generic plan: the parameters are not in it as values")
+	return joined
 }
 
 var errRollback = errors.New("rollback")
@@ -262,6 +306,11 @@ func TestRelayStatementsStayOnIndexesWith1000Endpoints(t *testing.T) {
 		},
 	} {
 		plan := trace.explain(t, pool, run)
+		if name == "claim" {
+			// The relay runs the claim under a generic plan (claimMessages):
+			// that one must stay on the indexes too.
+			plan += "\n" + trace.explainGeneric(t, pool)
+		}
 		t.Logf("%s:\n%s", name, plan)
 		require.NotRegexp(t, `Seq Scan on outbox_(messages|events)`, plan, "%s reads the history", name)
 		switch name {
@@ -276,4 +325,35 @@ func TestRelayStatementsStayOnIndexesWith1000Endpoints(t *testing.T) {
 			require.Contains(t, plan, "outbox_messages_pending_idx", name)
 		}
 	}
+}
+
+// With one destination (the usual start: one endpoint) its messages are all
+// of the table, and a generic plan that joined the claimed rows by hash
+// would read every message. The claim's runs on the primary key.
+func TestClaimGenericPlanStaysOnIndexesWithOneDestination(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
+	require.NoError(t, err)
+	trace := &statements{}
+	cfg.ConnConfig.Tracer = trace
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	token := uuid.New()
+	var dest uuid.UUID
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO webhook_endpoints (url, secret, event_types, lease_token)
+		VALUES ('http://127.0.0.1:1/', 'whsec_AAAA', '{order.placed}', $1) RETURNING id`, token).Scan(&dest))
+	Seed(t, pool, dest, 20000, "")
+	_, err = pool.Exec(ctx, "ANALYZE")
+	require.NoError(t, err)
+	trace.explain(t, pool, func(q *outboxdb.Queries) error {
+		_, err := q.MessageClaim(ctx, outboxdb.MessageClaimParams{ClaimToken: token, RelayID: uuid.New(), Destination: dest, BatchSize: 32})
+		return err
+	})
+	plan := trace.explainGeneric(t, pool)
+	t.Logf("claim, generic plan:\n%s", plan)
+	require.NotRegexp(t, `Seq Scan on outbox_(messages|events)`, plan, "the claim reads every message")
+	require.Contains(t, plan, "outbox_messages_pending_idx")
+	require.Contains(t, plan, "outbox_messages_pkey", "the claimed rows are updated by primary key")
 }

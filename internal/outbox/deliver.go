@@ -377,9 +377,12 @@ func (s *session) run(ctx context.Context) error {
 	return s.settle(ctx)
 }
 
-// claim claims up to n of the destination's due messages.
+// claim claims up to n of the destination's due messages, in one round
+// trip and under a generic plan: planning the claim at every call cost as
+// much as running it, and a destination's claims follow one another, so
+// that time bounded its rate (see MessageClaim).
 func (s *session) claim(ctx context.Context, n int) ([]outboxdb.MessageClaimRow, error) {
-	rows, err := outboxdb.New(s.r.pool).MessageClaim(ctx, outboxdb.MessageClaimParams{
+	rows, err := claimMessages(ctx, s.r.pool, outboxdb.MessageClaimParams{
 		ClaimToken: s.token, RelayID: s.r.id, Destination: s.dest, BatchSize: int32(n),
 	})
 	if err != nil {
@@ -390,6 +393,22 @@ func (s *session) claim(ctx context.Context, n int) ([]outboxdb.MessageClaimRow,
 		now := time.Now().UnixNano()
 		s.r.progressAt.Store(now)
 		s.r.claimedAt.Store(now)
+	}
+	return rows, nil
+}
+
+// claimMessages runs MessageClaim on db (the pool, or a transaction whose
+// later statements then run under generic plans too) with
+// TransactionPlanGeneric before it, in one round trip.
+func claimMessages(ctx context.Context, db interface {
+	SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
+}, p outboxdb.MessageClaimParams) ([]outboxdb.MessageClaimRow, error) {
+	var rows []outboxdb.MessageClaimRow
+	b := &pgx.Batch{}
+	outboxdb.QueueTransactionPlanGeneric(b)
+	outboxdb.QueueMessageClaim(b, p, &rows)
+	if err := db.SendBatch(ctx, b).Close(); err != nil {
+		return nil, err
 	}
 	return rows, nil
 }

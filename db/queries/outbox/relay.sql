@@ -143,3 +143,9 @@ WHERE lease_relay = ANY (@relay_ids::uuid[]);
 -- The live relays (see RelaysList).
 SELECT count(*) FROM outbox_relays
 WHERE heartbeat_at >= now() - make_interval(secs => timeout_seconds);
+
+-- name: TransactionPlanGeneric :exec
+-- Makes the statements after it in the same transaction (or the same pgx
+-- batch, which is one) run under a generic plan, planned once per
+-- connection instead of at every call; see MessageClaim.
+SELECT set_config('plan_cache_mode', 'force_generic_plan', true);

@@ -21,3 +21,25 @@ func QueueEventEnqueue(b *pgx.Batch, arg EventEnqueueParams, id *uuid.UUID) {
 func QueueEventNotify(b *pgx.Batch, typ string) {
 	b.Queue(eventNotify, typ)
 }
+
+// QueueTransactionPlanGeneric queues TransactionPlanGeneric on b: the
+// statements queued after it run under a generic plan.
+func QueueTransactionPlanGeneric(b *pgx.Batch) {
+	b.Queue(transactionPlanGeneric)
+}
+
+// QueueMessageClaim queues MessageClaim on b; the claimed rows are stored in
+// rows when b's results are read.
+func QueueMessageClaim(b *pgx.Batch, arg MessageClaimParams, rows *[]MessageClaimRow) {
+	b.Queue(messageClaim, arg.ClaimToken, arg.RelayID, arg.Destination, arg.BatchSize).
+		Query(func(r pgx.Rows) error {
+			var err error
+			*rows, err = pgx.CollectRows(r, func(row pgx.CollectableRow) (MessageClaimRow, error) {
+				var i MessageClaimRow
+				err := row.Scan(&i.ID, &i.EventID, &i.Type, &i.Payload, &i.Attempts, &i.CreatedAt,
+					&i.TraceContext, &i.OrderingKey, &i.EndpointUrl, &i.EndpointSecret, &i.EndpointPreviousSecret)
+				return i, err
+			})
+			return err
+		})
+}

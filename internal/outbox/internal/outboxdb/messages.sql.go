@@ -220,13 +220,12 @@ WITH lease AS (
     FROM due d
 ), parked AS (
     UPDATE outbox_messages m SET parked = true
-    FROM judged j
-    WHERE m.id = j.id AND j.behind
+    WHERE m.id = ANY (ARRAY(SELECT j.id FROM judged j WHERE j.behind))
 )
 UPDATE outbox_messages m
 SET status = 'claimed', claim_token = $1::uuid, claimed_by = $2::uuid, claimed_at = now()
-FROM judged j, lease, outbox_events ev
-WHERE m.id = j.id AND NOT j.behind AND ev.id = m.event_id
+FROM lease, outbox_events ev
+WHERE m.id = ANY (ARRAY(SELECT j.id FROM judged j WHERE NOT j.behind)) AND ev.id = m.event_id
 RETURNING m.id, m.event_id, m.type, ev.payload, m.attempts, ev.created_at, ev.trace_context, m.ordering_key,
           lease.url AS endpoint_url, lease.secret AS endpoint_secret, lease.previous_secret AS endpoint_previous_secret
 `
@@ -270,6 +269,12 @@ type MessageClaimRow struct {
 // message ahead of it settles and promotes it (MessagesRecordOutcomes,
 // MessageSkip). New messages of a key are due in commit order, so the first
 // of a key among the due ones is never behind one that is not due.
+//
+// Run under a generic plan (TransactionPlanGeneric): planned per call,
+// this statement takes about as long to plan as to run, and PostgreSQL
+// keeps planning it because it misjudges the generic plan's cost. The
+// updates find their rows by = ANY (ARRAY(...)) so the generic plan reads
+// them on the primary key, as a custom plan does.
 func (q *Queries) MessageClaim(ctx context.Context, arg MessageClaimParams) ([]MessageClaimRow, error) {
 	rows, err := q.db.Query(ctx, messageClaim,
 		arg.ClaimToken,

@@ -363,3 +363,15 @@ func (q *Queries) RelaysList(ctx context.Context) ([]RelaysListRow, error) {
 	}
 	return items, nil
 }
+
+const transactionPlanGeneric = `-- name: TransactionPlanGeneric :exec
+SELECT set_config('plan_cache_mode', 'force_generic_plan', true)
+`
+
+// Makes the statements after it in the same transaction (or the same pgx
+// batch, which is one) run under a generic plan, planned once per
+// connection instead of at every call; see MessageClaim.
+func (q *Queries) TransactionPlanGeneric(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, transactionPlanGeneric)
+	return err
+}
