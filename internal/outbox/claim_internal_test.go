@@ -171,14 +171,7 @@ func (s *statements) explain(t *testing.T, pool *pgxpool.Pool, run func(q *outbo
 		}
 		s.explained, s.explainedArgs = sql, args
 		s.mu.Unlock()
-		rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+sql, args...)
-		require.NoError(t, err)
-		for rows.Next() {
-			var line string
-			require.NoError(t, rows.Scan(&line))
-			plan = append(plan, line)
-		}
-		require.NoError(t, rows.Err())
+		plan = planLines(t, tx, "EXPLAIN (ANALYZE, BUFFERS) "+sql, args...)
 		return errRollback
 	})
 	require.ErrorIs(t, err, errRollback)
@@ -208,21 +201,24 @@ func (s *statements) explainGeneric(t *testing.T, pool *pgxpool.Pool) string {
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan")
 		require.NoError(t, err)
-		rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) EXECUTE generic_check("+strings.Join(literals, ", ")+")",
+		plan = planLines(t, tx, "EXPLAIN (ANALYZE, BUFFERS) EXECUTE generic_check("+strings.Join(literals, ", ")+")",
 			pgx.QueryExecModeSimpleProtocol)
-		require.NoError(t, err)
-		for rows.Next() {
-			var line string
-			require.NoError(t, rows.Scan(&line))
-			plan = append(plan, line)
-		}
-		require.NoError(t, rows.Err())
 		return errRollback
 	})
 	require.ErrorIs(t, err, errRollback)
 	joined := strings.Join(plan, "\n")
 	require.Contains(t, joined, "$1", "a generic plan: the parameters are not in it as values")
 	return joined
+}
+
+// planLines runs an EXPLAIN on tx and returns its lines.
+func planLines(t *testing.T, tx pgx.Tx, sql string, args ...any) []string {
+	t.Helper()
+	rows, err := tx.Query(context.Background(), sql, args...)
+	require.NoError(t, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return lines
 }
 
 var errRollback = errors.New("rollback")
