@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -67,7 +68,8 @@ func ServerURL() string {
 }
 
 // URL creates a fresh, migrated database for t, drops it when t ends, and
-// returns its URL.
+// returns its URL. Before the drop, every invariant view of the schema
+// (see Inconsistencies) must be empty, or t fails.
 func URL(t testing.TB) string {
 	t.Helper()
 	u, drop, err := Create(context.Background())
@@ -75,6 +77,13 @@ func URL(t testing.TB) string {
 		t.Fatalf("creating test database (is PostgreSQL running? see README): %v", err)
 	}
 	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if rows, err := Inconsistencies(ctx, u); err != nil {
+			t.Errorf("checking the database's invariants: %v", err)
+		} else if len(rows) > 0 {
+			t.Errorf("the test left rows that break an invariant of the schema:\n%s", strings.Join(rows, "\n"))
+		}
 		if err := drop(); err != nil {
 			t.Errorf("dropping test database: %v", err)
 		}
@@ -121,6 +130,37 @@ func Create(ctx context.Context) (string, func() error, error) {
 		return nil
 	}
 	return withDatabaseURL(ServerURL(), name), drop, nil
+}
+
+// Inconsistencies returns, one line each, the rows of the database at url
+// that break an invariant of its schema: the rows of every view of the
+// current schema named *_inconsistent (outbox_messages_inconsistent, for
+// one), which a module creates for the invariants its queries keep instead
+// of CHECK constraints. At most 10 rows of each view are returned.
+func Inconsistencies(ctx context.Context, url string) ([]string, error) {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("connecting: %w", err)
+	}
+	defer conn.Close(ctx)
+	rows, _ := conn.Query(ctx, `SELECT quote_ident(table_name) FROM information_schema.views
+WHERE table_schema = current_schema() AND table_name LIKE '%\_inconsistent' ORDER BY table_name`)
+	views, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("listing invariant views: %w", err)
+	}
+	var found []string
+	for _, view := range views {
+		rows, _ := conn.Query(ctx, "SELECT to_jsonb(v)::text FROM "+view+" v LIMIT 10")
+		bad, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return nil, fmt.Errorf("reading %s: %w", view, err)
+		}
+		for _, row := range bad {
+			found = append(found, view+": "+row)
+		}
+	}
+	return found, nil
 }
 
 // EmptyURL creates an empty database for t (no migrations: a target for a

@@ -191,7 +191,7 @@ func (e *env) exec(t *testing.T, sql string, args ...any) {
 // fail makes a message failed after three attempts, as the relay would.
 func (e *env) fail(t *testing.T, id uuid.UUID) {
 	t.Helper()
-	e.exec(t, `UPDATE outbox_messages SET status = 'failed', attempts = 3,
+	e.exec(t, `UPDATE outbox_messages SET status = 'failed', failed_at = now(), attempts = 3,
 		last_error = 'attempt 3 of 3: 500 Internal Server Error: receiver down' WHERE id = $1`, id)
 	e.exec(t, `INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code, error)
 		SELECT $1, n, CASE WHEN n = 3 THEN 'failed' ELSE 'retry' END,
@@ -539,7 +539,7 @@ func TestRetryIsConfirmedThenMovesFailedToPending(t *testing.T) {
 	var other uuid.UUID
 	require.NoError(t, e.pool.QueryRow(context.Background(), `SELECT id FROM outbox_messages WHERE status = 'failed'`).Scan(&other))
 	for _, ret := range []string{"https://evil.example/", "//evil.example/ops", "/elsewhere", `/\evil.example`} {
-		e.exec(t, `UPDATE outbox_messages SET status = 'failed' WHERE id = $1`, other)
+		e.exec(t, `UPDATE outbox_messages SET status = 'failed', failed_at = now() WHERE id = $1`, other)
 		res = post(t, c, e.srv.URL+"/ops/messages/"+other.String()+"/retry", url.Values{"csrf": {csrf}, "confirm": {"yes"}, "return": {ret}})
 		require.Equal(t, http.StatusSeeOther, res.StatusCode)
 		require.Equal(t, "/ops?done=retried", res.Header.Get("Location"), ret)

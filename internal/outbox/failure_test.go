@@ -200,7 +200,7 @@ func TestDeletingAnEndpointDiscardsItsUndeliveredMessages(t *testing.T) {
 	require.NoError(t, err)
 	waiting := f.enqueue(t, "order.placed", 1)[0]
 	failed := f.enqueue(t, "order.placed", 2)[0]
-	_, err = f.pool.Exec(ctx, `UPDATE outbox_messages SET status = 'failed', attempts = 8, last_error = '500' WHERE id = $1`, failed)
+	_, err = f.pool.Exec(ctx, `UPDATE outbox_messages SET status = 'failed', failed_at = now(), attempts = 8, last_error = '500' WHERE id = $1`, failed)
 	require.NoError(t, err)
 
 	n, err := f.admin.DeleteEndpoint(ctx, ep.ID)

@@ -43,10 +43,11 @@ func TestPruneJobDeletesOnlyOldSettledRows(t *testing.T) {
 			FROM seed s, generate_series(1, s.n) g
 			RETURNING id, payload->>'status' AS status, payload->>'keep' AS keep, created_at)
 		INSERT INTO outbox_messages (id, event_id, type, destination, status, delivered_at, discarded_at,
-		                             claim_token, claimed_at, created_at, next_attempt_at)
+		                             failed_at, claim_token, claimed_at, created_at, next_attempt_at)
 		SELECT outbox_uuid_sibling(ev.id), ev.id, 'order.placed', e.id, ev.status,
 		       CASE WHEN ev.status = 'delivered' THEN s.settled_at END,
 		       CASE WHEN ev.status = 'discarded' THEN s.settled_at END,
+		       CASE WHEN ev.status = 'failed' THEN now() END,
 		       CASE WHEN ev.status = 'claimed' THEN gen_random_uuid() END,
 		       CASE WHEN ev.status = 'claimed' THEN now() END,
 		       ev.created_at, ev.created_at

@@ -50,6 +50,12 @@ type OutboxMessage struct {
 	FailedAt       *time.Time
 }
 
+type OutboxMessagesInconsistent struct {
+	ID        uuid.UUID
+	Status    string
+	Invariant interface{}
+}
+
 type OutboxRelay struct {
 	ID             uuid.UUID
 	Hostname       string
