@@ -197,7 +197,12 @@ func EmptyURL(t testing.TB) string {
 // dropped when t ends.
 func Pool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), URL(t))
+	cfg, err := pgxpool.ParseConfig(URL(t))
+	if err != nil {
+		t.Fatalf("parsing test database URL: %v", err)
+	}
+	db.ConfigurePool(cfg)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("opening test pool: %v", err)
 	}

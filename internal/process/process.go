@@ -23,6 +23,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/term"
+
+	"github.com/outboxkit/orders/db"
 )
 
 // Env reads configuration from a getenv function and collects every problem,
@@ -190,6 +192,7 @@ func OpenPool(ctx context.Context, url string, maxConns int32, configure ...func
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}
+	db.ConfigurePool(cfg)
 	for _, f := range configure {
 		f(cfg)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxkit/orders/db"
 	"github.com/outboxkit/orders/internal/dbtest"
 	"github.com/outboxkit/orders/internal/outbox"
 )
@@ -48,6 +49,7 @@ func (d *database) pool(ctx context.Context, maxConns int32) (*pgxpool.Pool, err
 		return nil, err
 	}
 	cfg.MaxConns = maxConns
+	db.ConfigurePool(cfg)
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
@@ -60,6 +62,7 @@ func (d *database) notifyPool(ctx context.Context, maxConns int32) (*pgxpool.Poo
 		return nil, err
 	}
 	cfg.MaxConns = maxConns
+	db.ConfigurePool(cfg)
 	outbox.NotifyRelays(cfg.ConnConfig)
 	return pgxpool.NewWithConfig(ctx, cfg)
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxkit/orders/db"
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/outbox"
 )
@@ -34,6 +35,7 @@ func startRelay(ctx context.Context, url string, s relaySetup) (*runningRelay, e
 	if s.PoolSize > 0 {
 		cfg.MaxConns = s.PoolSize
 	}
+	db.ConfigurePool(cfg)
 	var tracer *stmtTracer
 	if os.Getenv("BENCH_TRACE") != "" {
 		tracer = newStmtTracer()
