@@ -167,26 +167,12 @@ func (h *Handler) handleOverview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	now := h.now()
 	// Never outbox.Stats: it counts the whole delivered history.
-	stats, err := h.admin.Overview(ctx)
+	d, err := h.admin.Dashboard(ctx, now, int(Window/time.Minute), Window)
 	if err != nil {
 		h.actionError(w, r, err)
 		return
 	}
-	relay, err := h.admin.Relays(ctx)
-	if err != nil {
-		h.actionError(w, r, err)
-		return
-	}
-	act, err := h.admin.Activity(ctx, now, int(Window/time.Minute))
-	if err != nil {
-		h.actionError(w, r, err)
-		return
-	}
-	eps, err := h.admin.EndpointsHealth(ctx, Window)
-	if err != nil {
-		h.actionError(w, r, err)
-		return
-	}
+	stats, relay, act, eps := d.Overview, d.Relays, d.Activity, d.Endpoints
 	failed, _, err := h.admin.Messages(ctx, outbox.MessageFilter{Status: outbox.StatusFailed, Limit: failedShown + 1})
 	if err != nil {
 		h.actionError(w, r, err)

@@ -2,11 +2,13 @@ package outbox_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/outbox"
@@ -111,4 +113,73 @@ func TestActivityReconstructsTheBacklog(t *testing.T) {
 	require.EqualValues(t, 3, backlog(6), "before two were delivered")
 	require.EqualValues(t, 3, backlog(9))
 	require.EqualValues(t, 0, backlog(11), "before they arrived")
+}
+
+// The ops page's panels agree with one another: Dashboard reads them in one
+// snapshot from one pass over what waits, its numbers add up across panels,
+// and each panel is what its own method reads.
+func TestDashboardAgreesWithItsParts(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	live := f.endpoint(t, newReceiver(t), "order.placed")
+	paused := f.endpoint(t, newReceiver(t), "order.placed")
+	_, err := f.admin.SetEndpointEnabled(ctx, paused.ID, false)
+	require.NoError(t, err)
+	for i := range 6 {
+		f.publish(t, outbox.Event{Type: "order.placed", Data: i, OrderingKey: fmt.Sprint("k", i%3)})
+	}
+	// The live endpoint's six, in commit order (keys k0 k1 k2 k0 k1 k2): the
+	// first claimed, the second failed, the third retrying in an hour, the
+	// fourth and fifth parked behind them, the sixth due.
+	_, err = f.pool.Exec(ctx, `
+		WITH m AS (SELECT id, row_number() OVER (ORDER BY id) AS n FROM outbox_messages WHERE destination = $1)
+		UPDATE outbox_messages o
+		SET status = CASE m.n WHEN 1 THEN 'claimed' WHEN 2 THEN 'failed' ELSE 'pending' END,
+		    claim_token = CASE m.n WHEN 1 THEN gen_random_uuid() END,
+		    claimed_at = CASE m.n WHEN 1 THEN now() END,
+		    attempts = CASE m.n WHEN 2 THEN 8 WHEN 3 THEN 1 ELSE 0 END,
+		    failed_at = CASE m.n WHEN 2 THEN now() END,
+		    next_attempt_at = CASE m.n WHEN 3 THEN now() + interval '1 hour' ELSE o.next_attempt_at END,
+		    parked = m.n IN (4, 5)
+		FROM m WHERE o.id = m.id`, live.ID)
+	require.NoError(t, err)
+
+	d, err := f.admin.Dashboard(ctx, time.Now(), 60, time.Hour)
+	require.NoError(t, err)
+	o := d.Overview
+	require.Equal(t, [4]int64{10, 1, 1, 2}, [4]int64{o.Pending, o.Claimed, o.Failed, o.Parked},
+		"pending (parked included), claimed, failed, parked")
+	r := d.Relays
+	require.Equal(t, [3]int64{1, 1, 6}, [3]int64{r.Due, r.Scheduled, r.Paused}, "due, scheduled, paused")
+	require.Equal(t, o.Pending, r.Due+r.Scheduled+r.Paused+o.Parked, "every pending message waits for one reason")
+	require.Equal(t, o.Pending+o.Claimed, d.Activity.Minutes[59].Backlog, "the chart ends at what waits now")
+	byID := map[uuid.UUID]outbox.EndpointHealth{}
+	var waiting int64
+	for _, e := range d.Endpoints {
+		byID[e.ID] = e
+		waiting += e.Waiting
+	}
+	require.Equal(t, o.Pending+o.Claimed, waiting, "the endpoints' waiting messages add up to the overview's")
+	l := byID[live.ID]
+	require.Equal(t, [4]int64{5, 1, 2, 1}, [4]int64{l.Waiting, l.BackingOff, l.Parked, l.Failed},
+		"the live endpoint: waiting, backing off, parked, failed")
+	require.NotNil(t, l.NextRetryAt)
+	require.Nil(t, byID[paused.ID].NextRetryAt, "nothing of the paused endpoint retries on its own schedule")
+	require.EqualValues(t, 6, byID[paused.ID].Waiting)
+
+	// Each part on its own reads the same (ages and times aside).
+	ov, err := f.admin.Overview(ctx)
+	require.NoError(t, err)
+	ov.OldestPendingAgeSeconds = o.OldestPendingAgeSeconds
+	require.Equal(t, o, ov)
+	rs, err := f.admin.Relays(ctx)
+	require.NoError(t, err)
+	require.Equal(t, [3]int64{r.Due, r.Scheduled, r.Paused}, [3]int64{rs.Due, rs.Scheduled, rs.Paused})
+	eps, err := f.admin.EndpointsHealth(ctx, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, d.Endpoints, eps)
+	act, err := f.admin.Activity(ctx, time.Now(), 60)
+	require.NoError(t, err)
+	require.Equal(t, d.Activity.Minutes[59].Backlog, act.Minutes[59].Backlog)
 }

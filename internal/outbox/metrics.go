@@ -129,11 +129,11 @@ const backlogCacheFor = 5 * time.Second
 // values are read at most once per backlogCacheFor, whatever the number of
 // scrapes; concurrent scrapes wait for the one read.
 type BacklogCollector struct {
-	read func(context.Context) (backlog, error)
+	read func(context.Context) (scrape, error)
 	now  func() time.Time
 
 	mu       sync.Mutex
-	cached   backlog
+	cached   scrape
 	cacheErr error
 	readAt   time.Time
 
@@ -145,10 +145,9 @@ type BacklogCollector struct {
 	up           *prometheus.Desc
 }
 
-// backlog is one reading of the tables.
-type backlog struct {
-	messages outboxdb.MessageBacklogRow
-	overdue  float64
+// scrape is one reading of the tables.
+type scrape struct {
+	messages backlogTotals
 	states   outboxdb.EndpointStatesRow
 	relays   int64
 }
@@ -156,7 +155,7 @@ type backlog struct {
 // NewBacklogCollector returns a collector reading from pool.
 func NewBacklogCollector(pool *pgxpool.Pool) *BacklogCollector {
 	return &BacklogCollector{
-		read: func(ctx context.Context) (backlog, error) { return readBacklog(ctx, pool) },
+		read: func(ctx context.Context) (scrape, error) { return readScrape(ctx, pool) },
 		now:  time.Now,
 		messages: prometheus.NewDesc("outbox_messages",
 			"Outbox messages by status (delivered history is not counted here).", []string{"status"}, nil),
@@ -195,7 +194,7 @@ func (c *BacklogCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.messages, float64(b.messages.Claimed), StatusClaimed)
 	gauge(c.messages, float64(b.messages.Failed), StatusFailed)
 	gauge(c.oldestAge, b.messages.OldestPendingAgeSeconds)
-	gauge(c.overdue, b.overdue)
+	gauge(c.overdue, b.messages.OldestDueSeconds)
 	gauge(c.destinations, float64(b.states.Healthy), HealthHealthy)
 	gauge(c.destinations, float64(b.states.BackingOff), HealthBackingOff)
 	gauge(c.destinations, float64(b.states.Paused), HealthPaused)
@@ -205,7 +204,7 @@ func (c *BacklogCollector) Collect(ch chan<- prometheus.Metric) {
 // get returns the cached reading, reading again once it is backlogCacheFor
 // old. A failed reading is cached too: a database in trouble is not asked
 // again by every scrape.
-func (c *BacklogCollector) get() (backlog, error) {
+func (c *BacklogCollector) get() (scrape, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.readAt.IsZero() || c.now().Sub(c.readAt) >= backlogCacheFor {
@@ -217,23 +216,22 @@ func (c *BacklogCollector) get() (backlog, error) {
 	return c.cached, c.cacheErr
 }
 
-func readBacklog(ctx context.Context, pool *pgxpool.Pool) (b backlog, err error) {
+func readScrape(ctx context.Context, pool *pgxpool.Pool) (s scrape, err error) {
 	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) (err error) {
 		q := outboxdb.New(tx)
-		if b.messages, err = q.MessageBacklog(ctx); err != nil {
+		b, err := readBacklog(ctx, q)
+		if err != nil {
 			return err
 		}
-		if b.overdue, err = q.MessageOverdue(ctx); err != nil {
+		s.messages = b.totals()
+		if s.states, err = q.EndpointStates(ctx); err != nil {
 			return err
 		}
-		if b.states, err = q.EndpointStates(ctx); err != nil {
-			return err
-		}
-		b.relays, err = q.RelaysCount(ctx)
+		s.relays, err = q.RelaysCount(ctx)
 		return err
 	})
 	if err != nil {
-		return backlog{}, fmt.Errorf("reading the outbox backlog: %w", err)
+		return scrape{}, fmt.Errorf("scraping the outbox: %w", err)
 	}
-	return b, nil
+	return s, nil
 }

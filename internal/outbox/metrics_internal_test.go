@@ -25,7 +25,7 @@ func TestBacklogCollectorReadsOncePerWindow(t *testing.T) {
 	c := NewBacklogCollector(pool)
 	var reads atomic.Int64
 	read := c.read
-	c.read = func(ctx context.Context) (backlog, error) {
+	c.read = func(ctx context.Context) (scrape, error) {
 		reads.Add(1)
 		return read(ctx)
 	}

@@ -97,16 +97,24 @@ type RelayStatus struct {
 // last claims, River's leader) and the due backlog, and judges the state:
 // down when no relay is alive, stalled when a message has been due for
 // longer than the stall threshold and no relay claimed anything for as long.
-func (a *Admin) Relays(ctx context.Context) (RelayStatus, error) {
-	q := outboxdb.New(a.pool)
+func (a *Admin) Relays(ctx context.Context) (s RelayStatus, err error) {
+	err = a.snapshot(ctx, func(q *outboxdb.Queries) error {
+		b, err := readBacklog(ctx, q)
+		if err != nil {
+			return err
+		}
+		s, err = a.relays(ctx, q, b)
+		return err
+	})
+	return s, err
+}
+
+func (a *Admin) relays(ctx context.Context, q *outboxdb.Queries, b backlog) (RelayStatus, error) {
 	rows, err := q.RelaysList(ctx)
 	if err != nil {
 		return RelayStatus{}, fmt.Errorf("listing relays: %w", err)
 	}
-	pending, err := q.OpsPendingBreakdown(ctx)
-	if err != nil {
-		return RelayStatus{}, fmt.Errorf("reading the due backlog: %w", err)
-	}
+	pending := b.totals()
 	leader, err := riverpgxv5.New(a.pool).GetExecutor().LeaderGetElectedLeader(ctx, &riverdriver.LeaderGetElectedLeaderParams{})
 	switch {
 	case errors.Is(err, rivertype.ErrNotFound):

@@ -347,20 +347,6 @@ SELECT
         (SELECT min(created_at) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked))), 0)::float8
         AS oldest_pending_age_seconds;
 
--- name: MessageBacklog :one
--- The monitoring numbers and the ops page's, without counting the delivered
--- history: what waits or failed, each on its status's partial index.
-SELECT
-    ((SELECT count(*) FROM outbox_messages WHERE status = 'pending' AND NOT parked)
-      + (SELECT count(*) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked))::bigint AS pending,
-    (SELECT count(*) FROM outbox_messages WHERE status = 'claimed') AS claimed,
-    (SELECT count(*) FROM outbox_messages WHERE status = 'failed')  AS failed,
-    (SELECT count(*) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked) AS parked,
-    COALESCE(EXTRACT(epoch FROM now() - LEAST(
-        (SELECT min(created_at) FROM outbox_messages WHERE status = 'pending' AND NOT parked),
-        (SELECT min(created_at) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked))), 0)::float8
-        AS oldest_pending_age_seconds;
-
 -- name: MessageList :many
 -- Newest first with optional filters. Delivery ids are UUIDv7 with their
 -- event's time, so the primary key orders by event time and doubles as the

@@ -158,42 +158,6 @@ func (q *Queries) EventsPrune(ctx context.Context, createdBefore time.Time, batc
 	return result.RowsAffected(), nil
 }
 
-const messageBacklog = `-- name: MessageBacklog :one
-SELECT
-    ((SELECT count(*) FROM outbox_messages WHERE status = 'pending' AND NOT parked)
-      + (SELECT count(*) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked))::bigint AS pending,
-    (SELECT count(*) FROM outbox_messages WHERE status = 'claimed') AS claimed,
-    (SELECT count(*) FROM outbox_messages WHERE status = 'failed')  AS failed,
-    (SELECT count(*) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked) AS parked,
-    COALESCE(EXTRACT(epoch FROM now() - LEAST(
-        (SELECT min(created_at) FROM outbox_messages WHERE status = 'pending' AND NOT parked),
-        (SELECT min(created_at) FROM outbox_messages WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked))), 0)::float8
-        AS oldest_pending_age_seconds
-`
-
-type MessageBacklogRow struct {
-	Pending                 int64
-	Claimed                 int64
-	Failed                  int64
-	Parked                  int64
-	OldestPendingAgeSeconds float64
-}
-
-// The monitoring numbers and the ops page's, without counting the delivered
-// history: what waits or failed, each on its status's partial index.
-func (q *Queries) MessageBacklog(ctx context.Context) (MessageBacklogRow, error) {
-	row := q.db.QueryRow(ctx, messageBacklog)
-	var i MessageBacklogRow
-	err := row.Scan(
-		&i.Pending,
-		&i.Claimed,
-		&i.Failed,
-		&i.Parked,
-		&i.OldestPendingAgeSeconds,
-	)
-	return i, err
-}
-
 const messageClaim = `-- name: MessageClaim :many
 WITH lease AS (
     SELECT e.url, e.secret,

@@ -51,6 +51,118 @@ func (q *Queries) OpsAttemptsPerMinute(ctx context.Context, since time.Time) ([]
 	return items, nil
 }
 
+const opsBacklog = `-- name: OpsBacklog :many
+WITH m AS (
+    SELECT destination,
+           count(*) FILTER (WHERE status = 'pending' AND NOT parked) AS pending,
+           count(*) FILTER (WHERE parked)                            AS parked,
+           count(*) FILTER (WHERE status = 'claimed')                AS claimed,
+           count(*) FILTER (WHERE status = 'failed')                 AS failed,
+           count(*) FILTER (WHERE status = 'pending' AND NOT parked AND next_attempt_at <= now()) AS ready,
+           min(next_attempt_at) FILTER (WHERE status = 'pending' AND NOT parked AND next_attempt_at <= now()) AS ready_since,
+           count(*) FILTER (WHERE status = 'pending' AND NOT parked AND attempts > 0 AND next_attempt_at > now()) AS backing_off,
+           min(next_attempt_at) FILTER (WHERE status = 'pending' AND NOT parked AND attempts > 0 AND next_attempt_at > now())::timestamptz AS next_retry_at,
+           min(created_at) FILTER (WHERE status = 'pending')         AS oldest_pending_at
+    FROM (
+        SELECT destination, status, parked, attempts, next_attempt_at, created_at FROM outbox_messages
+        WHERE status = 'pending' AND NOT parked
+        UNION ALL
+        SELECT destination, status, parked, attempts, next_attempt_at, created_at FROM outbox_messages
+        WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked
+        UNION ALL
+        SELECT destination, status, parked, attempts, next_attempt_at, created_at FROM outbox_messages
+        WHERE status = 'claimed'
+        UNION ALL
+        SELECT destination, status, parked, attempts, next_attempt_at, created_at FROM outbox_messages
+        WHERE status = 'failed'
+    ) w
+    GROUP BY destination
+)
+SELECT m.destination::uuid AS destination, e.enabled,
+       m.pending::bigint AS pending, m.parked::bigint AS parked, m.claimed::bigint AS claimed,
+       m.failed::bigint AS failed, m.backing_off::bigint AS backing_off, m.next_retry_at,
+       (CASE WHEN e.enabled AND NOT COALESCE(e.backoff_until > now(), false) THEN m.ready ELSE 0 END)::bigint AS due,
+       (CASE WHEN e.id IS NULL OR NOT e.enabled THEN 0
+             WHEN e.backoff_until > now() THEN m.pending
+             ELSE m.pending - m.ready END)::bigint AS scheduled,
+       (CASE WHEN NOT e.enabled THEN m.pending ELSE 0 END)::bigint AS paused,
+       COALESCE(CASE WHEN e.enabled AND NOT COALESCE(e.backoff_until > now(), false)
+                     THEN EXTRACT(epoch FROM now() - GREATEST(m.ready_since, e.backoff_until)) END, 0)::float8
+           AS oldest_due_seconds,
+       COALESCE(EXTRACT(epoch FROM now() - m.oldest_pending_at), 0)::float8 AS oldest_pending_age_seconds
+FROM m
+FULL JOIN webhook_endpoints e ON e.id = m.destination
+WHERE m.destination IS NOT NULL
+ORDER BY m.destination
+`
+
+type OpsBacklogRow struct {
+	Destination             uuid.UUID
+	Enabled                 *bool
+	Pending                 int64
+	Parked                  int64
+	Claimed                 int64
+	Failed                  int64
+	BackingOff              int64
+	NextRetryAt             *time.Time
+	Due                     int64
+	Scheduled               int64
+	Paused                  int64
+	OldestDueSeconds        float64
+	OldestPendingAgeSeconds float64
+}
+
+// Everything that waits or failed, per destination, in ONE pass over each
+// status's partial index: the counts, the ages and the due backlog that the
+// ops page, the relay status and the metrics show all come from here, so a
+// page load reads a backlog of millions (an endpoint paused for a day) once,
+// not once per panel. Messages are grouped before their endpoint is joined:
+// one join per destination, not one per message. A destination whose
+// endpoint was deleted and whose messages are not discarded yet has a row
+// with enabled NULL.
+//
+// A pending message (parked ones aside) is due when its own next attempt
+// has come and its endpoint is enabled and not backing off; scheduled when
+// its retry or its endpoint's backoff lies ahead; paused when its endpoint
+// is disabled. oldest_due_seconds is how long the oldest due one has been
+// due; oldest_pending_age_seconds how long the oldest pending one (parked
+// ones included) has existed. Ages are against the database's clock.
+// A full join filtered to m's rows is m LEFT JOIN e; written so, its
+// columns may be NULL (next_retry_at is when nothing backs off).
+func (q *Queries) OpsBacklog(ctx context.Context) ([]OpsBacklogRow, error) {
+	rows, err := q.db.Query(ctx, opsBacklog)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []OpsBacklogRow
+	for rows.Next() {
+		var i OpsBacklogRow
+		if err := rows.Scan(
+			&i.Destination,
+			&i.Enabled,
+			&i.Pending,
+			&i.Parked,
+			&i.Claimed,
+			&i.Failed,
+			&i.BackingOff,
+			&i.NextRetryAt,
+			&i.Due,
+			&i.Scheduled,
+			&i.Paused,
+			&i.OldestDueSeconds,
+			&i.OldestPendingAgeSeconds,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const opsCreatedPerMinute = `-- name: OpsCreatedPerMinute :many
 SELECT date_trunc('minute', created_at)::timestamptz AS minute, count(*) AS created
 FROM outbox_messages
@@ -207,27 +319,7 @@ func (q *Queries) OpsEndpointAttemptStats(ctx context.Context, destination uuid.
 }
 
 const opsEndpointHealth = `-- name: OpsEndpointHealth :many
-WITH waiting AS (
-    SELECT destination,
-           count(*) AS waiting,
-           count(*) FILTER (WHERE attempts > 0 AND NOT parked AND next_attempt_at > now()) AS backing_off,
-           min(next_attempt_at) FILTER (WHERE attempts > 0 AND NOT parked AND next_attempt_at > now())::timestamptz AS next_retry_at,
-           count(*) FILTER (WHERE parked) AS parked
-    FROM (
-        SELECT destination, attempts, next_attempt_at, false AS parked FROM outbox_messages
-        WHERE status = 'pending' AND NOT parked
-        UNION ALL
-        SELECT destination, attempts, next_attempt_at, true FROM outbox_messages
-        WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked
-        UNION ALL
-        SELECT destination, attempts, now(), false FROM outbox_messages WHERE status = 'claimed'
-    ) w
-    GROUP BY destination
-), failed AS (
-    SELECT destination, count(*) AS failed
-    FROM outbox_messages WHERE status = 'failed'
-    GROUP BY destination
-), recent AS (
+WITH recent AS (
     SELECT m.destination, a.outcome, a.finished_at, a.status_code, a.error
     FROM outbox_attempts a
     JOIN outbox_messages m ON m.id = a.message_id
@@ -247,11 +339,6 @@ WITH waiting AS (
 )
 SELECT e.id, e.url, e.event_types, e.enabled, e.disabled_reason, e.created_at,
        e.health, e.health_reason, e.health_changed_at, e.consecutive_failures, e.backoff_until, e.updated_at,
-       COALESCE(w.waiting, 0)::bigint     AS waiting,
-       COALESCE(w.backing_off, 0)::bigint AS backing_off,
-       w.next_retry_at,
-       COALESCE(w.parked, 0)::bigint      AS parked,
-       COALESCE(f.failed, 0)::bigint      AS failed,
        ls.at                              AS last_success_at,
        le.at                              AS last_error_at,
        le.status_code                     AS last_error_status_code,
@@ -259,8 +346,6 @@ SELECT e.id, e.url, e.event_types, e.enabled, e.disabled_reason, e.created_at,
        la.at                              AS last_attempt_at,
        la.outcome                         AS last_attempt_outcome
 FROM webhook_endpoints e
-LEFT JOIN waiting w       ON w.destination = e.id
-LEFT JOIN failed f        ON f.destination = e.id
 LEFT JOIN last_success ls ON ls.destination = e.id
 LEFT JOIN last_error le   ON le.destination = e.id
 LEFT JOIN last_attempt la ON la.destination = e.id
@@ -280,11 +365,6 @@ type OpsEndpointHealthRow struct {
 	ConsecutiveFailures int32
 	BackoffUntil        *time.Time
 	UpdatedAt           time.Time
-	Waiting             int64
-	BackingOff          int64
-	NextRetryAt         *time.Time
-	Parked              int64
-	Failed              int64
 	LastSuccessAt       *time.Time
 	LastErrorAt         *time.Time
 	LastErrorStatusCode *int32
@@ -293,9 +373,9 @@ type OpsEndpointHealthRow struct {
 	LastAttemptOutcome  *string
 }
 
-// Per endpoint: what waits (pending and claimed), what is backing off, what
-// is parked behind an earlier message of its ordering key, what failed, and its latest success and error in the last @window_seconds.
-// Each status is read on its own partial index.
+// Per endpoint: its latest success and error and its latest attempt in the
+// last @window_seconds, on the finished_at index. What waits for it comes
+// from OpsBacklog.
 func (q *Queries) OpsEndpointHealth(ctx context.Context, windowSeconds float64) ([]OpsEndpointHealthRow, error) {
 	rows, err := q.db.Query(ctx, opsEndpointHealth, windowSeconds)
 	if err != nil {
@@ -318,11 +398,6 @@ func (q *Queries) OpsEndpointHealth(ctx context.Context, windowSeconds float64) 
 			&i.ConsecutiveFailures,
 			&i.BackoffUntil,
 			&i.UpdatedAt,
-			&i.Waiting,
-			&i.BackingOff,
-			&i.NextRetryAt,
-			&i.Parked,
-			&i.Failed,
 			&i.LastSuccessAt,
 			&i.LastErrorAt,
 			&i.LastErrorStatusCode,
@@ -391,45 +466,6 @@ func (q *Queries) OpsEndpointRecentAttempts(ctx context.Context, destination uui
 		return nil, err
 	}
 	return items, nil
-}
-
-const opsPendingBreakdown = `-- name: OpsPendingBreakdown :one
-SELECT
-    count(*) FILTER (WHERE e.enabled AND m.next_attempt_at <= now()
-                           AND (e.backoff_until IS NULL OR e.backoff_until <= now())) AS due,
-    count(*) FILTER (WHERE e.enabled AND (m.next_attempt_at > now() OR e.backoff_until > now())) AS scheduled,
-    count(*) FILTER (WHERE NOT e.enabled) AS paused,
-    COALESCE(EXTRACT(epoch FROM now() - min(GREATEST(m.next_attempt_at, e.backoff_until))
-        FILTER (WHERE e.enabled AND m.next_attempt_at <= now()
-                      AND (e.backoff_until IS NULL OR e.backoff_until <= now()))), 0)::float8 AS oldest_due_seconds
-FROM outbox_messages m
-JOIN webhook_endpoints e ON e.id = m.destination
-WHERE m.status = 'pending' AND NOT m.parked
-`
-
-type OpsPendingBreakdownRow struct {
-	Due              int64
-	Scheduled        int64
-	Paused           int64
-	OldestDueSeconds float64
-}
-
-// What the pending messages (parked ones aside) wait for: due now (their
-// endpoint is enabled and not backing off, their own retry time has come),
-// scheduled (a retry of their own or their endpoint's backoff lies ahead),
-// or a paused endpoint. oldest_due_seconds is how long the oldest due
-// message has been due: a working relay keeps it within moments. One pass
-// over the pending index, like the overview's pending count.
-func (q *Queries) OpsPendingBreakdown(ctx context.Context) (OpsPendingBreakdownRow, error) {
-	row := q.db.QueryRow(ctx, opsPendingBreakdown)
-	var i OpsPendingBreakdownRow
-	err := row.Scan(
-		&i.Due,
-		&i.Scheduled,
-		&i.Paused,
-		&i.OldestDueSeconds,
-	)
-	return i, err
 }
 
 const opsRetryFailedForDestination = `-- name: OpsRetryFailedForDestination :many
