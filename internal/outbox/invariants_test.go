@@ -6,7 +6,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/dbtest"
@@ -20,10 +19,7 @@ import (
 func TestInconsistentViewNamesEveryBrokenInvariantAndNoConsistentRow(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := dbtest.URL(t)
-	pool, err := pgxpool.New(ctx, url)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := dbtest.Pool(t)
 
 	// Each row: its columns' SQL, and the invariant it breaks ("" for none).
 	rows := []struct{ set, breaks string }{
@@ -65,7 +61,8 @@ VALUES (gen_random_uuid(), 'order.placed', gen_random_uuid()) RETURNING id`).Sca
 	}
 
 	got := map[uuid.UUID]string{}
-	found, _ := pool.Query(ctx, "SELECT id, invariant FROM outbox_messages_inconsistent")
+	found, err := pool.Query(ctx, "SELECT id, invariant FROM outbox_messages_inconsistent")
+	require.NoError(t, err)
 	var id uuid.UUID
 	var invariant string
 	_, err = pgx.ForEachRow(found, []any{&id, &invariant}, func() error {
@@ -76,7 +73,7 @@ VALUES (gen_random_uuid(), 'order.placed', gen_random_uuid()) RETURNING id`).Sca
 	require.Equal(t, want, got, "the view lists exactly the rows that break an invariant, each with the invariant it breaks")
 
 	// This is what fails a test that leaves such a row behind.
-	lines, err := dbtest.Inconsistencies(ctx, url)
+	lines, err := dbtest.Inconsistencies(ctx, pool.Config().ConnString())
 	require.NoError(t, err)
 	require.Len(t, lines, min(len(want), 10), "dbtest reports the view's rows, at most 10 of it")
 
