@@ -58,16 +58,10 @@ type EndpointHealth struct {
 
 // EndpointsHealth returns every endpoint with its state, what waits for it,
 // and its attempts within window (the last hour, say).
-func (a *Admin) EndpointsHealth(ctx context.Context, window time.Duration) (eps []EndpointHealth, err error) {
-	err = a.snapshot(ctx, func(q *outboxdb.Queries) error {
-		b, err := readBacklog(ctx, q)
-		if err != nil {
-			return err
-		}
-		eps, err = endpointsHealth(ctx, q, b, window)
-		return err
+func (a *Admin) EndpointsHealth(ctx context.Context, window time.Duration) ([]EndpointHealth, error) {
+	return withBacklog(ctx, a, func(q *outboxdb.Queries, b backlog) ([]EndpointHealth, error) {
+		return endpointsHealth(ctx, q, b, window)
 	})
-	return eps, err
 }
 
 func endpointsHealth(ctx context.Context, q *outboxdb.Queries, b backlog, window time.Duration) ([]EndpointHealth, error) {
@@ -135,17 +129,11 @@ type Activity struct {
 // Activity returns the last minutes minutes (the current one included) of
 // attempts by outcome and backlog, and the delivery counts of the last 5 and
 // 60 minutes. now is the caller's clock, used only to align the minutes.
-func (a *Admin) Activity(ctx context.Context, now time.Time, minutes int) (act Activity, err error) {
+func (a *Admin) Activity(ctx context.Context, now time.Time, minutes int) (Activity, error) {
 	// One snapshot, so the reconstruction adds up.
-	err = a.snapshot(ctx, func(q *outboxdb.Queries) error {
-		b, err := readBacklog(ctx, q)
-		if err != nil {
-			return err
-		}
-		act, err = activity(ctx, q, b, now, minutes)
-		return err
+	return withBacklog(ctx, a, func(q *outboxdb.Queries, b backlog) (Activity, error) {
+		return activity(ctx, q, b, now, minutes)
 	})
-	return act, err
 }
 
 func activity(ctx context.Context, q *outboxdb.Queries, b backlog, now time.Time, minutes int) (Activity, error) {
@@ -226,16 +214,10 @@ type Overview struct {
 
 // Overview returns the outbox at a glance. Stats counts the delivered
 // history exactly; this does not.
-func (a *Admin) Overview(ctx context.Context) (o Overview, err error) {
-	err = a.snapshot(ctx, func(q *outboxdb.Queries) error {
-		b, err := readBacklog(ctx, q)
-		if err != nil {
-			return err
-		}
-		o, err = overview(ctx, q, b)
-		return err
+func (a *Admin) Overview(ctx context.Context) (Overview, error) {
+	return withBacklog(ctx, a, func(q *outboxdb.Queries, b backlog) (Overview, error) {
+		return overview(ctx, q, b)
 	})
-	return o, err
 }
 
 func overview(ctx context.Context, q *outboxdb.Queries, b backlog) (Overview, error) {
@@ -265,32 +247,38 @@ type Dashboard struct {
 // over what waits and failed where calling them one by one makes four.
 // With a backlog of millions (an endpoint paused for a day) that pass is
 // most of what a page load costs.
-func (a *Admin) Dashboard(ctx context.Context, now time.Time, minutes int, window time.Duration) (d Dashboard, err error) {
-	err = a.snapshot(ctx, func(q *outboxdb.Queries) error {
-		b, err := readBacklog(ctx, q)
-		if err != nil {
-			return err
-		}
+func (a *Admin) Dashboard(ctx context.Context, now time.Time, minutes int, window time.Duration) (Dashboard, error) {
+	return withBacklog(ctx, a, func(q *outboxdb.Queries, b backlog) (d Dashboard, err error) {
 		if d.Overview, err = overview(ctx, q, b); err != nil {
-			return err
+			return d, err
 		}
 		if d.Relays, err = a.relays(ctx, q, b); err != nil {
-			return err
+			return d, err
 		}
 		if d.Activity, err = activity(ctx, q, b, now, minutes); err != nil {
-			return err
+			return d, err
 		}
 		d.Endpoints, err = endpointsHealth(ctx, q, b, window)
-		return err
+		return d, err
 	})
-	return d, err
 }
 
-// snapshot runs read in a read-only transaction that sees one snapshot of
+// withBacklog reads the backlog and builds a T from it and whatever else
+// build reads, all in one read-only transaction that sees one snapshot of
 // the database.
-func (a *Admin) snapshot(ctx context.Context, read func(q *outboxdb.Queries) error) error {
-	return pgx.BeginTxFunc(ctx, a.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly},
-		func(tx pgx.Tx) error { return read(outboxdb.New(tx)) })
+func withBacklog[T any](ctx context.Context, a *Admin, build func(*outboxdb.Queries, backlog) (T, error)) (T, error) {
+	var v T
+	err := pgx.BeginTxFunc(ctx, a.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly},
+		func(tx pgx.Tx) error {
+			q := outboxdb.New(tx)
+			b, err := readBacklog(ctx, q)
+			if err != nil {
+				return err
+			}
+			v, err = build(q, b)
+			return err
+		})
+	return v, err
 }
 
 // backlog is what waits or failed, per destination, as OpsBacklog reads it

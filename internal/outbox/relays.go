@@ -97,16 +97,10 @@ type RelayStatus struct {
 // last claims, River's leader) and the due backlog, and judges the state:
 // down when no relay is alive, stalled when a message has been due for
 // longer than the stall threshold and no relay claimed anything for as long.
-func (a *Admin) Relays(ctx context.Context) (s RelayStatus, err error) {
-	err = a.snapshot(ctx, func(q *outboxdb.Queries) error {
-		b, err := readBacklog(ctx, q)
-		if err != nil {
-			return err
-		}
-		s, err = a.relays(ctx, q, b)
-		return err
+func (a *Admin) Relays(ctx context.Context) (RelayStatus, error) {
+	return withBacklog(ctx, a, func(q *outboxdb.Queries, b backlog) (RelayStatus, error) {
+		return a.relays(ctx, q, b)
 	})
-	return s, err
 }
 
 func (a *Admin) relays(ctx context.Context, q *outboxdb.Queries, b backlog) (RelayStatus, error) {
