@@ -198,6 +198,7 @@ func (e *env) fail(t *testing.T, id uuid.UUID) {
 		       now() - make_interval(mins => 4 - n), now() - make_interval(mins => 4 - n) + interval '12 ms',
 		       500, '500 Internal Server Error: receiver down'
 		FROM generate_series(1, 3) n`, id)
+	keepLatest(t, e.pool)
 }
 
 // deliver marks a message delivered on its first attempt.
@@ -207,6 +208,31 @@ func (e *env) deliver(t *testing.T, id uuid.UUID, ago time.Duration) {
 		id, ago.String())
 	e.exec(t, `INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code)
 		VALUES ($1, 1, 'delivered', now() - $2::interval, now() - $2::interval + interval '8 ms', 204)`, id, ago.String())
+	keepLatest(t, e.pool)
+}
+
+// keepLatest sets every endpoint's latest attempt, success and error from
+// outbox_attempts, as the relay keeps them when it records outcomes, for
+// tests that write attempts themselves.
+func keepLatest(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), `
+		UPDATE webhook_endpoints e
+		SET last_attempt_at = l.attempt_at, last_attempt_outcome = l.attempt_outcome, last_success_at = l.success_at,
+		    last_error_at = l.error_at, last_error_status_code = l.error_status_code, last_error = l.error
+		FROM (
+			SELECT m.destination,
+			       max(a.finished_at) AS attempt_at,
+			       (array_agg(a.outcome ORDER BY a.finished_at DESC))[1] AS attempt_outcome,
+			       max(a.finished_at) FILTER (WHERE a.outcome = 'delivered') AS success_at,
+			       max(a.finished_at) FILTER (WHERE a.outcome <> 'delivered') AS error_at,
+			       (array_agg(a.status_code ORDER BY a.finished_at DESC) FILTER (WHERE a.outcome <> 'delivered'))[1] AS error_status_code,
+			       (array_agg(a.error ORDER BY a.finished_at DESC) FILTER (WHERE a.outcome <> 'delivered'))[1] AS error
+			FROM outbox_attempts a JOIN outbox_messages m ON m.id = a.message_id
+			GROUP BY m.destination
+		) l
+		WHERE e.id = l.destination`)
+	require.NoError(t, err)
 }
 
 func (e *env) status(t *testing.T, id uuid.UUID) string {
@@ -432,6 +458,7 @@ func TestOverviewNumbersMatchTheDatabase(t *testing.T) {
 	e.exec(t, `UPDATE outbox_messages SET attempts = 1, next_attempt_at = now() + interval '5 minutes', last_error = '503 Service Unavailable' WHERE id = $1`, failed[2])
 	e.exec(t, `INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code, error)
 		VALUES ($1, 1, 'retry', now() - interval '10 s', now() - interval '9 s', 503, '503 Service Unavailable')`, failed[2])
+	keepLatest(t, e.pool)
 	e.exec(t, `UPDATE outbox_messages SET created_at = now() - interval '2 hours 3 minutes' WHERE id = $1`, failed[2])
 	_, err := e.admin.SetEndpointEnabled(context.Background(), off.ID, false)
 	require.NoError(t, err)

@@ -534,6 +534,7 @@ func TestDeadRelaysClaimsAreDeliveredWithinSeconds(t *testing.T) {
 	m := f.message(t, ids[0])
 	require.Equal(t, 2, m.Attempts)
 	require.Equal(t, []string{"interrupted", "delivered"}, []string{m.History[0].Outcome, m.History[1].Outcome})
+	requireLatest(t, f, ep.ID, m.History[0].Error)
 	var left int
 	require.NoError(t, f.pool.QueryRow(ctx, "SELECT count(*) FROM outbox_relays WHERE id = $1", dead).Scan(&left))
 	require.Zero(t, left, "the dead relay was removed")
@@ -607,6 +608,22 @@ func TestStaleClaimsAreReleasedAndDelivered(t *testing.T) {
 	require.Len(t, m.History, 2)
 	require.Equal(t, "timeout", m.History[0].Outcome, "the lost attempt is on record")
 	require.Equal(t, "delivered", m.History[1].Outcome)
+	requireLatest(t, f, ep.ID, "claim timed out: the relay did not record an outcome")
+}
+
+// requireLatest checks what the endpoint says of its latest attempts after
+// a released claim was delivered: the release is its latest error, the
+// delivery its latest success and latest attempt.
+func requireLatest(t *testing.T, f fixture, endpoint uuid.UUID, releaseError string) {
+	t.Helper()
+	h, err := f.admin.EndpointHealth(context.Background(), endpoint, time.Hour)
+	require.NoError(t, err)
+	require.NotEmpty(t, releaseError)
+	require.Equal(t, releaseError, h.LastError, "the release is the endpoint's latest error")
+	require.NotNil(t, h.LastErrorAt)
+	require.NotNil(t, h.LastSuccessAt)
+	require.False(t, h.LastSuccessAt.Before(*h.LastErrorAt), "the delivery came after the release")
+	require.Equal(t, "delivered", h.LastAttemptOutcome)
 }
 
 // Two relays at once, no crashes: every message delivered exactly once.

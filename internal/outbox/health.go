@@ -79,17 +79,27 @@ func endpointsHealth(ctx context.Context, q *outboxdb.Queries, b backlog, window
 				Health: r.Health, HealthReason: r.HealthReason, HealthChangedAt: r.HealthChangedAt,
 				ConsecutiveFailures: r.ConsecutiveFailures, BackoffUntil: r.BackoffUntil}),
 			Waiting: w.Pending + w.Parked + w.Claimed, BackingOff: w.BackingOff, Parked: w.Parked, Failed: w.Failed,
-			NextRetryAt:   w.NextRetryAt,
-			LastSuccessAt: r.LastSuccessAt, LastErrorAt: r.LastErrorAt, LastAttemptAt: r.LastAttemptAt,
+			NextRetryAt: w.NextRetryAt,
 		}
-		if r.LastError != nil {
-			h.LastError = *r.LastError
+		// Only what happened within the window.
+		within := func(t *time.Time) bool { return t != nil && !t.Before(r.Since) }
+		if within(r.LastSuccessAt) {
+			h.LastSuccessAt = r.LastSuccessAt
 		}
-		if r.LastErrorStatusCode != nil {
-			h.LastErrorStatusCode = int(*r.LastErrorStatusCode)
+		if within(r.LastErrorAt) {
+			h.LastErrorAt = r.LastErrorAt
+			if r.LastError != nil {
+				h.LastError = *r.LastError
+			}
+			if r.LastErrorStatusCode != nil {
+				h.LastErrorStatusCode = int(*r.LastErrorStatusCode)
+			}
 		}
-		if r.LastAttemptOutcome != nil {
-			h.LastAttemptOutcome = *r.LastAttemptOutcome
+		if within(r.LastAttemptAt) {
+			h.LastAttemptAt = r.LastAttemptAt
+			if r.LastAttemptOutcome != nil {
+				h.LastAttemptOutcome = *r.LastAttemptOutcome
+			}
 		}
 		out[i] = h
 	}

@@ -25,7 +25,7 @@ func (q *Queries) EndpointDelete(ctx context.Context, id uuid.UUID) (int64, erro
 }
 
 const endpointGet = `-- name: EndpointGet :one
-SELECT id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay FROM webhook_endpoints WHERE id = $1
+SELECT id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error FROM webhook_endpoints WHERE id = $1
 `
 
 func (q *Queries) EndpointGet(ctx context.Context, id uuid.UUID) (WebhookEndpoint, error) {
@@ -50,6 +50,12 @@ func (q *Queries) EndpointGet(ctx context.Context, id uuid.UUID) (WebhookEndpoin
 		&i.DispatchedAt,
 		&i.LeaseToken,
 		&i.LeaseRelay,
+		&i.LastAttemptAt,
+		&i.LastAttemptOutcome,
+		&i.LastSuccessAt,
+		&i.LastErrorAt,
+		&i.LastErrorStatusCode,
+		&i.LastError,
 	)
 	return i, err
 }
@@ -57,7 +63,7 @@ func (q *Queries) EndpointGet(ctx context.Context, id uuid.UUID) (WebhookEndpoin
 const endpointInsert = `-- name: EndpointInsert :one
 INSERT INTO webhook_endpoints (id, url, secret, event_types)
 VALUES ($1, $2, $3, $4)
-RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay
+RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error
 `
 
 type EndpointInsertParams struct {
@@ -95,12 +101,18 @@ func (q *Queries) EndpointInsert(ctx context.Context, arg EndpointInsertParams) 
 		&i.DispatchedAt,
 		&i.LeaseToken,
 		&i.LeaseRelay,
+		&i.LastAttemptAt,
+		&i.LastAttemptOutcome,
+		&i.LastSuccessAt,
+		&i.LastErrorAt,
+		&i.LastErrorStatusCode,
+		&i.LastError,
 	)
 	return i, err
 }
 
 const endpointList = `-- name: EndpointList :many
-SELECT id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay FROM webhook_endpoints ORDER BY created_at, id
+SELECT id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error FROM webhook_endpoints ORDER BY created_at, id
 `
 
 func (q *Queries) EndpointList(ctx context.Context) ([]WebhookEndpoint, error) {
@@ -131,6 +143,12 @@ func (q *Queries) EndpointList(ctx context.Context) ([]WebhookEndpoint, error) {
 			&i.DispatchedAt,
 			&i.LeaseToken,
 			&i.LeaseRelay,
+			&i.LastAttemptAt,
+			&i.LastAttemptOutcome,
+			&i.LastSuccessAt,
+			&i.LastErrorAt,
+			&i.LastErrorStatusCode,
+			&i.LastError,
 		); err != nil {
 			return nil, err
 		}
@@ -253,7 +271,7 @@ SET previous_secret = secret,
     secret = $2,
     updated_at = now()
 WHERE id = $3
-RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay
+RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error
 `
 
 // Replaces the signing secret, keeping the old one valid for @overlap_seconds:
@@ -280,6 +298,12 @@ func (q *Queries) EndpointRotateSecret(ctx context.Context, overlapSeconds float
 		&i.DispatchedAt,
 		&i.LeaseToken,
 		&i.LeaseRelay,
+		&i.LastAttemptAt,
+		&i.LastAttemptOutcome,
+		&i.LastSuccessAt,
+		&i.LastErrorAt,
+		&i.LastErrorStatusCode,
+		&i.LastError,
 	)
 	return i, err
 }
@@ -352,7 +376,7 @@ SET enabled = $1,
     backoff_until = CASE WHEN $1::boolean AND backoff_until > now() THEN now() ELSE backoff_until END,
     updated_at = now()
 WHERE id = $3
-RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay
+RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error
 `
 
 // Pauses or resumes an endpoint. Messages for a paused endpoint are written
@@ -380,6 +404,12 @@ func (q *Queries) EndpointSetEnabled(ctx context.Context, enabled bool, reason *
 		&i.DispatchedAt,
 		&i.LeaseToken,
 		&i.LeaseRelay,
+		&i.LastAttemptAt,
+		&i.LastAttemptOutcome,
+		&i.LastSuccessAt,
+		&i.LastErrorAt,
+		&i.LastErrorStatusCode,
+		&i.LastError,
 	)
 	return i, err
 }
@@ -412,7 +442,7 @@ SET url = COALESCE($1, url),
     event_types = COALESCE($2::text[], event_types),
     updated_at = now()
 WHERE id = $3
-RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay
+RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error
 `
 
 // Changes an endpoint's URL and event types in place (NULL keeps one as it
@@ -440,6 +470,12 @@ func (q *Queries) EndpointUpdate(ctx context.Context, url *string, eventTypes []
 		&i.DispatchedAt,
 		&i.LeaseToken,
 		&i.LeaseRelay,
+		&i.LastAttemptAt,
+		&i.LastAttemptOutcome,
+		&i.LastSuccessAt,
+		&i.LastErrorAt,
+		&i.LastErrorStatusCode,
+		&i.LastError,
 	)
 	return i, err
 }

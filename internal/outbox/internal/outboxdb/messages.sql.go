@@ -606,7 +606,7 @@ func (q *Queries) MessagePromoteNext(ctx context.Context, destination uuid.UUID,
 
 const messageReleaseStale = `-- name: MessageReleaseStale :execrows
 WITH stale AS (
-    SELECT id, attempts, attempts_before, claimed_at FROM outbox_messages
+    SELECT id, destination, attempts, attempts_before, claimed_at FROM outbox_messages
     WHERE status = 'claimed'
       AND claimed_at < now() - make_interval(secs => $1::float8)
     FOR UPDATE SKIP LOCKED
@@ -622,6 +622,12 @@ WITH stale AS (
     FROM stale
     WHERE m.id = stale.id
     RETURNING m.id
+), endpoint AS (
+    UPDATE webhook_endpoints e
+    SET last_attempt_at = now(), last_attempt_outcome = 'timeout',
+        last_error_at = now(), last_error_status_code = NULL,
+        last_error = 'claim timed out: the relay did not record an outcome'
+    WHERE e.id IN (SELECT s.destination FROM stale s JOIN released r ON r.id = s.id)
 )
 INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, error)
 SELECT s.id, s.attempts_before + s.attempts + 1, 'timeout', s.claimed_at, now(), 'claim timed out: the relay did not record an outcome'
@@ -633,7 +639,8 @@ ON CONFLICT DO NOTHING
 // (or to failed at the attempt cap) and records the lost attempt, whatever
 // their relay. A claim lives as long as its request, so only a relay that is
 // alive but stuck leaves one this old; a dead relay's claims are released
-// within seconds by MessagesReleaseLost.
+// within seconds by MessagesReleaseLost. Their endpoints' latest attempt
+// and error say so.
 func (q *Queries) MessageReleaseStale(ctx context.Context, claimTimeoutSeconds float64, maxAttempts int32) (int64, error) {
 	result, err := q.db.Exec(ctx, messageReleaseStale, claimTimeoutSeconds, maxAttempts)
 	if err != nil {
@@ -926,6 +933,31 @@ WITH o AS (
                   WHERE w.destination = h.destination AND w.ordering_key = h.ordering_key AND w.id > h.id
                     AND w.status = 'pending' AND w.parked
                   ORDER BY w.id LIMIT 1)
+), latest AS (
+    SELECT h.destination,
+           max(o.finished_at) AS attempt_at,
+           (array_agg(o.outcome ORDER BY o.finished_at DESC))[1] AS attempt_outcome,
+           max(o.finished_at) FILTER (WHERE o.outcome = 'delivered') AS success_at,
+           max(o.finished_at) FILTER (WHERE o.outcome <> 'delivered') AS error_at,
+           (array_agg(NULLIF(o.status_code, 0) ORDER BY o.finished_at DESC) FILTER (WHERE o.outcome <> 'delivered'))[1]
+               AS error_status_code,
+           (array_agg(NULLIF(o.last_error, '') ORDER BY o.finished_at DESC) FILTER (WHERE o.outcome <> 'delivered'))[1]
+               AS error
+    FROM held h JOIN o ON o.id = h.id
+    GROUP BY h.destination
+), endpoint AS (
+    UPDATE webhook_endpoints e
+    SET last_attempt_at = GREATEST(e.last_attempt_at, l.attempt_at),
+        last_attempt_outcome = CASE WHEN e.last_attempt_at > l.attempt_at THEN e.last_attempt_outcome
+                                    ELSE l.attempt_outcome END,
+        last_success_at = GREATEST(e.last_success_at, l.success_at),
+        last_error_at = GREATEST(e.last_error_at, l.error_at),
+        last_error_status_code = CASE WHEN l.error_at IS NULL OR e.last_error_at > l.error_at THEN e.last_error_status_code
+                                      ELSE l.error_status_code END,
+        last_error = CASE WHEN l.error_at IS NULL OR e.last_error_at > l.error_at THEN e.last_error
+                          ELSE l.error END
+    FROM latest l
+    WHERE e.id = l.destination
 )
 INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code, error)
 SELECT h.id, h.attempts_before + o.attempt, o.outcome, o.started_at, o.finished_at,
@@ -958,7 +990,9 @@ type MessagesRecordOutcomesParams struct {
 // before that requeue (attempts_before). ON CONFLICT keeps a rare double
 // record harmless. A delivered message with an ordering key promotes the
 // next parked message of its key (see MessageClaim): due again at its own
-// time, so ahead of any newer one of the key.
+// time, so ahead of any newer one of the key. The endpoint keeps its latest
+// attempt, success and error (what the ops page shows), each replaced only
+// by a later one.
 func (q *Queries) MessagesRecordOutcomes(ctx context.Context, arg MessagesRecordOutcomesParams) (int64, error) {
 	result, err := q.db.Exec(ctx, messagesRecordOutcomes,
 		arg.Ids,
@@ -997,7 +1031,7 @@ func (q *Queries) MessagesRelease(ctx context.Context, ids []uuid.UUID, claimTok
 
 const messagesReleaseLost = `-- name: MessagesReleaseLost :execrows
 WITH lost AS (
-    SELECT id, attempts, attempts_before, claimed_at FROM outbox_messages
+    SELECT id, destination, attempts, attempts_before, claimed_at FROM outbox_messages
     WHERE status = 'claimed' AND claimed_by = ANY ($2::uuid[])
     FOR UPDATE SKIP LOCKED
 ), released AS (
@@ -1012,6 +1046,11 @@ WITH lost AS (
     FROM lost
     WHERE m.id = lost.id
     RETURNING m.id
+), endpoint AS (
+    UPDATE webhook_endpoints e
+    SET last_attempt_at = now(), last_attempt_outcome = 'interrupted',
+        last_error_at = now(), last_error_status_code = NULL, last_error = $1::text
+    WHERE e.id IN (SELECT l.destination FROM lost l JOIN released r ON r.id = l.id)
 )
 INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, error)
 SELECT l.id, l.attempts_before + l.attempts + 1, 'interrupted', l.claimed_at, now(), $1::text
@@ -1024,6 +1063,7 @@ ON CONFLICT DO NOTHING
 // ("interrupted") and the message is due again at once; at the attempt cap
 // it fails instead, so a message whose delivery kills its relay every time
 // cannot kill relays forever. This is the at-least-once window, by design.
+// Their endpoints' latest attempt and error say so.
 func (q *Queries) MessagesReleaseLost(ctx context.Context, reason string, relayIds []uuid.UUID, maxAttempts int32) (int64, error) {
 	result, err := q.db.Exec(ctx, messagesReleaseLost, reason, relayIds, maxAttempts)
 	if err != nil {

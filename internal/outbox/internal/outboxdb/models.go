@@ -85,4 +85,10 @@ type WebhookEndpoint struct {
 	DispatchedAt            *time.Time
 	LeaseToken              *uuid.UUID
 	LeaseRelay              *uuid.UUID
+	LastAttemptAt           *time.Time
+	LastAttemptOutcome      *string
+	LastSuccessAt           *time.Time
+	LastErrorAt             *time.Time
+	LastErrorStatusCode     *int32
+	LastError               *string
 }

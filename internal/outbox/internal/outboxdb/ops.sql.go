@@ -319,36 +319,11 @@ func (q *Queries) OpsEndpointAttemptStats(ctx context.Context, destination uuid.
 }
 
 const opsEndpointHealth = `-- name: OpsEndpointHealth :many
-WITH recent AS (
-    SELECT m.destination, a.outcome, a.finished_at, a.status_code, a.error
-    FROM outbox_attempts a
-    JOIN outbox_messages m ON m.id = a.message_id
-    WHERE a.finished_at >= now() - make_interval(secs => $1::float8)
-), last_success AS (
-    SELECT destination, max(finished_at)::timestamptz AS at
-    FROM recent WHERE outcome = 'delivered'
-    GROUP BY destination
-), last_error AS (
-    SELECT DISTINCT ON (destination) destination, finished_at AS at, status_code, error
-    FROM recent WHERE outcome <> 'delivered'
-    ORDER BY destination, finished_at DESC
-), last_attempt AS (
-    SELECT DISTINCT ON (destination) destination, finished_at AS at, outcome
-    FROM recent
-    ORDER BY destination, finished_at DESC
-)
 SELECT e.id, e.url, e.event_types, e.enabled, e.disabled_reason, e.created_at,
        e.health, e.health_reason, e.health_changed_at, e.consecutive_failures, e.backoff_until, e.updated_at,
-       ls.at                              AS last_success_at,
-       le.at                              AS last_error_at,
-       le.status_code                     AS last_error_status_code,
-       le.error                           AS last_error,
-       la.at                              AS last_attempt_at,
-       la.outcome                         AS last_attempt_outcome
+       e.last_success_at, e.last_error_at, e.last_error_status_code, e.last_error, e.last_attempt_at, e.last_attempt_outcome,
+       (now() - make_interval(secs => $1::float8))::timestamptz AS since
 FROM webhook_endpoints e
-LEFT JOIN last_success ls ON ls.destination = e.id
-LEFT JOIN last_error le   ON le.destination = e.id
-LEFT JOIN last_attempt la ON la.destination = e.id
 ORDER BY e.created_at, e.id
 `
 
@@ -371,11 +346,14 @@ type OpsEndpointHealthRow struct {
 	LastError           *string
 	LastAttemptAt       *time.Time
 	LastAttemptOutcome  *string
+	Since               time.Time
 }
 
-// Per endpoint: its latest success and error and its latest attempt in the
-// last @window_seconds, on the finished_at index. What waits for it comes
-// from OpsBacklog.
+// Every endpoint with its latest attempt, success and error, kept on the
+// endpoint by the relay (reading them costs the same at any delivery
+// rate); since is the start of the last @window_seconds on the database's
+// clock, before which the caller drops them. What waits for each endpoint
+// comes from OpsBacklog.
 func (q *Queries) OpsEndpointHealth(ctx context.Context, windowSeconds float64) ([]OpsEndpointHealthRow, error) {
 	rows, err := q.db.Query(ctx, opsEndpointHealth, windowSeconds)
 	if err != nil {
@@ -404,6 +382,7 @@ func (q *Queries) OpsEndpointHealth(ctx context.Context, windowSeconds float64) 
 			&i.LastError,
 			&i.LastAttemptAt,
 			&i.LastAttemptOutcome,
+			&i.Since,
 		); err != nil {
 			return nil, err
 		}
