@@ -244,11 +244,14 @@ func overview(ctx context.Context, q *outboxdb.Queries, b backlog) (Overview, er
 		OldestPendingAgeSeconds: t.OldestPendingAgeSeconds, DeliveredEstimate: est}, nil
 }
 
-// Dashboard is everything the ops page's overview shows.
+// Dashboard is the figures of the ops page's overview, as Overview, Relays,
+// Activity and EndpointsHealth return them one by one.
 type Dashboard struct {
-	Overview  Overview
-	Relays    RelayStatus
-	Activity  Activity
+	Overview Overview
+	Relays   RelayStatus
+	// Activity covers the minutes asked of Dashboard.
+	Activity Activity
+	// Endpoints' attempts are those within the window asked of Dashboard.
 	Endpoints []EndpointHealth
 }
 

@@ -237,8 +237,15 @@ messages at the default concurrency, so the claim's latency bounds the
 rate: JetStream, which acks a publish in well under a millisecond on
 loopback, is far faster than the relay can feed one destination;
 RabbitMQ with publisher confirms is slower and the relay comes close to
-half of it. The rate grows with more destinations (each has its own job)
-and with ` + "`" + `OUTBOX_DESTINATION_CONCURRENCY` + "`" + ` (bigger claims).
+half of it, on either side of the target from run to run (0.39 to 0.70 in
+eleven single-run pairs of ` + "`" + `-only brokers` + "`" + ` on one day, 0.52 and 0.48 in
+two full runs). Each request in flight waits for a claim and then its
+publish, one after the other (the claim's latency plus the publish's,
+where the raw loop pays the publish's alone); claiming ahead would break
+the rule that a claim lives as long as its request, on which the release
+of a dead relay's claims counts their attempts. The rate grows with more
+destinations (each has its own job) and with
+` + "`" + `OUTBOX_DESTINATION_CONCURRENCY` + "`" + ` (bigger claims).
 
 **Drain (d), rising with concurrency.** With a 20 ms receiver, messages/s
 rise with the requests in flight per destination, close to the ideal at low
