@@ -31,8 +31,11 @@ type endpointPage struct {
 	EP        outbox.EndpointHealth
 	RelayDown bool
 	Hour, Day outbox.AttemptStats
-	Attempts  []outbox.EndpointAttempt
-	Replay    replayForm
+	// StatsOverBudget: Hour and Day were not read, the endpoint has more
+	// attempts in the last day than can be read at a page load.
+	StatsOverBudget bool
+	Attempts        []outbox.EndpointAttempt
+	Replay          replayForm
 	// Self is the page's path, where its actions return.
 	Self string
 }
@@ -56,7 +59,11 @@ func (h *Handler) handleEndpoint(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.RelayDown = alive == 0
-	if p.Hour, p.Day, err = h.admin.EndpointAttemptStats(ctx, id); err != nil {
+	p.Hour, p.Day, err = h.admin.EndpointAttemptStats(ctx, id)
+	switch {
+	case errors.Is(err, outbox.ErrOverBudget):
+		p.StatsOverBudget = true
+	case err != nil:
 		h.actionError(w, r, err)
 		return
 	}

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
 )
@@ -405,13 +407,40 @@ type AttemptStats struct {
 // EndpointAttemptStats returns an endpoint's success rate and delivery
 // latency over the last hour and the last day, read in one pass.
 func (a *Admin) EndpointAttemptStats(ctx context.Context, id uuid.UUID) (hour, day AttemptStats, err error) {
-	r, err := outboxdb.New(a.pool).OpsEndpointAttemptStats(ctx, id)
+	var r outboxdb.OpsEndpointAttemptStatsRow
+	err = pgx.BeginTxFunc(ctx, a.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) (err error) {
+		q := outboxdb.New(tx)
+		if err := q.TransactionStatementTimeout(ctx, strconv.FormatInt(statsBudget.Milliseconds(), 10)); err != nil {
+			return err
+		}
+		r, err = q.OpsEndpointAttemptStats(ctx, id)
+		return err
+	})
+	var pgErr *pgconn.PgError
+	if err != nil && ctx.Err() == nil && errors.As(err, &pgErr) && pgErr.Code == queryCanceled {
+		err = ErrOverBudget
+	}
 	if err != nil {
 		return AttemptStats{}, AttemptStats{}, fmt.Errorf("reading endpoint attempt stats: %w", err)
 	}
 	return attemptStats(time.Hour, r.HourAttempts, r.HourDelivered, r.HourP50Ms, r.HourP95Ms, r.HourP99Ms),
 		attemptStats(24*time.Hour, r.DayAttempts, r.DayDelivered, r.DayP50Ms, r.DayP95Ms, r.DayP99Ms), nil
 }
+
+// queryCanceled is the SQLSTATE of a statement PostgreSQL cancelled
+// (statement_timeout).
+const queryCanceled = "57014"
+
+// statsBudget bounds EndpointAttemptStats: it reads every attempt of the
+// endpoint's last day, so its cost grows with the delivery rate, and a page
+// load must not run on for as long as that takes.
+const statsBudget = 3 * time.Second
+
+// ErrOverBudget: EndpointAttemptStats would have read more attempts than it
+// can within its time budget (3 s), so PostgreSQL stopped it. The
+// endpoint's metrics (outbox_endpoint_deliveries_total,
+// outbox_endpoint_delivery_duration_seconds) have the same figures.
+var ErrOverBudget = errors.New("too many attempts to read within the time budget")
 
 func attemptStats(window time.Duration, attempts, delivered int64, p50, p95, p99 float64) AttemptStats {
 	s := AttemptStats{Window: window, Attempts: attempts, Delivered: delivered, P50MS: p50, P95MS: p95, P99MS: p99}

@@ -168,3 +168,9 @@ WHERE status = 'pending' AND id IN (
     SELECT w.id FROM outbox_messages w
     WHERE w.destination = @destination AND w.ordering_key IS NOT NULL AND w.status = 'pending' AND w.parked
 );
+
+-- name: TransactionStatementTimeout :exec
+-- Bounds each later statement of the same transaction to @milliseconds
+-- (a number, as text): PostgreSQL cancels one that runs (or waits for a
+-- lock) longer, with SQLSTATE 57014.
+SELECT set_config('statement_timeout', @milliseconds::text, true);

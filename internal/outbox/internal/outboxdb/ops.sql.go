@@ -475,3 +475,15 @@ func (q *Queries) OpsRetryFailedForDestination(ctx context.Context, destination 
 	}
 	return items, nil
 }
+
+const transactionStatementTimeout = `-- name: TransactionStatementTimeout :exec
+SELECT set_config('statement_timeout', $1::text, true)
+`
+
+// Bounds each later statement of the same transaction to @milliseconds
+// (a number, as text): PostgreSQL cancels one that runs (or waits for a
+// lock) longer, with SQLSTATE 57014.
+func (q *Queries) TransactionStatementTimeout(ctx context.Context, milliseconds string) error {
+	_, err := q.db.Exec(ctx, transactionStatementTimeout, milliseconds)
+	return err
+}
