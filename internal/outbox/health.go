@@ -405,7 +405,8 @@ type AttemptStats struct {
 }
 
 // EndpointAttemptStats returns an endpoint's success rate and delivery
-// latency over the last hour and the last day, read in one pass.
+// latency over the last hour and the last day, read in one pass of at most
+// 3 s: ErrOverBudget when the day holds more attempts than that reads.
 func (a *Admin) EndpointAttemptStats(ctx context.Context, id uuid.UUID) (hour, day AttemptStats, err error) {
 	var r outboxdb.OpsEndpointAttemptStatsRow
 	err = pgx.BeginTxFunc(ctx, a.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) (err error) {
