@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
 )
@@ -61,7 +62,7 @@ type EndpointHealth struct {
 // EndpointsHealth returns every endpoint with its state, what waits for it,
 // and its attempts within window (the last hour, say).
 func (a *Admin) EndpointsHealth(ctx context.Context, window time.Duration) ([]EndpointHealth, error) {
-	return withBacklog(ctx, a, func(q *outboxdb.Queries, b backlog) ([]EndpointHealth, error) {
+	return withBacklog(ctx, a.pool, func(q *outboxdb.Queries, b backlog) ([]EndpointHealth, error) {
 		return endpointsHealth(ctx, q, b, window)
 	})
 }
@@ -143,7 +144,7 @@ type Activity struct {
 // 60 minutes. now is the caller's clock, used only to align the minutes.
 func (a *Admin) Activity(ctx context.Context, now time.Time, minutes int) (Activity, error) {
 	// One snapshot, so the reconstruction adds up.
-	return withBacklog(ctx, a, func(q *outboxdb.Queries, b backlog) (Activity, error) {
+	return withBacklog(ctx, a.pool, func(q *outboxdb.Queries, b backlog) (Activity, error) {
 		return activity(ctx, q, b, now, minutes)
 	})
 }
@@ -227,7 +228,7 @@ type Overview struct {
 // Overview returns the outbox at a glance. Stats counts the delivered
 // history exactly; this does not.
 func (a *Admin) Overview(ctx context.Context) (Overview, error) {
-	return withBacklog(ctx, a, func(q *outboxdb.Queries, b backlog) (Overview, error) {
+	return withBacklog(ctx, a.pool, func(q *outboxdb.Queries, b backlog) (Overview, error) {
 		return overview(ctx, q, b)
 	})
 }
@@ -263,7 +264,7 @@ type Dashboard struct {
 // With a backlog of millions (an endpoint paused for a day) that pass is
 // most of what a page load costs.
 func (a *Admin) Dashboard(ctx context.Context, now time.Time, minutes int, window time.Duration) (Dashboard, error) {
-	return withBacklog(ctx, a, func(q *outboxdb.Queries, b backlog) (d Dashboard, err error) {
+	return withBacklog(ctx, a.pool, func(q *outboxdb.Queries, b backlog) (d Dashboard, err error) {
 		if d.Overview, err = overview(ctx, q, b); err != nil {
 			return d, err
 		}
@@ -281,9 +282,9 @@ func (a *Admin) Dashboard(ctx context.Context, now time.Time, minutes int, windo
 // withBacklog reads the backlog and builds a T from it and whatever else
 // build reads, all in one read-only transaction that sees one snapshot of
 // the database.
-func withBacklog[T any](ctx context.Context, a *Admin, build func(*outboxdb.Queries, backlog) (T, error)) (T, error) {
+func withBacklog[T any](ctx context.Context, pool *pgxpool.Pool, build func(*outboxdb.Queries, backlog) (T, error)) (T, error) {
 	var v T
-	err := pgx.BeginTxFunc(ctx, a.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly},
+	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly},
 		func(tx pgx.Tx) error {
 			q := outboxdb.New(tx)
 			b, err := readBacklog(ctx, q)

@@ -6,7 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -216,19 +215,14 @@ func (c *BacklogCollector) get() (scrape, error) {
 	return c.cached, c.cacheErr
 }
 
-func readScrape(ctx context.Context, pool *pgxpool.Pool) (s scrape, err error) {
-	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) (err error) {
-		q := outboxdb.New(tx)
-		b, err := readBacklog(ctx, q)
-		if err != nil {
-			return err
-		}
+func readScrape(ctx context.Context, pool *pgxpool.Pool) (scrape, error) {
+	s, err := withBacklog(ctx, pool, func(q *outboxdb.Queries, b backlog) (s scrape, err error) {
 		s.messages = b.totals()
 		if s.states, err = q.EndpointStates(ctx); err != nil {
-			return err
+			return s, err
 		}
 		s.relays, err = q.RelaysCount(ctx)
-		return err
+		return s, err
 	})
 	if err != nil {
 		return scrape{}, fmt.Errorf("scraping the outbox: %w", err)
