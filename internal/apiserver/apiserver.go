@@ -154,8 +154,10 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	admin := outbox.NewAdmin(pool, guard, logger, outbox.WithSecretKeys(cfg.secretKeys),
 		outbox.WithStallThreshold(cfg.stallThreshold))
 	httpMetrics := process.NewHTTPMetrics()
+	backlog := outbox.NewBacklogCollector(pool)
+	defer backlog.Close() // before pool.Close, which waits for its connection
 	reg, err := process.NewRegistry(append(httpMetrics.Collectors(),
-		outbox.NewBacklogCollector(pool), process.NewPoolCollector(pool, "api"))...)
+		backlog, process.NewPoolCollector(pool, "api"))...)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -120,21 +121,45 @@ func (m *Metrics) Register(reg prometheus.Registerer) error {
 // sees fresh values.
 const backlogCacheFor = 5 * time.Second
 
+// Counting what waits is linear in it: about 0.8 s per million waiting
+// messages before VACUUM has set their pages all-visible, 0.3 s after. A
+// day's outage of a busy endpoint is millions of messages, and that is when
+// the gauges matter most, so a reading may run for backlogReadBudget, in the
+// background: a scrape waits for it at most backlogScrapeWait (well within
+// Prometheus' default 10 s scrape timeout) and otherwise serves the
+// previous reading, whose age outbox_backlog_reading_age_seconds shows.
+const (
+	backlogReadBudget = 30 * time.Second
+	backlogScrapeWait = 2 * time.Second
+)
+
+// errNoReading is served while the first reading runs past backlogScrapeWait.
+var errNoReading = errors.New("the first reading of the outbox is still running")
+
 // BacklogCollector reports the outbox's state from the tables themselves:
 // messages by status, the oldest pending age, how overdue the oldest
 // deliverable message is, destinations by state and the relays alive. It
 // reads the database, not process memory, so any process (api or worker)
 // shows the truth, and a stalled relay is visible from outside it. The
 // values are read at most once per backlogCacheFor, whatever the number of
-// scrapes; concurrent scrapes wait for the one read.
+// scrapes; concurrent scrapes wait for the one read. A reading slower than
+// a scrape should wait (a backlog of millions) goes on in the background
+// while scrapes serve the previous one. Close stops a reading in progress.
 type BacklogCollector struct {
 	read func(context.Context) (scrape, error)
 	now  func() time.Time
 
+	// ctx ends with Close: a reading in progress must not hold a pool
+	// connection (and so the pool's Close) for its whole budget.
+	ctx    context.Context
+	cancel context.CancelFunc
+
 	mu       sync.Mutex
 	cached   scrape
 	cacheErr error
-	readAt   time.Time
+	takenAt  time.Time // when the cached reading started: its snapshot's time
+	readAt   time.Time // when it ended: the cache window counts from here
+	running  chan struct{}
 
 	messages     *prometheus.Desc
 	oldestAge    *prometheus.Desc
@@ -142,6 +167,7 @@ type BacklogCollector struct {
 	destinations *prometheus.Desc
 	relays       *prometheus.Desc
 	up           *prometheus.Desc
+	readingAge   *prometheus.Desc
 }
 
 // scrape is one reading of the tables.
@@ -151,11 +177,15 @@ type scrape struct {
 	relays   int64
 }
 
-// NewBacklogCollector returns a collector reading from pool.
+// NewBacklogCollector returns a collector reading from pool. Close it
+// before closing pool.
 func NewBacklogCollector(pool *pgxpool.Pool) *BacklogCollector {
+	ctx, cancel := context.WithCancel(context.Background())
 	return &BacklogCollector{
-		read: func(ctx context.Context) (scrape, error) { return readScrape(ctx, pool) },
-		now:  time.Now,
+		read:   func(ctx context.Context) (scrape, error) { return readScrape(ctx, pool) },
+		now:    time.Now,
+		ctx:    ctx,
+		cancel: cancel,
 		messages: prometheus.NewDesc("outbox_messages",
 			"Outbox messages by status (delivered history is not counted here).", []string{"status"}, nil),
 		oldestAge: prometheus.NewDesc("outbox_oldest_pending_age_seconds",
@@ -167,20 +197,22 @@ func NewBacklogCollector(pool *pgxpool.Pool) *BacklogCollector {
 		relays: prometheus.NewDesc("outbox_relays",
 			"Relay processes alive: heartbeating within their relay timeout (a killed worker is not counted, even before another relay reaps it).", nil, nil),
 		up: prometheus.NewDesc("outbox_backlog_scrape_success",
-			"1 when the backlog queries succeeded (they run at most every 5 s, whatever the scrape rate).", nil, nil),
+			"1 when the reading of the outbox tables served by this scrape succeeded (they are read at most every 5 s, whatever the scrape rate).", nil, nil),
+		readingAge: prometheus.NewDesc("outbox_backlog_reading_age_seconds",
+			"Age of the reading the outbox gauges come from: under 5 s, unless reading the tables takes longer than a scrape waits (a backlog of millions), when the previous reading is served while the next one runs.", nil, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *BacklogCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.messages, c.oldestAge, c.overdue, c.destinations, c.relays, c.up} {
+	for _, d := range []*prometheus.Desc{c.messages, c.oldestAge, c.overdue, c.destinations, c.relays, c.up, c.readingAge} {
 		ch <- d
 	}
 }
 
 // Collect implements prometheus.Collector.
 func (c *BacklogCollector) Collect(ch chan<- prometheus.Metric) {
-	b, err := c.get()
+	b, age, err := c.get()
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
 		return
@@ -189,6 +221,7 @@ func (c *BacklogCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	gauge(c.up, 1)
+	gauge(c.readingAge, age.Seconds())
 	gauge(c.messages, float64(b.messages.Pending), StatusPending)
 	gauge(c.messages, float64(b.messages.Claimed), StatusClaimed)
 	gauge(c.messages, float64(b.messages.Failed), StatusFailed)
@@ -200,19 +233,56 @@ func (c *BacklogCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.relays, float64(b.relays))
 }
 
-// get returns the cached reading, reading again once it is backlogCacheFor
-// old. A failed reading is cached too: a database in trouble is not asked
-// again by every scrape.
-func (c *BacklogCollector) get() (scrape, error) {
+// get returns the latest reading and its age, starting a new one once the
+// last is backlogCacheFor old and waiting for it at most backlogScrapeWait.
+// A failed reading is cached too: a database in trouble is not asked again
+// by every scrape.
+func (c *BacklogCollector) get() (scrape, time.Duration, error) {
+	c.mu.Lock()
+	if c.running == nil && (c.readAt.IsZero() || c.now().Sub(c.readAt) >= backlogCacheFor) {
+		c.running = make(chan struct{})
+		go c.refresh(c.running)
+	}
+	running := c.running
+	c.mu.Unlock()
+	if running != nil {
+		wait := time.NewTimer(backlogScrapeWait)
+		defer wait.Stop()
+		select {
+		case <-running:
+		case <-wait.C:
+		}
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.readAt.IsZero() || c.now().Sub(c.readAt) >= backlogCacheFor {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		c.cached, c.cacheErr = c.read(ctx)
-		c.readAt = c.now()
+	if c.takenAt.IsZero() {
+		return scrape{}, 0, errNoReading
 	}
-	return c.cached, c.cacheErr
+	return c.cached, c.now().Sub(c.takenAt), c.cacheErr
+}
+
+// refresh reads the tables into the cache and closes done.
+func (c *BacklogCollector) refresh(done chan struct{}) {
+	defer close(done)
+	taken := c.now()
+	ctx, cancel := context.WithTimeout(c.ctx, backlogReadBudget)
+	defer cancel()
+	s, err := c.read(ctx)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cached, c.cacheErr, c.takenAt, c.readAt, c.running = s, err, taken, c.now(), nil
+}
+
+// Close stops a reading in progress and waits for it to end. Scrapes after
+// Close report no values.
+func (c *BacklogCollector) Close() {
+	c.cancel()
+	c.mu.Lock()
+	running := c.running
+	c.mu.Unlock()
+	if running != nil {
+		<-running
+	}
 }
 
 func readScrape(ctx context.Context, pool *pgxpool.Pool) (scrape, error) {

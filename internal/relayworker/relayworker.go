@@ -141,7 +141,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err != nil {
 		return err
 	}
-	reg, err := process.NewRegistry(outbox.NewBacklogCollector(pool), process.NewPoolCollector(pool, "worker"))
+	backlog := outbox.NewBacklogCollector(pool)
+	defer backlog.Close() // before pool.Close, which waits for its connection
+	reg, err := process.NewRegistry(backlog, process.NewPoolCollector(pool, "worker"))
 	if err != nil {
 		return err
 	}
