@@ -1,37 +1,19 @@
 package db
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// ConfigurePool makes the pool's connections send and read uuid.UUID
-// (github.com/google/uuid, the type of every id in the generated code) as
-// PostgreSQL's 16-byte binary uuid. pgx does not know the type: it sees a
-// driver.Valuer, so for each uuid parameter it formatted the id as text,
-// failed to encode that in binary, formatted the error, parsed the text
-// back and encoded the result, and it read each uuid column through
-// sql.Scanner from text. That was 12 % of the Go CPU of placing an order
-// (pprof of BenchmarkPlace in lab/bench), and the relay's statements carry
-// arrays of ids.
-func ConfigurePool(cfg *pgxpool.Config) {
-	next := cfg.AfterConnect
-	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
-		RegisterUUID(conn.TypeMap())
-		if next != nil {
-			return next(ctx, conn)
-		}
-		return nil
-	}
-}
-
 // RegisterUUID registers uuid.UUID with m, for uuid and uuid[] (see
-// ConfigurePool).
+// ConfigurePool). pgx does not know the type: it sees a driver.Valuer, so
+// for each uuid parameter it formatted the id as text, failed to encode that
+// in binary, formatted the error, parsed the text back and encoded the
+// result, and it read each uuid column through sql.Scanner from text. That
+// was 12 % of the Go CPU of placing an order (pprof of BenchmarkPlace in
+// lab/bench), and the relay's statements carry arrays of ids.
 func RegisterUUID(m *pgtype.Map) {
 	t := &pgtype.Type{Name: "uuid", OID: pgtype.UUIDOID, Codec: uuidCodec{}}
 	m.RegisterType(t)

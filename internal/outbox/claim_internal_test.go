@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -352,4 +353,67 @@ func TestClaimGenericPlanStaysOnIndexesWithOneDestination(t *testing.T) {
 	require.NotRegexp(t, `Seq Scan on outbox_(messages|events)`, plan, "the claim reads every message")
 	require.Contains(t, plan, "outbox_messages_pending_idx")
 	require.Contains(t, plan, "outbox_messages_pkey", "the claimed rows are updated by primary key")
+}
+
+// A claim reads a few entries of one destination's index, however many
+// messages wait behind them, but PostgreSQL decides whether to JIT-compile a
+// statement from the planner's cost estimate, and the claim's estimate
+// follows its destination's backlog (the generic plan takes its LIMIT as a
+// tenth of the rows). With a few hundred thousand messages waiting for one
+// endpoint, a connection at the server's defaults compiles every claim
+// before running it. The product's pools (db.ConfigurePool) turn JIT off:
+// their claims cost what they read.
+func TestClaimDoesNotCompileForABacklog(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	var jit string
+	require.NoError(t, pool.QueryRow(ctx, `SHOW jit`).Scan(&jit))
+	require.Equal(t, "off", jit, "the product's pool")
+
+	// The same database at the server's defaults, as a pool without
+	// db.ConfigurePool sees it.
+	cfg := pool.Config().Copy()
+	delete(cfg.ConnConfig.RuntimeParams, "jit")
+	cfg.AfterConnect = nil
+	serverDefaults, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(serverDefaults.Close)
+	var available bool // a provider is installed and jit is on
+	require.NoError(t, serverDefaults.QueryRow(ctx, `SELECT pg_jit_available()`).Scan(&available))
+	if !available {
+		t.Skip("this PostgreSQL does not JIT-compile at its defaults: there is nothing to turn off")
+	}
+
+	lease := uuid.New()
+	var dest uuid.UUID
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO webhook_endpoints (url, secret, event_types, lease_token)
+		VALUES ('http://127.0.0.1:1/', 'whsec_AAAA', '{order.placed}', $1) RETURNING id`, lease).Scan(&dest))
+	Seed(t, pool, dest, 300_000, "")
+	_, err = pool.Exec(ctx, `ANALYZE outbox_messages`) // as autovacuum would
+	require.NoError(t, err)
+
+	// Claims of 32, rolled back so each finds the same backlog; medians of
+	// 7, the two pools alternating.
+	claim := func(p *pgxpool.Pool) time.Duration {
+		tx, err := p.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, tx.Rollback(ctx)) }()
+		start := time.Now()
+		rows, err := claimMessages(ctx, tx, outboxdb.MessageClaimParams{
+			ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 32})
+		took := time.Since(start)
+		require.NoError(t, err)
+		require.Len(t, rows, 32)
+		return took
+	}
+	var product, defaults []time.Duration
+	for range 7 {
+		product = append(product, claim(pool))
+		defaults = append(defaults, claim(serverDefaults))
+	}
+	median := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
+	t.Logf("claim of 32 with 300,000 waiting: %s on the product's pool, %s at the server's defaults", median(product), median(defaults))
+	require.Less(t, 5*median(product), median(defaults),
+		"the product's claim must cost a fraction of one compiled for the backlog (if not, the server does not JIT this claim and the test shows nothing)")
 }

@@ -47,6 +47,9 @@ type config struct {
 
 	BrokerDrain int
 
+	Backlog       int
+	BacklogWindow time.Duration
+
 	LatencyRates    []int
 	LatencyDuration time.Duration
 	IdleWindow      time.Duration
@@ -83,6 +86,7 @@ var scenarios = []struct {
 	{"recovery", scenarioRecovery},
 	{"ordered", scenarioOrdered},
 	{"brokers", scenarioBrokers},
+	{"backlog", scenarioBacklog},
 }
 
 func defaultConfig() config {
@@ -92,7 +96,8 @@ func defaultConfig() config {
 		Endpoints:     4, Drain: 200_000, SlowDrain: 150_000, SlowWarmup: 2 * time.Second, SlowWindow: 5 * time.Second,
 		KnobDrain: 50_000, Knobs: true,
 		OrderedDrain: 50_000, OrderedKeys: 10_000,
-		BrokerDrain:  20_000,
+		BrokerDrain: 20_000,
+		Backlog:     1_000_000, BacklogWindow: 10 * time.Second,
 		LatencyRates: []int{200, 1000}, LatencyDuration: 10 * time.Second, IdleWindow: 5 * time.Second,
 		History: 1_000_000, ClaimSamples: 500, PruneRows: 1_000_000,
 		Relays: []int{1, 2, 4}, RelayProcs: true, ScaleDrain: 100_000, ScaleReps: 2,
@@ -109,6 +114,7 @@ func smokeConfig(c config) config {
 	c.KnobDrain = 1_000
 	c.OrderedDrain, c.OrderedKeys = 2_000, 500
 	c.BrokerDrain = 500
+	c.Backlog, c.BacklogWindow = 2_000, 500*time.Millisecond
 	c.LatencyRates, c.LatencyDuration, c.IdleWindow = []int{50}, time.Second, 300*time.Millisecond
 	c.History, c.ClaimSamples, c.PruneRows = 10_000, 20, 10_000
 	c.Relays, c.ScaleDrain, c.ScaleReps = []int{1, 2}, 2_000, 1
