@@ -473,24 +473,27 @@ func (s *session) handle(ctx context.Context, res sent) {
 }
 
 // recovered marks a destination that was backing off healthy again, at
-// once, so the ops page and the other relays see it while this job goes on.
-// If that write fails, the settle stores it and says it.
+// once, so the ops page and the other relays see it while this job goes on,
+// and makes due the retries the outage pushed back (DestinationHealthy). If
+// that write fails, the settle stores the health and says it; the retries
+// then keep their schedule.
 func (s *session) recovered(ctx context.Context) {
 	r := s.r
 	s.probing = false
 	ctx = context.WithoutCancel(ctx)
-	if err := outboxdb.New(r.pool).DestinationHealthy(ctx, s.dest, s.token); err != nil {
+	forward, err := outboxdb.New(r.pool).DestinationHealthy(ctx, s.dest, s.token)
+	if err != nil {
 		r.logger.WarnContext(ctx, "recording destination recovered", slog.String("destination", s.dest.String()), slog.Any("error", err))
 		return
 	}
-	s.announceRecovered(ctx)
+	s.announceRecovered(ctx, slog.Int64("retries_brought_forward", forward))
 }
 
 // announceRecovered logs and counts a destination's recovery, once.
-func (s *session) announceRecovered(ctx context.Context) {
+func (s *session) announceRecovered(ctx context.Context, attrs ...any) {
 	s.health = HealthHealthy
 	s.r.metrics.stateChanges.WithLabelValues(HealthHealthy).Inc()
-	attrs := []any{slog.String("destination", s.dest.String()), slog.String("url", s.ep.Url)}
+	attrs = append([]any{slog.String("destination", s.dest.String()), slog.String("url", s.ep.Url)}, attrs...)
 	if s.ep.HealthChangedAt != nil {
 		attrs = append(attrs, slog.Duration("backed_off_for", time.Since(*s.ep.HealthChangedAt).Round(time.Second)))
 	}

@@ -401,6 +401,67 @@ func TestBackingOffDestinationRecoversAfterAProbe(t *testing.T) {
 		"only the messages sent before the circuit opened were tried twice")
 }
 
+// An outage pushes back the retries of the messages that probed it (5 s,
+// then 5 min, 30 min, up to 10 h: a day-long outage leaves some due hours
+// after the receiver is back, each holding its ordering key). When a probe
+// gets an answer they are due at once, and the outage ends for every
+// message, in key order. At the defaults: keyed events, their heads fail
+// with 503s until the circuit opens, probes push one head to its 5-minute
+// retry, then the receiver comes back.
+func TestRecoveryBringsForwardTheRetriesTheOutagePushedBack(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	rc := newReceiver(t)
+	var down atomic.Bool
+	down.Store(true)
+	rc.respond = func(*http.Request, int) int {
+		if down.Load() {
+			return http.StatusServiceUnavailable
+		}
+		return http.StatusNoContent
+	}
+	ep := f.endpoint(t, rc, "order.placed")
+	cfg := outbox.DefaultRelayConfig()
+	// One more key than it takes to open the circuit, two events each.
+	var heads, followers []uuid.UUID
+	for _, list := range []*[]uuid.UUID{&heads, &followers} {
+		for i := range cfg.CircuitThreshold + 1 {
+			*list = append(*list, f.deliveries(t, f.publish(t, outbox.Event{Type: "order.placed", Data: i,
+				OrderingKey: fmt.Sprintf("order-%d", i)}))...)
+		}
+	}
+	f.startRelay(t, outbox.RelayConfig{}, nil) // the defaults
+
+	// A probe takes a head to its second failure: its next try is 5 min
+	// (±10 %) away.
+	var pushed uuid.UUID
+	within(t, 30*time.Second, func() bool {
+		return f.pool.QueryRow(ctx, `SELECT id FROM outbox_messages
+			WHERE destination = $1 AND status = 'pending' AND attempts >= 2 AND next_attempt_at > now() + interval '4 minutes'`,
+			ep.ID).Scan(&pushed) == nil
+	}, "a probe pushes a message to its 5-minute retry")
+	got, err := f.admin.Endpoint(ctx, ep.ID)
+	require.NoError(t, err)
+	require.Equal(t, outbox.HealthBackingOff, got.State)
+	down.Store(false)
+
+	// The next probe comes within the doubled backoff (10 s, ±10 %).
+	recoveredBy := time.Now().Add(20 * time.Second)
+	for _, id := range append(heads, followers...) {
+		within(t, time.Until(recoveredBy), func() bool { return f.status(t, id) == outbox.StatusDelivered },
+			"delivered once the receiver answers, not 5 min later")
+	}
+	pushedMsg := f.message(t, pushed)
+	require.GreaterOrEqual(t, pushedMsg.Attempts, 3, "two failures, then the delivery")
+	for i := range heads {
+		var inOrder bool
+		require.NoError(t, f.pool.QueryRow(ctx, `SELECT h.delivered_at < f.delivered_at
+			FROM outbox_messages h, outbox_messages f WHERE h.id = $1 AND f.id = $2`, heads[i], followers[i]).Scan(&inOrder))
+		require.True(t, inOrder, "key %d: its second event after its first", i)
+	}
+}
+
 // holdingTransport sends for real, then holds the outcome until released:
 // the window between send and mark, where a process can die.
 type holdingTransport struct {
