@@ -262,23 +262,38 @@ func (a *Admin) Endpoint(ctx context.Context, id uuid.UUID) (Endpoint, error) {
 	return toEndpoint(row), nil
 }
 
+// Discarding a message is a write of its row, tens of thousands a second:
+// an endpoint deleted after a day of outage can have millions waiting, which
+// neither one transaction nor the request that deletes it should wait for.
+// A deletion discards in batches of discardBatch (the first in its own
+// transaction), for at most discardInlineFor, and leaves the rest to the
+// relay's orphan job (MessagesDiscardOrphans, every orphanInterval).
+const (
+	discardBatch     = 10_000
+	discardInlineFor = 5 * time.Second
+)
+
 // DeleteEndpoint removes an endpoint and stops its deliveries for good: in
-// the same transaction every message of it not yet delivered (pending,
-// claimed or failed) is settled as discarded, with the reason, and is never
-// sent or retried. It returns how many it discarded. Delivered history is
-// kept for its retention.
+// the same transaction its messages not yet delivered (claimed, failed,
+// pending) start being settled as discarded, with the reason, never to be
+// sent or retried, and they go on being settled in batches after it. It
+// returns how many it discarded: all of them, unless there were more than
+// it could settle in discardInlineFor (then the log says so, and the
+// relay's orphan job discards the rest of the pending ones, starting within
+// orphanInterval). Delivered history is kept for its retention.
 func (a *Admin) DeleteEndpoint(ctx context.Context, id uuid.UUID) (int64, error) {
-	var discarded int64
+	const reason = "endpoint deleted"
+	var discarded, n int64
 	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
 		q := outboxdb.New(tx)
-		n, err := q.EndpointDelete(ctx, id)
+		deleted, err := q.EndpointDelete(ctx, id)
 		if err != nil {
 			return fmt.Errorf("deleting endpoint: %w", err)
 		}
-		if n == 0 {
+		if deleted == 0 {
 			return fmt.Errorf("deleting endpoint: %w", ErrNotFound)
 		}
-		discarded, err = q.MessagesDiscardForDestination(ctx, "endpoint deleted", id)
+		n, err = q.MessagesDiscardForDestination(ctx, reason, id, discardBatch)
 		if err != nil {
 			return fmt.Errorf("discarding the endpoint's messages: %w", err)
 		}
@@ -287,8 +302,22 @@ func (a *Admin) DeleteEndpoint(ctx context.Context, id uuid.UUID) (int64, error)
 	if err != nil {
 		return 0, err
 	}
-	a.logger.InfoContext(ctx, "webhook endpoint deleted; its undelivered messages were discarded",
-		slog.String("endpoint_id", id.String()), slog.Int64("discarded", discarded))
+	discarded = n
+	q := outboxdb.New(a.pool)
+	for stop := time.Now().Add(discardInlineFor); n == discardBatch && time.Now().Before(stop); discarded += n {
+		if n, err = q.MessagesDiscardForDestination(ctx, reason, id, discardBatch); err != nil {
+			// The endpoint is deleted; the relay discards the rest.
+			a.logger.WarnContext(ctx, "discarding a deleted endpoint's messages", slog.String("endpoint_id", id.String()),
+				slog.Any("error", err))
+			n = discardBatch
+			break
+		}
+	}
+	attrs := []any{slog.String("endpoint_id", id.String()), slog.Int64("discarded", discarded)}
+	if n == discardBatch {
+		attrs = append(attrs, slog.Bool("rest_left_to_relay", true))
+	}
+	a.logger.InfoContext(ctx, "webhook endpoint deleted; its undelivered messages were discarded", attrs...)
 	return discarded, nil
 }
 

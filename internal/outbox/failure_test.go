@@ -225,9 +225,33 @@ func TestDeletingAnEndpointDiscardsItsUndeliveredMessages(t *testing.T) {
 	require.ErrorIs(t, err, outbox.ErrNotFound)
 }
 
-// A message an order transaction wrote while its endpoint was being deleted
-// (the deletion's discard could not see it) is discarded by the prune job.
-func TestPruneDiscardsMessagesOfDeletedEndpoints(t *testing.T) {
+// A deletion settles a backlog larger than one batch: every batch is
+// discarded, the failed ones among the first, and the count says so.
+func TestDeletingAnEndpointDiscardsABacklogInBatches(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	rc := newReceiver(t)
+	ep := f.endpoint(t, rc, "order.placed")
+	const waiting = 25_000 // two and a half batches
+	ids := outbox.Seed(t, f.pool, ep.ID, waiting, "")
+	_, err := f.pool.Exec(ctx, `UPDATE outbox_messages SET status = 'failed', failed_at = now(), attempts = 8, last_error = '500'
+		WHERE id = $1`, ids[len(ids)-1])
+	require.NoError(t, err)
+
+	n, err := f.admin.DeleteEndpoint(ctx, ep.ID)
+	require.NoError(t, err)
+	require.EqualValues(t, waiting, n, "every message discarded, in batches")
+	var left int
+	require.NoError(t, f.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE destination = $1 AND status <> 'discarded'`,
+		ep.ID).Scan(&left))
+	require.Zero(t, left)
+}
+
+// Pending messages of a deleted endpoint (a backlog its deletion left to
+// the relay, or rows an order transaction wrote while the deletion ran) are
+// discarded by the relay's orphan job, in batches.
+func TestRelayDiscardsMessagesOfDeletedEndpoints(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
@@ -235,10 +259,16 @@ func TestPruneDiscardsMessagesOfDeletedEndpoints(t *testing.T) {
 	ep := f.endpoint(t, rc, "order.placed")
 	_, err := f.admin.DeleteEndpoint(ctx, ep.ID)
 	require.NoError(t, err)
-	orphan := outbox.Seed(t, f.pool, ep.ID, 1, "")[0]
-	cfg := fastConfig()
-	f.startRelay(t, cfg, nil) // the prune job runs at start
-	eventually(t, func() bool { return f.status(t, orphan) == outbox.StatusDiscarded }, "the orphan is discarded")
+	const orphans = 12_000 // more than one batch
+	outbox.Seed(t, f.pool, ep.ID, orphans, "")
+	f.startRelay(t, fastConfig(), nil) // the orphan job runs at start
+	eventually(t, func() bool {
+		var discarded int
+		require.NoError(t, f.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE destination = $1 AND status = 'discarded'`,
+			ep.ID).Scan(&discarded))
+		return discarded == orphans
+	}, "every orphan is discarded")
+	require.Zero(t, rc.total(), "none was sent")
 }
 
 func TestRelayHonoursRetryAfter(t *testing.T) {

@@ -194,6 +194,7 @@ func (r *Relay) newRiverClient() (*river.Client[pgx.Tx], error) {
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &deliverWorker{relay: r})
 	river.AddWorker(workers, &pruneWorker{relay: r})
+	river.AddWorker(workers, &orphanWorker{relay: r})
 	river.AddWorker(workers, &choreWorker{relay: r})
 	var middleware []rivertype.Middleware
 	if r.cfg.TracerProvider != nil {
@@ -248,6 +249,10 @@ func (r *Relay) periodicJobs() []*river.PeriodicJob {
 		river.NewPeriodicJob(river.PeriodicInterval(r.cfg.PruneInterval),
 			func() (river.JobArgs, *river.InsertOpts) {
 				return pruneArgs{}, &river.InsertOpts{UniqueOpts: unique}
+			}, &river.PeriodicJobOpts{RunOnStart: true}),
+		river.NewPeriodicJob(river.PeriodicInterval(orphanInterval),
+			func() (river.JobArgs, *river.InsertOpts) {
+				return orphanArgs{}, &river.InsertOpts{UniqueOpts: unique}
 			}, &river.PeriodicJobOpts{RunOnStart: true}),
 	}
 	for _, c := range r.cfg.Chores {
@@ -386,13 +391,6 @@ func (w *pruneWorker) Work(ctx context.Context, job *river.Job[pruneArgs]) error
 	if err != nil {
 		return err
 	}
-	orphans, err := outboxdb.New(r.pool).MessagesDiscardOrphans(ctx)
-	if err != nil {
-		return fmt.Errorf("discarding messages of deleted endpoints: %w", err)
-	}
-	if orphans > 0 {
-		r.logger.InfoContext(ctx, "discarded messages of deleted endpoints", slog.Int64("count", orphans))
-	}
 	// Deliver jobs promote their destination's stranded messages as they
 	// end; this reaches the destinations no job has served since.
 	endpoints, err := outboxdb.New(r.pool).EndpointList(ctx)
@@ -405,6 +403,52 @@ func (w *pruneWorker) Work(ctx context.Context, job *river.Job[pruneArgs]) error
 		}
 	}
 	return nil
+}
+
+// orphanArgs starts one discard of messages whose endpoint was deleted.
+type orphanArgs struct{}
+
+// Kind implements river.JobArgs.
+func (orphanArgs) Kind() string { return "outbox_discard_orphans" }
+
+// InsertOpts implements river.JobArgsWithInsertOpts.
+func (orphanArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{Queue: queuePrune, MaxAttempts: 1}
+}
+
+// orphanInterval is how often the relay looks for pending messages of
+// deleted endpoints: what a deletion could not discard while its request
+// waited (Admin.DeleteEndpoint), and rows written while it ran. Looking is
+// one index probe per destination with pending messages.
+const orphanInterval = time.Minute
+
+type orphanWorker struct {
+	river.WorkerDefaults[orphanArgs]
+	relay *Relay
+}
+
+func (w *orphanWorker) Timeout(*river.Job[orphanArgs]) time.Duration { return pruneTimeout }
+
+// Work discards in batches of pruneBatch, each its own statement, so its
+// locks and WAL never stall the claims or the orders beside it.
+func (w *orphanWorker) Work(ctx context.Context, _ *river.Job[orphanArgs]) error {
+	r := w.relay
+	var total int64
+	defer func() {
+		if total > 0 {
+			r.logger.InfoContext(ctx, "discarded messages of deleted endpoints", slog.Int64("count", total))
+		}
+	}()
+	for {
+		n, err := outboxdb.New(r.pool).MessagesDiscardOrphans(ctx, pruneBatch)
+		total += n
+		if err != nil {
+			return fmt.Errorf("discarding messages of deleted endpoints: %w", err)
+		}
+		if n < pruneBatch {
+			return nil
+		}
+	}
 }
 
 // prune deletes delivered messages delivered, and discarded messages

@@ -343,10 +343,12 @@ AND NOT EXISTS (
            OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))));
 
 -- name: MessagesDiscardOrphans :execrows
--- Discards pending messages whose endpoint no longer exists: rows an order
--- transaction wrote while their endpoint was being deleted, which the
--- deletion's own discard could not see. A skip scan finds the destinations
--- with pending messages, one index probe each.
+-- Discards up to @batch_size pending messages whose endpoint no longer
+-- exists: what a deletion left to the relay (a backlog too large to settle
+-- while its request waits), and rows an order transaction wrote while their
+-- endpoint was being deleted, which the deletion's own discard could not
+-- see. A skip scan finds the destinations with pending messages, one index
+-- probe each; the caller loops.
 WITH RECURSIVE heads AS (
     (SELECT destination FROM outbox_messages
      WHERE status = 'pending' AND NOT parked ORDER BY destination LIMIT 1)
@@ -364,11 +366,14 @@ WITH RECURSIVE heads AS (
 UPDATE outbox_messages m
 SET status = 'discarded', discarded_at = now(), last_error = 'endpoint deleted', parked = false
 WHERE m.id IN (
-    SELECT p.id FROM outbox_messages p JOIN orphans o ON p.destination = o.destination
-    WHERE p.status = 'pending' AND NOT p.parked
-    UNION ALL
-    SELECT w.id FROM outbox_messages w JOIN orphans o ON w.destination = o.destination
-    WHERE w.ordering_key IS NOT NULL AND w.status = 'pending' AND w.parked
+    SELECT u.id FROM (
+        SELECT p.id FROM outbox_messages p JOIN orphans o ON p.destination = o.destination
+        WHERE p.status = 'pending' AND NOT p.parked
+        UNION ALL
+        SELECT w.id FROM outbox_messages w JOIN orphans o ON w.destination = o.destination
+        WHERE w.ordering_key IS NOT NULL AND w.status = 'pending' AND w.parked
+    ) u
+    LIMIT @batch_size
 );
 
 -- name: MessageStats :one
@@ -500,22 +505,29 @@ WHERE n.id = (SELECT w.id FROM outbox_messages w
               ORDER BY w.id LIMIT 1);
 
 -- name: MessagesDiscardForDestination :execrows
--- Settles every undelivered message of an endpoint being deleted, in the
--- deleting transaction: they will never be sent. Claimed ones lose their
--- claim, so the job sending them records nothing. Each status is found on
--- its own partial index, never by scanning the delivered history.
+-- Settles up to @batch_size undelivered messages of an endpoint being
+-- deleted: they will never be sent. The deletion runs it in its own
+-- transaction, then in batches of their own (a day's backlog is millions of
+-- rows, minutes of writing). Claimed ones lose their claim, so the job
+-- sending them records nothing. Each status is found on its own partial
+-- index, never by scanning the delivered history.
 UPDATE outbox_messages
 SET status = 'discarded', discarded_at = now(), last_error = @reason::text,
     claim_token = NULL, claimed_at = NULL, claimed_by = NULL, parked = false
 WHERE id IN (
-    SELECT p.id FROM outbox_messages p WHERE p.destination = @destination AND p.status = 'pending' AND NOT p.parked
-    UNION ALL
-    SELECT w.id FROM outbox_messages w
-    WHERE w.destination = @destination AND w.ordering_key IS NOT NULL AND w.status = 'pending' AND w.parked
-    UNION ALL
-    SELECT c.id FROM outbox_messages c WHERE c.destination = @destination AND c.status = 'claimed'
-    UNION ALL
-    SELECT f.id FROM outbox_messages f WHERE f.destination = @destination AND f.status = 'failed'
+    -- Claimed and failed first: what a deletion leaves to the relay is
+    -- pending, which MessagesDiscardOrphans settles.
+    SELECT u.id FROM (
+        SELECT c.id FROM outbox_messages c WHERE c.destination = @destination AND c.status = 'claimed'
+        UNION ALL
+        SELECT f.id FROM outbox_messages f WHERE f.destination = @destination AND f.status = 'failed'
+        UNION ALL
+        SELECT w.id FROM outbox_messages w
+        WHERE w.destination = @destination AND w.ordering_key IS NOT NULL AND w.status = 'pending' AND w.parked
+        UNION ALL
+        SELECT p.id FROM outbox_messages p WHERE p.destination = @destination AND p.status = 'pending' AND NOT p.parked
+    ) u
+    LIMIT @batch_size
 );
 
 -- name: MessageKeyHead :one

@@ -740,23 +740,30 @@ UPDATE outbox_messages
 SET status = 'discarded', discarded_at = now(), last_error = $1::text,
     claim_token = NULL, claimed_at = NULL, claimed_by = NULL, parked = false
 WHERE id IN (
-    SELECT p.id FROM outbox_messages p WHERE p.destination = $2 AND p.status = 'pending' AND NOT p.parked
-    UNION ALL
-    SELECT w.id FROM outbox_messages w
-    WHERE w.destination = $2 AND w.ordering_key IS NOT NULL AND w.status = 'pending' AND w.parked
-    UNION ALL
-    SELECT c.id FROM outbox_messages c WHERE c.destination = $2 AND c.status = 'claimed'
-    UNION ALL
-    SELECT f.id FROM outbox_messages f WHERE f.destination = $2 AND f.status = 'failed'
+    -- Claimed and failed first: what a deletion leaves to the relay is
+    -- pending, which MessagesDiscardOrphans settles.
+    SELECT u.id FROM (
+        SELECT c.id FROM outbox_messages c WHERE c.destination = $2 AND c.status = 'claimed'
+        UNION ALL
+        SELECT f.id FROM outbox_messages f WHERE f.destination = $2 AND f.status = 'failed'
+        UNION ALL
+        SELECT w.id FROM outbox_messages w
+        WHERE w.destination = $2 AND w.ordering_key IS NOT NULL AND w.status = 'pending' AND w.parked
+        UNION ALL
+        SELECT p.id FROM outbox_messages p WHERE p.destination = $2 AND p.status = 'pending' AND NOT p.parked
+    ) u
+    LIMIT $3
 )
 `
 
-// Settles every undelivered message of an endpoint being deleted, in the
-// deleting transaction: they will never be sent. Claimed ones lose their
-// claim, so the job sending them records nothing. Each status is found on
-// its own partial index, never by scanning the delivered history.
-func (q *Queries) MessagesDiscardForDestination(ctx context.Context, reason string, destination uuid.UUID) (int64, error) {
-	result, err := q.db.Exec(ctx, messagesDiscardForDestination, reason, destination)
+// Settles up to @batch_size undelivered messages of an endpoint being
+// deleted: they will never be sent. The deletion runs it in its own
+// transaction, then in batches of their own (a day's backlog is millions of
+// rows, minutes of writing). Claimed ones lose their claim, so the job
+// sending them records nothing. Each status is found on its own partial
+// index, never by scanning the delivered history.
+func (q *Queries) MessagesDiscardForDestination(ctx context.Context, reason string, destination uuid.UUID, batchSize int32) (int64, error) {
+	result, err := q.db.Exec(ctx, messagesDiscardForDestination, reason, destination, batchSize)
 	if err != nil {
 		return 0, err
 	}
@@ -781,20 +788,25 @@ WITH RECURSIVE heads AS (
 UPDATE outbox_messages m
 SET status = 'discarded', discarded_at = now(), last_error = 'endpoint deleted', parked = false
 WHERE m.id IN (
-    SELECT p.id FROM outbox_messages p JOIN orphans o ON p.destination = o.destination
-    WHERE p.status = 'pending' AND NOT p.parked
-    UNION ALL
-    SELECT w.id FROM outbox_messages w JOIN orphans o ON w.destination = o.destination
-    WHERE w.ordering_key IS NOT NULL AND w.status = 'pending' AND w.parked
+    SELECT u.id FROM (
+        SELECT p.id FROM outbox_messages p JOIN orphans o ON p.destination = o.destination
+        WHERE p.status = 'pending' AND NOT p.parked
+        UNION ALL
+        SELECT w.id FROM outbox_messages w JOIN orphans o ON w.destination = o.destination
+        WHERE w.ordering_key IS NOT NULL AND w.status = 'pending' AND w.parked
+    ) u
+    LIMIT $1
 )
 `
 
-// Discards pending messages whose endpoint no longer exists: rows an order
-// transaction wrote while their endpoint was being deleted, which the
-// deletion's own discard could not see. A skip scan finds the destinations
-// with pending messages, one index probe each.
-func (q *Queries) MessagesDiscardOrphans(ctx context.Context) (int64, error) {
-	result, err := q.db.Exec(ctx, messagesDiscardOrphans)
+// Discards up to @batch_size pending messages whose endpoint no longer
+// exists: what a deletion left to the relay (a backlog too large to settle
+// while its request waits), and rows an order transaction wrote while their
+// endpoint was being deleted, which the deletion's own discard could not
+// see. A skip scan finds the destinations with pending messages, one index
+// probe each; the caller loops.
+func (q *Queries) MessagesDiscardOrphans(ctx context.Context, batchSize int32) (int64, error) {
+	result, err := q.db.Exec(ctx, messagesDiscardOrphans, batchSize)
 	if err != nil {
 		return 0, err
 	}
