@@ -121,6 +121,13 @@ func (m *Metrics) Register(reg prometheus.Registerer) error {
 // sees fresh values.
 const backlogCacheFor = 5 * time.Second
 
+// backlogReadShare bounds the database time a process spends on these
+// readings: a reading is reused for at least backlogReadShare times as long
+// as it took. With millions waiting a reading takes seconds, and every
+// process (the api and each worker) reads for itself: at a fixed 5 s,
+// four processes would keep more than a core of the database counting.
+const backlogReadShare = 10
+
 // Counting what waits is linear in it: about 0.8 s per million waiting
 // messages before VACUUM has set their pages all-visible, 0.3 s after. A
 // day's outage of a busy endpoint is millions of messages, and that is when
@@ -141,8 +148,9 @@ var errNoReading = errors.New("the first reading of the outbox is still running"
 // deliverable message is, destinations by state and the relays alive. It
 // reads the database, not process memory, so any process (api or worker)
 // shows the truth, and a stalled relay is visible from outside it. The
-// values are read at most once per backlogCacheFor, whatever the number of
-// scrapes; concurrent scrapes wait for the one read. A reading slower than
+// values are read at most once per backlogCacheFor (longer when a reading
+// is slow), whatever the number of scrapes; concurrent scrapes wait for the
+// one read. A reading slower than
 // a scrape should wait (a backlog of millions) goes on in the background
 // while scrapes serve the previous one. Close stops a reading in progress.
 type BacklogCollector struct {
@@ -157,8 +165,9 @@ type BacklogCollector struct {
 	mu       sync.Mutex
 	cached   scrape
 	cacheErr error
-	takenAt  time.Time // when the cached reading started: its snapshot's time
-	readAt   time.Time // when it ended: the cache window counts from here
+	takenAt  time.Time     // when the cached reading started: its snapshot's time
+	readAt   time.Time     // when it ended: the cache window counts from here
+	fresh    time.Duration // how long it is reused: backlogCacheFor, or more for a slow one
 	running  chan struct{}
 
 	messages     *prometheus.Desc
@@ -199,7 +208,7 @@ func NewBacklogCollector(pool *pgxpool.Pool) *BacklogCollector {
 		up: prometheus.NewDesc("outbox_backlog_scrape_success",
 			"1 when the reading of the outbox tables served by this scrape succeeded (they are read at most every 5 s, whatever the scrape rate).", nil, nil),
 		readingAge: prometheus.NewDesc("outbox_backlog_reading_age_seconds",
-			"Age of the reading the outbox gauges come from: under 5 s, unless reading the tables takes longer than a scrape waits (a backlog of millions), when the previous reading is served while the next one runs.", nil, nil),
+			"Age of the reading the outbox gauges come from: under 5 s while counting is quick; with a backlog of millions a reading is reused for ten times as long as it took, and one slower than a scrape waits runs on while the previous one is served.", nil, nil),
 	}
 }
 
@@ -234,12 +243,13 @@ func (c *BacklogCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // get returns the latest reading and its age, starting a new one once the
-// last is backlogCacheFor old and waiting for it at most backlogScrapeWait.
+// last is backlogCacheFor old (or backlogReadShare times what it took, if
+// more) and waiting for it at most backlogScrapeWait.
 // A failed reading is cached too: a database in trouble is not asked again
 // by every scrape.
 func (c *BacklogCollector) get() (scrape, time.Duration, error) {
 	c.mu.Lock()
-	if c.running == nil && (c.readAt.IsZero() || c.now().Sub(c.readAt) >= backlogCacheFor) {
+	if c.running == nil && (c.readAt.IsZero() || c.now().Sub(c.readAt) >= c.fresh) {
 		c.running = make(chan struct{})
 		go c.refresh(c.running)
 	}
@@ -271,6 +281,7 @@ func (c *BacklogCollector) refresh(done chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.cached, c.cacheErr, c.takenAt, c.readAt, c.running = s, err, taken, c.now(), nil
+	c.fresh = max(backlogCacheFor, backlogReadShare*c.readAt.Sub(taken))
 }
 
 // Close stops a reading in progress and waits for it to end. Scrapes after

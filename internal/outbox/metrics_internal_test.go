@@ -151,3 +151,42 @@ func TestBacklogCollectorServesThePreviousReadingWhileASlowOneRuns(t *testing.T)
 	require.Less(t, time.Since(start), time.Second, "Close cancels the reading in progress")
 	require.Nil(t, running())
 }
+
+// A reading that takes long (a count over millions of waiting messages) is
+// reused for backlogReadShare times as long as it took, so that the
+// database spends at most a tenth of a connection's time on each process's
+// gauges, however often they are scraped.
+func TestBacklogCollectorReadsASlowBacklogLessOften(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+
+	c := NewBacklogCollector(pool)
+	t.Cleanup(c.Close)
+	var mu sync.Mutex
+	now := time.Now()
+	c.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); now = now.Add(d) }
+	const took = 2 * time.Second
+	var reads atomic.Int64
+	read := c.read
+	c.read = func(ctx context.Context) (scrape, error) {
+		reads.Add(1)
+		advance(took) // the reading's cost, on the collector's clock
+		return read(ctx)
+	}
+	reg := prometheus.NewRegistry()
+	require.NoError(t, reg.Register(c))
+	scrape := func() {
+		_, err := reg.Gather()
+		require.NoError(t, err)
+	}
+
+	scrape()
+	require.EqualValues(t, 1, reads.Load())
+	advance(backlogReadShare*took - time.Millisecond)
+	scrape()
+	require.EqualValues(t, 1, reads.Load(), "a reading that took %s is reused for %s", took, backlogReadShare*took)
+	advance(time.Millisecond)
+	scrape()
+	require.EqualValues(t, 2, reads.Load(), "and read again after")
+}
