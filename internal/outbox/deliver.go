@@ -541,10 +541,7 @@ func (r *Relay) judge(s sent) outcome {
 			o.err += ": " + res.Detail
 		}
 	}
-	// Refused, timed out, 408, 429 and 5xx are the destination's trouble;
-	// any other answer is about this message alone.
-	o.endpointFailure = res.Err != nil || code == http.StatusRequestTimeout ||
-		code == http.StatusTooManyRequests || code >= 500
+	o.endpointFailure = res.Err != nil || endpointWide(code)
 	if (code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable) && res.RetryAfter > 0 {
 		o.retryAfter = min(res.RetryAfter, 24*time.Hour)
 	}
@@ -559,6 +556,23 @@ func (r *Relay) judge(s sent) outcome {
 		o.delay = o.retryAfter
 	}
 	return o
+}
+
+// endpointWide reports whether an answer is the destination's trouble
+// rather than this message's: it is overloaded or down (408, 429, 5xx), or
+// it is set up wrong (401 and 403: it does not verify our signature, as
+// after a botched secret rotation; 404 and 405: the URL names no webhook
+// route). Each says the same of every message, so five in a row back the
+// destination off as a whole, its messages wait without spending attempts,
+// and the first answer after the fix brings everything back. Any other
+// answer (400, 422, 413, …) is about this message alone.
+func endpointWide(code int) bool {
+	switch code {
+	case http.StatusRequestTimeout, http.StatusTooManyRequests,
+		http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound, http.StatusMethodNotAllowed:
+		return true
+	}
+	return code >= 500
 }
 
 // flush starts recording the outcomes gathered so far, unless a recording

@@ -16,6 +16,7 @@ import (
 
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/webhook"
 )
 
 // eventually fails the test unless cond holds within 20 s. It checks in the
@@ -429,6 +430,46 @@ func TestBackingOffDestinationRecoversAfterAProbe(t *testing.T) {
 	cfg := outbox.DefaultRelayConfig()
 	require.LessOrEqual(t, tried, cfg.DestinationConcurrency+cfg.CircuitThreshold-1,
 		"only the messages sent before the circuit opened were tried twice")
+}
+
+// A receiver that does not verify our signature (a stale secret after a
+// rotation gone wrong) answers 401 to every message: the endpoint's trouble,
+// not each message's. At the defaults it backs off as a whole, the messages
+// behind the ones that found out wait without spending attempts, and once
+// its secret is fixed everything flows after a probe, none left on a retry
+// minutes or hours away.
+func TestAReceiverRejectingOurSignatureBacksOffAsAWhole(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	rc := newReceiver(t)
+	ep := f.endpoint(t, rc, "order.placed")
+	stale, err := webhook.NewSecret()
+	require.NoError(t, err)
+	rc.setSecret(stale) // every delivery: 401
+	var ids []uuid.UUID
+	for i := range 40 {
+		ids = append(ids, f.enqueue(t, "order.placed", i)...)
+	}
+	f.startRelay(t, outbox.RelayConfig{}, nil) // the defaults
+	eventually(t, func() bool {
+		got, err := f.admin.Endpoint(ctx, ep.ID)
+		require.NoError(t, err)
+		return got.State == outbox.HealthBackingOff
+	}, "backing off as a whole after 401s")
+	rc.mu.Lock()
+	rejected := rc.badSigned
+	rc.mu.Unlock()
+	cfg := outbox.DefaultRelayConfig()
+	require.LessOrEqual(t, rejected, cfg.DestinationConcurrency+1, "what was in flight, and perhaps a probe: not every message")
+
+	rc.setSecret(ep.Secret) // fixed
+	for _, id := range ids {
+		within(t, 20*time.Second, func() bool { return f.status(t, id) == outbox.StatusDelivered }, "delivered after the probe")
+	}
+	var most int
+	require.NoError(t, f.pool.QueryRow(ctx, `SELECT max(attempts) FROM outbox_messages WHERE destination = $1`, ep.ID).Scan(&most))
+	require.LessOrEqual(t, most, 3, "no message spent more than a rejection, a probe and its delivery")
 }
 
 // An outage pushes back the retries of the messages that probed it (5 s,

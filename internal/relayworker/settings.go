@@ -56,7 +56,7 @@ var settings = []setting{
 		"caps every retry wait (default 1h with OUTBOX_BACKOFF_BASE, else no cap)",
 		func(c *config) any { return &c.relay.BackoffMax }},
 	{"OUTBOX_CIRCUIT_THRESHOLD", "CircuitThreshold",
-		"endpoint-wide failures in a row (refused, timeout, 408, 429, 5xx) after which a destination backs off as a whole",
+		"endpoint-wide failures in a row (refused, timeout, 401, 403, 404, 405, 408, 429, 5xx) after which a destination backs off as a whole",
 		func(c *config) any { return &c.relay.CircuitThreshold }},
 	{"OUTBOX_PROBE_INTERVAL_MAX", "ProbeIntervalMax",
 		"longest wait between probes of a destination backing off (the first after 5s, doubling)",

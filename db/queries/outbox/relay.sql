@@ -103,7 +103,8 @@ UPDATE webhook_endpoints SET dispatched_at = NULL WHERE id = @id AND lease_token
 -- A probe got an answer: the destination is healthy again. Its messages
 -- that the outage sent into a later retry (the probes, and the failures
 -- that opened the circuit: their latest attempt was refused, timed out, or
--- answered 408, 429 or 5xx) are due now, instead of waiting out a schedule
+-- got an endpoint-wide answer, as endpointWide in deliver.go judges it:
+-- 401, 403, 404, 405, 408, 429, 5xx) are due now, instead of waiting out a schedule
 -- that grew through the outage (hours, after a long one), each holding its
 -- ordering key meanwhile. A message the receiver refused on its own (any
 -- other answer) keeps its schedule. Returns how many were brought forward:
@@ -126,7 +127,7 @@ WHERE m.destination = h.id AND m.status = 'pending' AND NOT m.parked
       SELECT 1 FROM outbox_attempts a
       WHERE a.message_id = m.id AND a.attempt = m.attempts_before + m.attempts
         AND a.outcome = 'retry'
-        AND (a.status_code IS NULL OR a.status_code IN (408, 429) OR a.status_code >= 500));
+        AND (a.status_code IS NULL OR a.status_code IN (401, 403, 404, 405, 408, 429) OR a.status_code >= 500));
 
 -- name: DestinationSettle :one
 -- Ends a job's lease and stores the destination's health as the job leaves
