@@ -15,6 +15,11 @@
 //	NATS_STREAM       the stream (required with NATS_URL)
 //	NATS_DURABLE      the durable pull consumer to create or resume (default
 //	                  ledger)
+//	CONSUMER_INBOX_RETENTION
+//	                  how long a webhook-id is remembered for dedup (default
+//	                  720h, 30 days); pruned hourly. Keep it beyond the
+//	                  sender's retries (27.6 h) and OUTBOX_RETENTION (its
+//	                  replays re-send retained events under their ids)
 //
 // For example, with the secret POST /webhook-endpoints returned:
 //
@@ -68,6 +73,7 @@ type config struct {
 	natsURL     string
 	natsStream  string
 	natsDurable string
+	retention   time.Duration
 }
 
 func parseConfig(getenv func(string) string) (config, error) {
@@ -79,6 +85,7 @@ func parseConfig(getenv func(string) string) (config, error) {
 		natsURL:     getenv("NATS_URL"),
 		natsStream:  getenv("NATS_STREAM"),
 		natsDurable: env.String("NATS_DURABLE", "ledger"),
+		retention:   env.Duration("CONSUMER_INBOX_RETENTION", 30*24*time.Hour),
 	}
 	if c.natsURL != "" && c.natsStream == "" {
 		env.Fail("NATS_STREAM", errors.New("required with NATS_URL: the stream to consume"))
@@ -130,19 +137,44 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	mux.Handle("/webhooks", c)
 	mux.Handle("GET /stats", c.StatsHandler())
 	process.Ops(mux, logger, reg, process.PingReady(pool))
-	if cfg.natsURL == "" {
-		return process.Serve(ctx, logger, "consumer", cfg.addr, mux, 10*time.Second, nil)
+	var cons jetstream.Consumer
+	if cfg.natsURL != "" {
+		var closeNATS func()
+		if cons, closeNATS, err = natsConsumer(ctx, cfg); err != nil {
+			return err
+		}
+		defer closeNATS()
 	}
-	cons, closeNATS, err := natsConsumer(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer closeNATS()
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return process.Serve(gctx, logger, "consumer", cfg.addr, mux, 10*time.Second, nil) })
-	g.Go(func() error { return c.ConsumeNATS(gctx, cons) })
-	logger.InfoContext(ctx, "consuming JetStream", slog.String("stream", cfg.natsStream), slog.String("durable", cfg.natsDurable))
+	g.Go(func() error { pruneInbox(gctx, c, cfg.retention, logger); return nil })
+	if cons != nil {
+		g.Go(func() error { return c.ConsumeNATS(gctx, cons) })
+		logger.InfoContext(ctx, "consuming JetStream", slog.String("stream", cfg.natsStream), slog.String("durable", cfg.natsDurable))
+	}
 	return g.Wait()
+}
+
+// pruneInbox forgets webhook-ids older than retention, at start and every
+// hour, until ctx ends. A failed prune is logged and tried again an hour
+// later: the inbox only grows meanwhile.
+func pruneInbox(ctx context.Context, c *consumer.Consumer, retention time.Duration, logger *slog.Logger) {
+	tick := time.NewTicker(time.Hour)
+	defer tick.Stop()
+	for {
+		n, err := c.PruneInbox(ctx, time.Now().Add(-retention))
+		switch {
+		case err != nil && ctx.Err() == nil:
+			logger.WarnContext(ctx, "pruning the inbox", slog.Any("error", err))
+		case n > 0:
+			logger.InfoContext(ctx, "pruned the inbox", slog.Int64("forgotten", n), slog.Duration("retention", retention))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // natsConsumer creates or resumes the durable pull consumer, with explicit

@@ -39,6 +39,8 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"only commas", map[string]string{"DATABASE_URL": closedDB, "WEBHOOK_SECRETS": " , ,"}, []string{"WEBHOOK_SECRETS"}},
 		{"a secret without its prefix", map[string]string{"DATABASE_URL": closedDB, "WEBHOOK_SECRETS": good + ",c2VjcmV0"}, []string{"WEBHOOK_SECRETS", "secret 1"}},
 		{"log format", map[string]string{"DATABASE_URL": closedDB, "WEBHOOK_SECRETS": good, "LOG_FORMAT": "xml"}, []string{"LOG_FORMAT"}},
+		{"inbox retention", map[string]string{"DATABASE_URL": closedDB, "WEBHOOK_SECRETS": good, "CONSUMER_INBOX_RETENTION": "a month"},
+			[]string{"CONSUMER_INBOX_RETENTION"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

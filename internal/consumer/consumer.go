@@ -15,7 +15,8 @@
 //     inbox table with a unique key in the SAME transaction as the event's
 //     effect (here a per-customer order ledger and balance). A redelivery
 //     finds the id, changes nothing, and is acknowledged with a 2xx so the
-//     sender stops retrying.
+//     sender stops retrying. The id is remembered for as long as the sender
+//     may send it again (PruneInbox forgets it after that), not forever.
 //
 // The consumer is a separate service: it owns its schema and applies its own
 // goose migrations, with a version table of its own, so it can share a
@@ -318,6 +319,32 @@ type Stats struct {
 	InboxTotal    int64   `json:"inbox_total"`
 	LedgerTotal   int64   `json:"ledger_total"`
 	UptimeSeconds float64 `json:"uptime_seconds"`
+}
+
+// inboxPruneBatch keeps each delete of PruneInbox short, so it never holds
+// up the deliveries being applied beside it.
+const inboxPruneBatch = 5000
+
+// PruneInbox forgets the webhook-ids received before before, in batches,
+// and returns how many. A delivery of a forgotten id would be applied
+// again, so before must lie beyond everything the sender may still send
+// again: its retries (the order service gives up after 27.6 hours at its
+// defaults) and its replays, which re-send events it still keeps
+// (OUTBOX_RETENTION, 7 days by default) under their original ids. The
+// ledger keeps its entries; only the dedup record goes.
+func (c *Consumer) PruneInbox(ctx context.Context, before time.Time) (int64, error) {
+	q := consumerdb.New(c.pool)
+	var total int64
+	for {
+		n, err := q.InboxPrune(ctx, before, inboxPruneBatch)
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("pruning the inbox: %w", err)
+		}
+		if n < inboxPruneBatch {
+			return total, nil
+		}
+	}
 }
 
 // Stats returns the counters and the database totals.

@@ -424,8 +424,8 @@ func TestMigrateOwnsItsHistory(t *testing.T) {
 	var consumerVersion, rows int64
 	require.NoError(t, pool.QueryRow(ctx, "SELECT max(version_id), count(*) FROM "+consumer.VersionTable+" WHERE version_id > 0").
 		Scan(&consumerVersion, &rows))
-	require.EqualValues(t, 1, consumerVersion)
-	require.EqualValues(t, 1, rows)
+	require.EqualValues(t, 2, consumerVersion, "its own migrations, all applied")
+	require.EqualValues(t, 2, rows, "once each")
 	var after int64
 	require.NoError(t, pool.QueryRow(ctx, "SELECT max(version_id) FROM goose_db_version").Scan(&after))
 	require.Equal(t, appVersion, after, "the orders service's history is untouched")
@@ -529,4 +529,42 @@ func TestAnEventThroughTwoEndpointsIsAppliedOnce(t *testing.T) {
 	cust, err := c.Customer(ctx, "c-1")
 	require.NoError(t, err)
 	require.EqualValues(t, 1500, cust.BalanceCents, "applied once")
+}
+
+// The inbox forgets webhook-ids past its retention, in batches, and keeps
+// the ledger: a redelivery of a recent id is still a duplicate, and the
+// effects of forgotten ones stay applied.
+func TestPruneInboxForgetsOnlyWhatIsPastItsRetention(t *testing.T) {
+	t.Parallel()
+	secret := newSecret(t)
+	f := setup(t, secret)
+	ctx := context.Background()
+	var ids []string
+	for i := range 3 {
+		id := uuid.NewString()
+		code, outcome := post(t, f.url, secret, id, time.Now(), event(t, id, consumer.EventPlaced, "c-1", uuid.New(), 100))
+		require.Equal(t, http.StatusOK, code, i)
+		require.Equal(t, consumer.Applied, outcome)
+		ids = append(ids, id)
+	}
+	// Two of them received 31 days ago, and more old ids than one batch.
+	_, err := f.pool.Exec(ctx, `UPDATE consumer_inbox SET received_at = now() - interval '31 days' WHERE webhook_id = ANY ($1)`, ids[:2])
+	require.NoError(t, err)
+	_, err = f.pool.Exec(ctx, `INSERT INTO consumer_inbox (webhook_id, event_type, received_at)
+		SELECT 'old-' || g, 'order.placed', now() - interval '40 days' FROM generate_series(1, 12000) g`)
+	require.NoError(t, err)
+
+	n, err := f.c.PruneInbox(ctx, time.Now().Add(-30*24*time.Hour))
+	require.NoError(t, err)
+	require.EqualValues(t, 12_002, n)
+	s := f.stats(t)
+	require.EqualValues(t, 1, s.InboxTotal, "only the recent id is remembered")
+	require.EqualValues(t, 3, s.LedgerTotal, "every effect is kept")
+
+	code, outcome := post(t, f.url, secret, ids[2], time.Now(), event(t, ids[2], consumer.EventPlaced, "c-1", uuid.New(), 100))
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, consumer.Duplicate, outcome, "a recent id is still deduplicated")
+	cust, err := f.c.Customer(ctx, "c-1")
+	require.NoError(t, err)
+	require.EqualValues(t, 300, cust.BalanceCents)
 }

@@ -34,3 +34,16 @@ SELECT
 -- Whether the order's order.placed was applied: an order.cancelled must come
 -- after it.
 SELECT EXISTS (SELECT 1 FROM consumer_ledger WHERE order_id = @order_id AND event_type = 'order.placed');
+
+-- name: InboxPrune :execrows
+-- Forgets up to @batch_size webhook-ids received before @before, oldest
+-- first (on consumer_inbox_received); the caller loops. A delivery of one of
+-- them after this would be applied again: the retention must outlast
+-- everything the sender may send again (see PruneInbox).
+DELETE FROM consumer_inbox
+WHERE webhook_id IN (
+    SELECT i.webhook_id FROM consumer_inbox i
+    WHERE i.received_at < @before
+    ORDER BY i.received_at
+    LIMIT @batch_size
+);

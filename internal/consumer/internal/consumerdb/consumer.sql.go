@@ -56,6 +56,28 @@ func (q *Queries) CustomerGet(ctx context.Context, customerID string) (ConsumerC
 	return i, err
 }
 
+const inboxPrune = `-- name: InboxPrune :execrows
+DELETE FROM consumer_inbox
+WHERE webhook_id IN (
+    SELECT i.webhook_id FROM consumer_inbox i
+    WHERE i.received_at < $1
+    ORDER BY i.received_at
+    LIMIT $2
+)
+`
+
+// Forgets up to @batch_size webhook-ids received before @before, oldest
+// first (on consumer_inbox_received); the caller loops. A delivery of one of
+// them after this would be applied again: the retention must outlast
+// everything the sender may send again (see PruneInbox).
+func (q *Queries) InboxPrune(ctx context.Context, before time.Time, batchSize int32) (int64, error) {
+	result, err := q.db.Exec(ctx, inboxPrune, before, batchSize)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const inboxRecord = `-- name: InboxRecord :execrows
 INSERT INTO consumer_inbox (webhook_id, event_type)
 VALUES ($1, $2)
