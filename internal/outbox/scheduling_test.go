@@ -232,6 +232,8 @@ func TestDestinationStateChangesAreLoggedOnce(t *testing.T) {
 		}
 		return out
 	}
+	// The recovery is logged just after it is stored.
+	within(t, 5*time.Second, func() bool { return len(lines("destination recovered")) > 0 }, "the recovery is logged")
 	failing := lines("destination failing: backing off as a whole")
 	require.Len(t, failing, 1, "logs:\n%s", logs.String())
 	require.Equal(t, ep.ID.String(), failing[0]["destination"])

@@ -55,15 +55,25 @@ func Getenv(env map[string]string) func(string) string {
 	return func(name string) string { return env[name] }
 }
 
-// FreeAddr returns a loopback address whose port was free a moment ago.
+// FreeAddr returns a loopback address whose port was free a moment ago,
+// and never one it returned before in this process: the kernel may hand the
+// same ephemeral port to two listeners opened and closed in turn, and a test
+// that asks for two addresses (API_ADDR and ADMIN_ADDR) would get one.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		addr := ln.Addr().String()
+		require.NoError(t, ln.Close())
+		if _, taken := handedOut.LoadOrStore(addr, true); !taken {
+			return addr
+		}
+	}
 }
+
+// handedOut holds the addresses FreeAddr returned.
+var handedOut sync.Map
 
 // RequireJSONLogs checks that every line a program logged is a JSON object.
 func RequireJSONLogs(t testing.TB, logs string) {
