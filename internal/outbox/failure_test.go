@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -136,14 +135,7 @@ func TestRelayGonePausesTheEndpointAndNothingIsDropped(t *testing.T) {
 	f := setup(t)
 	ctx := context.Background()
 	rc := newReceiver(t)
-	var gone atomic.Bool
-	gone.Store(true)
-	rc.respond = func(*http.Request, int) int {
-		if gone.Load() {
-			return http.StatusGone
-		}
-		return http.StatusNoContent
-	}
+	gone := rc.failing(http.StatusGone)
 	ep := f.endpoint(t, rc, "order.placed")
 	first := f.enqueue(t, "order.placed", 1)[0]
 	f.startRelay(t, fastConfig(), nil)
@@ -394,14 +386,7 @@ func TestBackingOffDestinationRecoversAfterAProbe(t *testing.T) {
 	f := setup(t)
 	ctx := context.Background()
 	rc := newReceiver(t)
-	var down atomic.Bool
-	down.Store(true)
-	rc.respond = func(*http.Request, int) int {
-		if down.Load() {
-			return http.StatusServiceUnavailable
-		}
-		return http.StatusNoContent
-	}
+	down := rc.failing(http.StatusServiceUnavailable)
 	ep := f.endpoint(t, rc, "order.placed")
 	var ids []uuid.UUID
 	for i := range 40 {
@@ -484,14 +469,7 @@ func TestRecoveryBringsForwardTheRetriesTheOutagePushedBack(t *testing.T) {
 	f := setup(t)
 	ctx := context.Background()
 	rc := newReceiver(t)
-	var down atomic.Bool
-	down.Store(true)
-	rc.respond = func(*http.Request, int) int {
-		if down.Load() {
-			return http.StatusServiceUnavailable
-		}
-		return http.StatusNoContent
-	}
+	down := rc.failing(http.StatusServiceUnavailable)
 	ep := f.endpoint(t, rc, "order.placed")
 	cfg := outbox.DefaultRelayConfig()
 	// One more key than it takes to open the circuit, two events each.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,14 +19,7 @@ func TestRetryKeepsTheWholeAttemptHistory(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	rc := newReceiver(t)
-	var down atomic.Bool
-	down.Store(true)
-	rc.respond = func(*http.Request, int) int {
-		if down.Load() {
-			return http.StatusInternalServerError
-		}
-		return http.StatusNoContent
-	}
+	down := rc.failing(http.StatusInternalServerError)
 	ep := f.endpoint(t, rc, "order.placed")
 	id := f.enqueue(t, "order.placed", map[string]int{"n": 1})[0]
 	cfg := fastConfig()

@@ -29,10 +29,7 @@ func TestBacklogCollectorReadsOncePerWindow(t *testing.T) {
 		reads.Add(1)
 		return read(ctx)
 	}
-	var mu sync.Mutex
-	now := time.Now()
-	c.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	advance := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); now = now.Add(d) }
+	advance := fakeClock(c)
 
 	reg := prometheus.NewRegistry()
 	require.NoError(t, reg.Register(c))
@@ -79,10 +76,7 @@ func TestBacklogCollectorServesThePreviousReadingWhileASlowOneRuns(t *testing.T)
 	ctx := context.Background()
 
 	c := NewBacklogCollector(pool)
-	var mu sync.Mutex
-	now := time.Now()
-	c.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	advance := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); now = now.Add(d) }
+	advance := fakeClock(c)
 	reg := prometheus.NewRegistry()
 	require.NoError(t, reg.Register(c))
 	gauges := func() map[string]float64 {
@@ -162,10 +156,7 @@ func TestBacklogCollectorReadsASlowBacklogLessOften(t *testing.T) {
 
 	c := NewBacklogCollector(pool)
 	t.Cleanup(c.Close)
-	var mu sync.Mutex
-	now := time.Now()
-	c.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	advance := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); now = now.Add(d) }
+	advance := fakeClock(c)
 	const took = 2 * time.Second
 	var reads atomic.Int64
 	read := c.read
@@ -189,4 +180,13 @@ func TestBacklogCollectorReadsASlowBacklogLessOften(t *testing.T) {
 	advance(time.Millisecond)
 	scrape()
 	require.EqualValues(t, 2, reads.Load(), "and read again after")
+}
+
+// fakeClock gives c a clock that stands still until the returned func moves
+// it on.
+func fakeClock(c *BacklogCollector) (advance func(time.Duration)) {
+	var mu sync.Mutex
+	now := time.Now()
+	c.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	return func(d time.Duration) { mu.Lock(); defer mu.Unlock(); now = now.Add(d) }
 }

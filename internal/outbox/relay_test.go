@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -82,6 +83,23 @@ func (rc *receiver) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	rc.mu.Unlock()
 	w.WriteHeader(status)
+}
+
+// failing makes rc answer status to every request while the returned flag
+// is set (it starts set), and 204 once it is cleared: a receiver that is
+// down until the test brings it back.
+func (rc *receiver) failing(status int) *atomic.Bool {
+	down := &atomic.Bool{}
+	down.Store(true)
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	rc.respond = func(*http.Request, int) int {
+		if down.Load() {
+			return status
+		}
+		return http.StatusNoContent
+	}
+	return down
 }
 
 func (rc *receiver) setSecret(secret string) {

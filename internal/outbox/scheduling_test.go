@@ -178,14 +178,7 @@ func TestDestinationStateChangesAreLoggedOnce(t *testing.T) {
 	f := setup(t)
 	ctx := context.Background()
 	rc := newReceiver(t)
-	var down atomic.Bool
-	down.Store(true)
-	rc.respond = func(*http.Request, int) int {
-		if down.Load() {
-			return http.StatusBadGateway
-		}
-		return http.StatusNoContent
-	}
+	down := rc.failing(http.StatusBadGateway)
 	ep := f.endpoint(t, rc, "order.placed")
 	for i := range 20 {
 		f.enqueue(t, "order.placed", i)
