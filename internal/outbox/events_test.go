@@ -164,8 +164,11 @@ func TestEventsOfOneKeyAreDeliveredInOrder(t *testing.T) {
 		}
 	}
 	// The keys whose head was refused waited for its retry, 5 s later;
-	// the others did not wait for them.
-	require.Greater(t, deliveredAt["k00"][perKey-1].Sub(deliveredAt["k19"][perKey-1]), 4*time.Second,
+	// the others did not wait for them: k19 was done before k00's head was
+	// even retried. (The gap between their last deliveries, which this
+	// compared before, also counts k00's own five later events, and under
+	// CI's load fell under its 4 s bound without the invariant failing.)
+	require.True(t, deliveredAt["k19"][perKey-1].Before(deliveredAt["k00"][0]),
 		"a key waiting for its head's retry does not hold the other keys")
 }
 
