@@ -136,8 +136,9 @@ func TestBrowserRetryAFailedMessage(t *testing.T) {
 	// Sign in through the form.
 	do(chromedp.Navigate(base+"/ops"), chromedp.WaitReady(chromedp.ID("token")))
 	shot("01-login.png")
-	do(chromedp.SendKeys(chromedp.ID("token"), token), chromedp.Click(chromedp.ID("login")),
-		chromedp.WaitReady(chromedp.ID("pending-count")))
+	do(chromedp.SendKeys(chromedp.ID("token"), token))
+	follow(t, bctx, chromedp.Click(chromedp.ID("login")))
+	do(chromedp.WaitReady(chromedp.ID("pending-count")))
 
 	// The numbers are the database's.
 	require.Equal(t, count(t, pool, `SELECT count(*) FROM outbox_messages WHERE status = 'pending'`), number("pending-count"))
@@ -149,7 +150,8 @@ func TestBrowserRetryAFailedMessage(t *testing.T) {
 	shot("02-overview-failed.png")
 
 	// The failed message's page: its error and attempts.
-	do(chromedp.Click(chromedp.CSS(`#failed-`+failedID.String()+` a`)), chromedp.WaitReady(chromedp.ID("message-status")))
+	follow(t, bctx, chromedp.Click(chromedp.CSS(`#failed-`+failedID.String()+` a`)))
+	do(chromedp.WaitReady(chromedp.ID("message-status")))
 	attrs, err := chromedp.Run(bctx, chromedp.Attributes(chromedp.ID("message-status")))
 	require.NoError(t, err)
 	require.Equal(t, "failed", attrs["data-status"])
@@ -171,10 +173,12 @@ func TestBrowserRetryAFailedMessage(t *testing.T) {
 
 	// Fix the receiver, then Retry from the overview, and confirm.
 	down.Store(false)
-	do(chromedp.Navigate(base+"/ops"), chromedp.WaitReady(chromedp.ID("failed-"+failedID.String())),
-		chromedp.Click(chromedp.CSS(`#failed-`+failedID.String()+` button`)), chromedp.WaitReady(chromedp.ID("confirm")))
+	do(chromedp.Navigate(base+"/ops"), chromedp.WaitReady(chromedp.ID("failed-"+failedID.String())))
+	follow(t, bctx, chromedp.Click(chromedp.CSS(`#failed-`+failedID.String()+` button`)))
+	do(chromedp.WaitReady(chromedp.ID("confirm")))
 	shot("04-confirm-retry.png")
-	do(chromedp.Click(chromedp.ID("confirm")), chromedp.WaitReady(chromedp.ID("pending-count")))
+	follow(t, bctx, chromedp.Click(chromedp.ID("confirm")))
+	do(chromedp.WaitReady(chromedp.ID("pending-count")))
 
 	// Reload until the page shows it delivered.
 	deadline := time.Now().Add(30 * time.Second)
@@ -215,14 +219,15 @@ func TestBrowserRetryAFailedMessage(t *testing.T) {
 	do(chromedp.Click(chromedp.CSS(`#replay-`+flakyEP.ID.String()+` summary`)),
 		chromedp.WaitVisible(chromedp.ID("replay-submit-"+flakyEP.ID.String())))
 	shot("07-replay-form.png")
-	do(chromedp.Click(chromedp.ID("replay-submit-"+flakyEP.ID.String())), chromedp.WaitReady(chromedp.ID("confirm")))
+	follow(t, bctx, chromedp.Click(chromedp.ID("replay-submit-"+flakyEP.ID.String())))
+	do(chromedp.WaitReady(chromedp.ID("confirm")))
 	page, err = chromedp.Run(bctx, chromedp.OuterHTML(chromedp.CSS("main")))
 	require.NoError(t, err)
 	require.Contains(t, page, "Re-send 1 event to this endpoint?")
 	shot("08-confirm-replay.png")
-	// The answer is the overview with a notice: wait for the notice itself,
-	// not an element the pages share, or the read can race the navigation.
-	do(chromedp.Click(chromedp.ID("confirm")), chromedp.WaitVisible(chromedp.CSS("p.notice")))
+	// The answer is the overview with a notice.
+	follow(t, bctx, chromedp.Click(chromedp.ID("confirm")))
+	do(chromedp.WaitVisible(chromedp.CSS("p.notice")))
 	page, err = chromedp.Run(bctx, chromedp.OuterHTML(chromedp.CSS("p.notice")))
 	require.NoError(t, err)
 	require.Contains(t, page, "Replayed 1 event (0 already waiting were skipped).")

@@ -78,6 +78,17 @@ func (a *liveAPI) startRelay(t *testing.T, ctx context.Context, cfg outbox.Relay
 	return relay
 }
 
+// follow runs a step that navigates (a click on a link or a submit button,
+// Enter in a form's field) and returns once the new page has loaded. Reading
+// the page any earlier races the browser: Chrome renumbers the document's
+// nodes at DOMContentLoaded, so a node found while the page was still being
+// parsed is gone when its text is read ("No node with given id found").
+func follow(t *testing.T, bctx context.Context, step chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	_, err := chromedp.RunResponse(bctx, step)
+	require.NoError(t, err)
+}
+
 // headless starts Chromium (headless, no sandbox as CI runs as root,
 // nothing phoning home) and returns its context and a function that saves
 // a full-page screenshot. With scripts false, scripts are off: the ops page

@@ -69,8 +69,9 @@ func TestBrowserRelayDownThenCircuitOpen(t *testing.T) {
 
 	// No worker: the overview says so in red, and so does every endpoint.
 	do(chromedp.Navigate(base+"/ops"), chromedp.WaitReady(chromedp.ID("token")),
-		chromedp.SendKeys(chromedp.ID("token"), token), chromedp.Click(chromedp.ID("login")),
-		chromedp.WaitReady(chromedp.ID("relay")))
+		chromedp.SendKeys(chromedp.ID("token"), token))
+	follow(t, bctx, chromedp.Click(chromedp.ID("login")))
+	do(chromedp.WaitReady(chromedp.ID("relay")))
 	require.Equal(t, outbox.RelayDown, attr("#relay", "data-state"))
 	require.Contains(t, text("#relay-h"), "No relay running")
 	require.Equal(t, "0", attr("#relays-alive", "data-value"))
@@ -93,7 +94,8 @@ func TestBrowserRelayDownThenCircuitOpen(t *testing.T) {
 	require.Equal(t, outbox.HealthBackingOff, attr("#endpoint-"+down.ID.String(), "data-health"))
 	shot("12-overview-circuit-open.png")
 
-	do(chromedp.Click(chromedp.CSS(`#endpoint-`+down.ID.String()+` .url a`)), chromedp.WaitReady(chromedp.ID("endpoint-state")))
+	follow(t, bctx, chromedp.Click(chromedp.CSS(`#endpoint-`+down.ID.String()+` .url a`)))
+	do(chromedp.WaitReady(chromedp.ID("endpoint-state")))
 	require.Equal(t, outbox.HealthBackingOff, attr("#endpoint-state", "data-state"))
 	require.Contains(t, text("#endpoint-state"), "circuit open")
 	require.Contains(t, text(".kpi-note"), "next probe")
@@ -104,7 +106,8 @@ func TestBrowserRelayDownThenCircuitOpen(t *testing.T) {
 	shot("13-endpoint-circuit-open.png")
 
 	// The search box: an order id leads to that order's deliveries.
-	do(chromedp.SendKeys(chromedp.ID("search"), orders[3]+"\n"), chromedp.WaitReady(chromedp.ID("messages")))
+	follow(t, bctx, chromedp.SendKeys(chromedp.ID("search"), orders[3]+"\n"))
+	do(chromedp.WaitReady(chromedp.ID("messages")))
 	page, err = chromedp.Run(bctx, chromedp.OuterHTML(chromedp.ID("messages")))
 	require.NoError(t, err)
 	require.Equal(t, 3, strings.Count(page, `<tr id="message-`), "placed to two endpoints, cancelled to one")

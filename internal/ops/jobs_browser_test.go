@@ -72,7 +72,8 @@ func TestBrowserRiverUIShowsTheRelaysQueues(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, a.base+"/ops/login?next=%2Fops%2Friver%2Fqueues", location)
 	// Signing in goes back to the page asked for.
-	do(chromedp.SendKeys(chromedp.ID("token"), token), chromedp.Click(chromedp.ID("login")))
+	do(chromedp.SendKeys(chromedp.ID("token"), token))
+	follow(t, bctx, chromedp.Click(chromedp.ID("login")))
 
 	// River UI renders after its scripts have fetched the queues: read the
 	// page's text until both names are there.
