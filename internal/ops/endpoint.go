@@ -31,11 +31,8 @@ type endpointPage struct {
 	EP        outbox.EndpointHealth
 	RelayDown bool
 	Hour, Day outbox.AttemptStats
-	// StatsOverBudget: Hour and Day were not read, the endpoint has more
-	// attempts in the last day than can be read at a page load.
-	StatsOverBudget bool
-	Attempts        []outbox.EndpointAttempt
-	Replay          replayForm
+	Attempts  []outbox.EndpointAttempt
+	Replay    replayForm
 	// Self is the page's path, where its actions return.
 	Self string
 }
@@ -59,11 +56,7 @@ func (h *Handler) handleEndpoint(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.RelayDown = alive == 0
-	p.Hour, p.Day, err = h.admin.EndpointAttemptStats(ctx, id)
-	switch {
-	case errors.Is(err, outbox.ErrOverBudget):
-		p.StatsOverBudget = true
-	case err != nil:
+	if p.Hour, p.Day, err = h.admin.EndpointAttemptStats(ctx, id); err != nil {
 		h.actionError(w, r, err)
 		return
 	}

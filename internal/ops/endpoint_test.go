@@ -3,7 +3,6 @@ package ops_test
 import (
 	"context"
 	"html"
-	"io"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -213,64 +212,4 @@ func TestEndpointActionsFromThePage(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "http://127.0.0.1:9/victim", got.URL)
 	require.Equal(t, int64(1), e.count(t, `SELECT count(*) FROM webhook_endpoints`))
-}
-
-// An endpoint's success rate and latency read every attempt of its last
-// day; when that takes longer than the budget (here: the attempts table is
-// locked, so the read waits), PostgreSQL stops it and the page says where
-// the figures are instead of running on.
-func TestEndpointPageStatsStopAtTheirBudget(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, token)
-	c := e.loggedIn(t)
-	ep := e.endpoint(t, "http://127.0.0.1:9/hook", "order.placed")
-	e.deliver(t, e.enqueue(t, "order.placed", 1)[0], time.Minute)
-
-	ctx := context.Background()
-	lock, err := e.pool.Begin(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = lock.Rollback(ctx) })
-	_, err = lock.Exec(ctx, "LOCK TABLE outbox_attempts IN ACCESS EXCLUSIVE MODE")
-	require.NoError(t, err)
-	var (
-		status int
-		body   string
-		reqErr error
-		done   = make(chan struct{})
-	)
-	start := time.Now()
-	go func() {
-		defer close(done)
-		res, err := c.Get(e.srv.URL + "/ops/endpoints/" + ep.ID.String())
-		if err != nil {
-			reqErr = err
-			return
-		}
-		defer res.Body.Close()
-		raw, err := io.ReadAll(res.Body)
-		status, body, reqErr = res.StatusCode, string(raw), err
-	}()
-	// The stats gave up; the page's list of recent attempts now waits for
-	// the lock like any reader.
-	waiting := func(query string) bool {
-		var n int
-		err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'`, query).Scan(&n)
-		return err == nil && n > 0
-	}
-	require.Eventually(t, func() bool { return waiting("name: OpsEndpointRecentAttempts") }, 30*time.Second, 20*time.Millisecond,
-		"the page went on to its recent attempts")
-	require.GreaterOrEqual(t, time.Since(start), 3*time.Second, "the stats waited for their whole budget")
-	require.NoError(t, lock.Rollback(ctx))
-	<-done
-	require.NoError(t, reqErr)
-	require.Equal(t, http.StatusOK, status)
-	require.Contains(t, body, `id="stats-over-budget"`)
-	require.NotContains(t, body, `id="latency"`)
-
-	// Without the lock, the figures are back.
-	res, body := get(t, c, e.srv.URL+"/ops/endpoints/"+ep.ID.String())
-	require.Equal(t, http.StatusOK, res.StatusCode)
-	require.NotContains(t, body, `id="stats-over-budget"`)
-	require.Contains(t, body, `id="latency"`)
 }

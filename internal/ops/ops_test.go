@@ -212,8 +212,9 @@ func (e *env) deliver(t *testing.T, id uuid.UUID, ago time.Duration) {
 }
 
 // keepLatest sets every endpoint's latest attempt, success and error from
-// outbox_attempts, as the relay keeps them when it records outcomes, for
-// tests that write attempts themselves.
+// outbox_attempts, and counts the attempts' sums by minute again, as the
+// relay keeps both when it records outcomes, for tests that write attempts
+// themselves.
 func keepLatest(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
 	_, err := pool.Exec(context.Background(), `
@@ -231,7 +232,8 @@ func keepLatest(t *testing.T, pool *pgxpool.Pool) {
 			FROM outbox_attempts a JOIN outbox_messages m ON m.id = a.message_id
 			GROUP BY m.destination
 		) l
-		WHERE e.id = l.destination`)
+		WHERE e.id = l.destination;
+		SELECT outbox_attempt_minutes_recount(now() - interval '2 days')`)
 	require.NoError(t, err)
 }
 

@@ -6,12 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"strconv"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
@@ -406,50 +404,80 @@ type AttemptStats struct {
 }
 
 // EndpointAttemptStats returns an endpoint's success rate and delivery
-// latency over the last hour and the last day, read in one pass of at most
-// 3 s: ErrOverBudget when the day holds more attempts than that reads.
+// latency over the last hour and the last day (by whole minutes: the
+// current one and the 59 or 1,439 before it). They are read from the
+// attempts summed by minute as they are recorded, so the read costs the
+// same at any delivery rate; the percentiles are estimated from request-time
+// buckets, kept between the fastest and slowest request of the bucket.
 func (a *Admin) EndpointAttemptStats(ctx context.Context, id uuid.UUID) (hour, day AttemptStats, err error) {
-	var r outboxdb.OpsEndpointAttemptStatsRow
-	err = pgx.BeginTxFunc(ctx, a.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) (err error) {
-		q := outboxdb.New(tx)
-		if err := q.TransactionStatementTimeout(ctx, strconv.FormatInt(statsBudget.Milliseconds(), 10)); err != nil {
-			return err
-		}
-		r, err = q.OpsEndpointAttemptStats(ctx, id)
-		return err
-	})
-	var pgErr *pgconn.PgError
-	if err != nil && ctx.Err() == nil && errors.As(err, &pgErr) && pgErr.Code == queryCanceled {
-		err = ErrOverBudget
-	}
+	rows, err := outboxdb.New(a.pool).OpsEndpointAttemptStats(ctx, id)
 	if err != nil {
 		return AttemptStats{}, AttemptStats{}, fmt.Errorf("reading endpoint attempt stats: %w", err)
 	}
-	return attemptStats(time.Hour, r.HourAttempts, r.HourDelivered, r.HourP50Ms, r.HourP95Ms, r.HourP99Ms),
-		attemptStats(24*time.Hour, r.DayAttempts, r.DayDelivered, r.DayP50Ms, r.DayP95Ms, r.DayP99Ms), nil
+	var hourBuckets, dayBuckets []latencyBucket
+	for _, r := range rows {
+		hour.Attempts += r.HourAttempts
+		day.Attempts += r.DayAttempts
+		if !r.Delivered {
+			continue
+		}
+		hour.Delivered += r.HourAttempts
+		day.Delivered += r.DayAttempts
+		hourBuckets = append(hourBuckets, latencyBucket{lower: float64(r.LowerMs), upper: float64(r.LeMs),
+			n: r.HourAttempts, min: r.HourMinMs, max: r.HourMaxMs})
+		dayBuckets = append(dayBuckets, latencyBucket{lower: float64(r.LowerMs), upper: float64(r.LeMs),
+			n: r.DayAttempts, min: r.DayMinMs, max: r.DayMaxMs})
+	}
+	return attemptStats(time.Hour, hour.Attempts, hour.Delivered, hourBuckets),
+		attemptStats(24*time.Hour, day.Attempts, day.Delivered, dayBuckets), nil
 }
 
-// queryCanceled is the SQLSTATE of a statement PostgreSQL cancelled
-// (statement_timeout).
-const queryCanceled = "57014"
-
-// statsBudget bounds EndpointAttemptStats: it reads every attempt of the
-// endpoint's last day, so its cost grows with the delivery rate, and a page
-// load must not run on for as long as that takes.
-const statsBudget = 3 * time.Second
-
-// ErrOverBudget: EndpointAttemptStats would have read more attempts than it
-// can within its time budget (3 s), so PostgreSQL stopped it. The
-// endpoint's metrics (outbox_endpoint_deliveries_total,
-// outbox_endpoint_delivery_duration_seconds) have the same figures.
-var ErrOverBudget = errors.New("too many attempts to read within the time budget")
-
-func attemptStats(window time.Duration, attempts, delivered int64, p50, p95, p99 float64) AttemptStats {
-	s := AttemptStats{Window: window, Attempts: attempts, Delivered: delivered, P50MS: p50, P95MS: p95, P99MS: p99}
+func attemptStats(window time.Duration, attempts, delivered int64, buckets []latencyBucket) AttemptStats {
+	s := AttemptStats{Window: window, Attempts: attempts, Delivered: delivered,
+		P50MS: percentile(buckets, 0.5), P95MS: percentile(buckets, 0.95), P99MS: percentile(buckets, 0.99)}
 	if attempts > 0 {
 		s.SuccessRate = float64(delivered) / float64(attempts)
 	}
 	return s
+}
+
+// latencyBucket is how many requests (n) took at least lower and less than
+// upper milliseconds, the fastest of them min and the slowest max.
+type latencyBucket struct {
+	lower, upper float64
+	n            int64
+	min, max     float64
+}
+
+// percentile estimates the q-quantile of the requests in buckets (sorted by
+// their bounds), 0 without any: it finds the bucket holding the q-th
+// request and interpolates linearly within it, as Prometheus'
+// histogram_quantile does, between the bucket's fastest and slowest request
+// rather than its bounds, which makes it exact when they are equal.
+func percentile(buckets []latencyBucket, q float64) float64 {
+	var total int64
+	for _, b := range buckets {
+		total += b.n
+	}
+	if total == 0 {
+		return 0
+	}
+	rank, seen := q*float64(total), 0.0
+	for _, b := range buckets {
+		if b.n == 0 {
+			continue
+		}
+		if seen+float64(b.n) < rank {
+			seen += float64(b.n)
+			continue
+		}
+		lo, hi := max(b.lower, b.min), min(b.upper, b.max)
+		if hi <= lo {
+			return lo
+		}
+		return lo + (hi-lo)*(rank-seen)/float64(b.n)
+	}
+	return buckets[len(buckets)-1].max
 }
 
 // EndpointAttempt is one attempt of one of an endpoint's messages.

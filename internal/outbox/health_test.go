@@ -72,6 +72,17 @@ func TestRetryKeepsTheWholeAttemptHistory(t *testing.T) {
 	require.EqualValues(t, 1, act.Delivered60m)
 	require.Zero(t, act.Minutes[59].Backlog, "nothing waits now")
 
+	// The endpoint's figures, summed as the relay recorded the attempts:
+	// three attempts, one delivered, whose request time is the p50 (a
+	// bucket holding one request holds its exact time).
+	hour, day, err := f.admin.EndpointAttemptStats(ctx, ep.ID)
+	require.NoError(t, err)
+	require.Equal(t, hour, outbox.AttemptStats{Window: time.Hour, Attempts: 3, Delivered: 1, SuccessRate: 1.0 / 3,
+		P50MS: hour.P50MS, P95MS: hour.P50MS, P99MS: hour.P50MS})
+	require.Equal(t, []int64{3, 1}, []int64{day.Attempts, day.Delivered})
+	require.Positive(t, m.History[2].DurationMS)
+	require.InDelta(t, m.History[2].DurationMS, hour.P50MS, 0.001)
+
 	_, err = f.admin.RetryFailedForEndpoint(ctx, id) // not an endpoint
 	require.ErrorIs(t, err, outbox.ErrNotFound)
 }
@@ -94,7 +105,8 @@ func TestActivityReconstructsTheBacklog(t *testing.T) {
 		WITH d AS (UPDATE outbox_messages SET status = 'delivered', attempts = 1, delivered_at = now() - interval '5 minutes'
 		           WHERE id IN (SELECT id FROM outbox_messages ORDER BY id LIMIT 2) RETURNING id)
 		INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code)
-		SELECT id, 1, 'delivered', now() - interval '5 minutes', now() - interval '5 minutes', 204 FROM d`)
+		SELECT id, 1, 'delivered', now() - interval '5 minutes', now() - interval '5 minutes', 204 FROM d;
+		SELECT outbox_attempt_minutes_recount(now() - interval '1 hour')`)
 	require.NoError(t, err)
 
 	act, err := f.admin.Activity(ctx, time.Now(), 60)

@@ -81,3 +81,65 @@ VALUES (gen_random_uuid(), 'order.placed', gen_random_uuid()) RETURNING id`).Sca
 	_, err = pool.Exec(ctx, "DELETE FROM outbox_messages WHERE id = ANY ($1)", ids)
 	require.NoError(t, err)
 }
+
+// The attempts summed by minute (what the ops page reads) hold every
+// attempt of the history: the statements that write attempts add them to
+// their minute's sums, and pruning the history leaves the sums be. The view
+// outbox_attempt_minutes_inconsistent names a minute whose sums fall
+// short, so every test's database is checked for it, whatever the relay
+// did in it; outbox_attempt_minutes_recount counts them again from the
+// history.
+func TestAttemptSumsHoldEveryAttemptOfTheHistory(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+
+	var msg, dest uuid.UUID
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO outbox_messages (event_id, type, destination)
+VALUES (gen_random_uuid(), 'order.placed', gen_random_uuid()) RETURNING id, destination`).Scan(&msg, &dest))
+	// Attempts written without their sums: two refused in one minute, then
+	// one delivered in 8 ms in the next.
+	_, err := pool.Exec(ctx, `INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code)
+VALUES ($1, 1, 'retry', now() - interval '2 minutes', now() - interval '2 minutes' + interval '1 s', 503),
+       ($1, 2, 'retry', now() - interval '2 minutes', now() - interval '2 minutes' + interval '200 ms', 503),
+       ($1, 3, 'delivered', now(), now() + interval '8 ms', 204)`, msg)
+	require.NoError(t, err)
+	lines, err := dbtest.Inconsistencies(ctx, pool.Config().ConnString())
+	require.NoError(t, err)
+	require.Len(t, lines, 2, "both minutes fall short: %v", lines)
+	for _, l := range lines {
+		require.Contains(t, l, "outbox_attempt_minutes_inconsistent")
+		require.Contains(t, l, `"summed": 0`)
+	}
+
+	_, err = pool.Exec(ctx, `SELECT outbox_attempt_minutes_recount(now() - interval '1 hour')`)
+	require.NoError(t, err)
+	lines, err = dbtest.Inconsistencies(ctx, pool.Config().ConnString())
+	require.NoError(t, err)
+	require.Empty(t, lines)
+	type sum struct {
+		Outcome      string
+		LeMS         int
+		Attempts     int64
+		MinMS, MaxMS float64
+	}
+	rows, err := pool.Query(ctx, `SELECT outcome, le_ms, attempts, min_ms, max_ms
+FROM outbox_attempt_minutes WHERE destination = $1 ORDER BY minute`, dest)
+	require.NoError(t, err)
+	sums, err := pgx.CollectRows(rows, pgx.RowToStructByPos[sum])
+	require.NoError(t, err)
+	require.Equal(t, []sum{
+		{Outcome: "retry", LeMS: 0, Attempts: 2, MinMS: 200, MaxMS: 1000},
+		{Outcome: "delivered", LeMS: 10, Attempts: 1, MinMS: 8, MaxMS: 8},
+	}, sums, "the refusals in their minute, in no bucket; the delivery in the bucket up to 10 ms")
+
+	// Pruning the history leaves the sums, and the view stays empty.
+	_, err = pool.Exec(ctx, `DELETE FROM outbox_messages WHERE id = $1`, msg)
+	require.NoError(t, err)
+	lines, err = dbtest.Inconsistencies(ctx, pool.Config().ConnString())
+	require.NoError(t, err)
+	require.Empty(t, lines)
+	var kept int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT sum(attempts) FROM outbox_attempt_minutes WHERE destination = $1`, dest).Scan(&kept))
+	require.Equal(t, int64(3), kept, "the three summed attempts outlive their history")
+}

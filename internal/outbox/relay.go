@@ -391,6 +391,9 @@ func (w *pruneWorker) Work(ctx context.Context, job *river.Job[pruneArgs]) error
 	if err != nil {
 		return err
 	}
+	if _, err := outboxdb.New(r.pool).AttemptMinutesPrune(ctx, now.Add(-attemptMinutesKept)); err != nil {
+		return fmt.Errorf("pruning attempts by minute: %w", err)
+	}
 	// Deliver jobs promote their destination's stranded messages as they
 	// end; this reaches the destinations no job has served since.
 	endpoints, err := outboxdb.New(r.pool).EndpointList(ctx)
@@ -404,6 +407,11 @@ func (w *pruneWorker) Work(ctx context.Context, job *river.Job[pruneArgs]) error
 	}
 	return nil
 }
+
+// attemptMinutesKept is how long the attempts summed by minute
+// (outbox_attempt_minutes) are kept: the ops page reads the last day of
+// them, whatever the retention of the history they sum.
+const attemptMinutesKept = 48 * time.Hour
 
 // orphanArgs starts one discard of messages whose endpoint was deleted.
 type orphanArgs struct{}

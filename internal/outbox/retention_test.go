@@ -50,7 +50,8 @@ func TestPruneJobDeletesFailedRowsPastTheFailedRetention(t *testing.T) {
 		INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, error)
 		SELECT m.id, a, CASE WHEN a = 2 AND m.status = 'failed' THEN 'failed' ELSE 'retry' END,
 		       COALESCE(m.failed_at, m.created_at), COALESCE(m.failed_at, m.created_at), 'connection refused'
-		FROM outbox_messages m, generate_series(1, 2) a;`)
+		FROM outbox_messages m, generate_series(1, 2) a;
+		SELECT outbox_attempt_minutes_recount(now() - interval '2 days');`)
 	require.NoError(t, err)
 
 	cfg := fastConfig()

@@ -234,7 +234,9 @@ relay, and its promotion is part of recording the earlier one's outcome.
 cores with PostgreSQL. Per message it does what the raw loops do not: a
 claim per destination under its lease (returning each event's payload,
 joined from ` + "`" + `outbox_events` + "`" + `, and the endpoint), an ` + "`" + `outbox_attempts` + "`" + ` row (the delivery history: a heap tuple,
-index entries, a foreign-key check and WAL), a goroutine per request, and
+index entries, a foreign-key check and WAL) and its share of the
+per-minute sums the ops page reads (one upsert per recording, in the
+same statement), a goroutine per request, and
 its share of the River job and the lease per destination and slice. Over
 HTTP the client and the receiver, both in the bench process, take as much
 again; the relay's HTTP drain is about three quarters of the raw HTTP loop

@@ -119,7 +119,9 @@ RETURNING m.id, m.event_id, m.type, ev.payload, m.attempts, ev.created_at, ev.tr
 -- next parked message of its key (see MessageClaim): due again at its own
 -- time, so ahead of any newer one of the key. The endpoint keeps its latest
 -- attempt, success and error (what the ops page shows), each replaced only
--- by a later one.
+-- by a later one, and the attempts are added to their minute's sums
+-- (outbox_attempt_minutes), in key order so that two recordings cannot
+-- deadlock.
 WITH o AS (
     SELECT unnest(@ids::uuid[])                 AS id,
            unnest(@statuses::text[])            AS status,
@@ -179,6 +181,20 @@ WITH o AS (
                           ELSE l.error END
     FROM latest l
     WHERE e.id = l.destination
+), summed AS (
+    INSERT INTO outbox_attempt_minutes AS t (destination, minute, outcome, le_ms, attempts, min_ms, max_ms)
+    SELECT h.destination, date_trunc('minute', o.finished_at), o.outcome,
+           CASE WHEN o.outcome = 'delivered' THEN outbox_latency_bucket_ms(x.ms) ELSE 0 END,
+           count(*), min(x.ms), max(x.ms)
+    FROM held h
+    JOIN o ON o.id = h.id
+    CROSS JOIN LATERAL (SELECT GREATEST(EXTRACT(epoch FROM o.finished_at - o.started_at) * 1000, 0)::float8 AS ms) x
+    GROUP BY 1, 2, 3, 4
+    ORDER BY 1, 2, 3, 4
+    ON CONFLICT (destination, minute, outcome, le_ms) DO UPDATE
+    SET attempts = t.attempts + excluded.attempts,
+        min_ms = LEAST(t.min_ms, excluded.min_ms),
+        max_ms = GREATEST(t.max_ms, excluded.max_ms)
 )
 INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code, error)
 SELECT h.id, h.attempts_before + o.attempt, o.outcome, o.started_at, o.finished_at,
@@ -200,7 +216,8 @@ WHERE id = ANY (@ids::uuid[]) AND claim_token = @claim_token::uuid;
 -- ("interrupted") and the message is due again at once; at the attempt cap
 -- it fails instead, so a message whose delivery kills its relay every time
 -- cannot kill relays forever. This is the at-least-once window, by design.
--- Their endpoints' latest attempt and error say so.
+-- Their endpoints' latest attempt and error say so, and their minute's sums
+-- count them.
 WITH lost AS (
     SELECT id, destination, attempts, attempts_before, claimed_at FROM outbox_messages
     WHERE status = 'claimed' AND claimed_by = ANY (@relay_ids::uuid[])
@@ -222,6 +239,19 @@ WITH lost AS (
     SET last_attempt_at = now(), last_attempt_outcome = 'interrupted',
         last_error_at = now(), last_error_status_code = NULL, last_error = @reason::text
     WHERE e.id IN (SELECT l.destination FROM lost l JOIN released r ON r.id = l.id)
+), summed AS (
+    INSERT INTO outbox_attempt_minutes AS t (destination, minute, outcome, le_ms, attempts, min_ms, max_ms)
+    SELECT l.destination, date_trunc('minute', now()), 'interrupted', 0, count(*),
+           min(x.ms), max(x.ms)
+    FROM lost l
+    JOIN released r ON r.id = l.id
+    CROSS JOIN LATERAL (SELECT GREATEST(EXTRACT(epoch FROM now() - l.claimed_at) * 1000, 0)::float8 AS ms) x
+    GROUP BY 1
+    ORDER BY 1
+    ON CONFLICT (destination, minute, outcome, le_ms) DO UPDATE
+    SET attempts = t.attempts + excluded.attempts,
+        min_ms = LEAST(t.min_ms, excluded.min_ms),
+        max_ms = GREATEST(t.max_ms, excluded.max_ms)
 )
 INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, error)
 SELECT l.id, l.attempts_before + l.attempts + 1, 'interrupted', l.claimed_at, now(), @reason::text
@@ -234,7 +264,7 @@ ON CONFLICT DO NOTHING;
 -- their relay. A claim lives as long as its request, so only a relay that is
 -- alive but stuck leaves one this old; a dead relay's claims are released
 -- within seconds by MessagesReleaseLost. Their endpoints' latest attempt
--- and error say so.
+-- and error say so, and their minute's sums count them.
 WITH stale AS (
     SELECT id, destination, attempts, attempts_before, claimed_at FROM outbox_messages
     WHERE status = 'claimed'
@@ -258,6 +288,19 @@ WITH stale AS (
         last_error_at = now(), last_error_status_code = NULL,
         last_error = 'claim timed out: the relay did not record an outcome'
     WHERE e.id IN (SELECT s.destination FROM stale s JOIN released r ON r.id = s.id)
+), summed AS (
+    INSERT INTO outbox_attempt_minutes AS t (destination, minute, outcome, le_ms, attempts, min_ms, max_ms)
+    SELECT s.destination, date_trunc('minute', now()), 'timeout', 0, count(*),
+           min(x.ms), max(x.ms)
+    FROM stale s
+    JOIN released r ON r.id = s.id
+    CROSS JOIN LATERAL (SELECT GREATEST(EXTRACT(epoch FROM now() - s.claimed_at) * 1000, 0)::float8 AS ms) x
+    GROUP BY 1
+    ORDER BY 1
+    ON CONFLICT (destination, minute, outcome, le_ms) DO UPDATE
+    SET attempts = t.attempts + excluded.attempts,
+        min_ms = LEAST(t.min_ms, excluded.min_ms),
+        max_ms = GREATEST(t.max_ms, excluded.max_ms)
 )
 INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, error)
 SELECT s.id, s.attempts_before + s.attempts + 1, 'timeout', s.claimed_at, now(), 'claim timed out: the relay did not record an outcome'
@@ -318,6 +361,11 @@ WHERE id IN (
     ORDER BY o.id
     LIMIT @batch_size
 );
+
+-- name: AttemptMinutesPrune :execrows
+-- Forgets the per-minute sums of attempts older than @before: the page
+-- reads a day of them.
+DELETE FROM outbox_attempt_minutes WHERE minute < @before::timestamptz;
 
 -- name: MessagesPromoteStranded :execrows
 -- The safety net of per-key order, for one destination: promotes parked

@@ -2,11 +2,11 @@
 -- bounded window or a partial index: none grows with the delivered history.
 
 -- name: OpsAttemptsPerMinute :many
--- Attempts per minute and outcome since @since (the chart's hour), on the
--- finished_at index.
-SELECT date_trunc('minute', finished_at)::timestamptz AS minute, outcome, count(*) AS attempts
-FROM outbox_attempts
-WHERE finished_at >= @since::timestamptz
+-- Attempts per minute and outcome since @since (the chart's hour), summed
+-- from outbox_attempt_minutes on its minute index.
+SELECT minute, outcome, sum(attempts)::bigint AS attempts
+FROM outbox_attempt_minutes
+WHERE minute >= @since::timestamptz
 GROUP BY 1, 2
 ORDER BY 1, 2;
 
@@ -104,11 +104,12 @@ WHERE destination = @destination AND status = 'failed'
 RETURNING id;
 
 -- name: OpsDeliveryRate :one
--- Deliveries in the last 5 and 60 minutes, on the finished_at index.
-SELECT count(*) FILTER (WHERE finished_at >= now() - interval '5 minutes') AS last_5m,
-       count(*)                                                            AS last_60m
-FROM outbox_attempts
-WHERE finished_at >= now() - interval '60 minutes' AND outcome = 'delivered';
+-- Deliveries in the last 5 and 60 minutes (the current minute and the 4 or
+-- 59 before it), from outbox_attempt_minutes on its minute index.
+SELECT COALESCE(sum(attempts) FILTER (WHERE minute >= date_trunc('minute', now()) - interval '4 minutes'), 0)::bigint AS last_5m,
+       COALESCE(sum(attempts), 0)::bigint                                                                    AS last_60m
+FROM outbox_attempt_minutes
+WHERE minute >= date_trunc('minute', now()) - interval '59 minutes' AND outcome = 'delivered';
 
 -- name: OpsDeliveredEstimate :one
 -- About how many delivered messages the retention holds, never counted:
@@ -119,30 +120,26 @@ WHERE finished_at >= now() - interval '60 minutes' AND outcome = 'delivered';
 SELECT COALESCE((SELECT c.reltuples FROM pg_catalog.pg_class c
                  WHERE c.oid = to_regclass('outbox_messages_delivered_idx')), -1)::float8 AS delivered_estimate;
 
--- name: OpsEndpointAttemptStats :one
--- One endpoint's attempts of the last day and of the last hour, in one pass:
--- how many, how many were delivered, and the request time of the delivered
--- ones (median, 95th and 99th percentiles, in milliseconds). The day comes
--- from the finished_at index; each attempt's endpoint from its message's
--- primary key.
-WITH a AS (
-    SELECT a.outcome = 'delivered' AS delivered, a.finished_at >= now() - interval '1 hour' AS last_hour,
-           EXTRACT(epoch FROM a.finished_at - a.started_at) * 1000 AS ms
-    FROM outbox_attempts a
-    JOIN outbox_messages m ON m.id = a.message_id
-    WHERE a.finished_at >= now() - interval '1 day' AND m.destination = @destination
-)
-SELECT count(*) FILTER (WHERE last_hour) AS hour_attempts,
-       count(*) FILTER (WHERE last_hour AND delivered) AS hour_delivered,
-       COALESCE(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) FILTER (WHERE last_hour AND delivered), 0)::float8 AS hour_p50_ms,
-       COALESCE(percentile_cont(0.95) WITHIN GROUP (ORDER BY ms) FILTER (WHERE last_hour AND delivered), 0)::float8 AS hour_p95_ms,
-       COALESCE(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) FILTER (WHERE last_hour AND delivered), 0)::float8 AS hour_p99_ms,
-       count(*) AS day_attempts,
-       count(*) FILTER (WHERE delivered) AS day_delivered,
-       COALESCE(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) FILTER (WHERE delivered), 0)::float8 AS day_p50_ms,
-       COALESCE(percentile_cont(0.95) WITHIN GROUP (ORDER BY ms) FILTER (WHERE delivered), 0)::float8 AS day_p95_ms,
-       COALESCE(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) FILTER (WHERE delivered), 0)::float8 AS day_p99_ms
-FROM a;
+-- name: OpsEndpointAttemptStats :many
+-- One endpoint's attempts of the last day and of the last hour (the current
+-- minute and the 1,439 or 59 before it), from outbox_attempt_minutes: a
+-- row for the attempts that were not delivered (delivered false, le_ms 0),
+-- and one per request-time bucket of those that were, with the bucket's
+-- bounds (lower_ms inclusive, le_ms exclusive) and its fastest and slowest
+-- request, from which the caller estimates percentiles. At most 1,440
+-- minutes of a few rows each, on the primary key, whatever the rate.
+SELECT (s.outcome = 'delivered')::boolean AS delivered, s.le_ms,
+       COALESCE((SELECT max(b) FROM unnest(outbox_latency_bounds_ms()) b WHERE b < s.le_ms), 0)::integer AS lower_ms,
+       COALESCE(sum(s.attempts) FILTER (WHERE s.minute >= date_trunc('minute', now()) - interval '59 minutes'), 0)::bigint AS hour_attempts,
+       COALESCE(min(s.min_ms) FILTER (WHERE s.minute >= date_trunc('minute', now()) - interval '59 minutes'), 0)::float8 AS hour_min_ms,
+       COALESCE(max(s.max_ms) FILTER (WHERE s.minute >= date_trunc('minute', now()) - interval '59 minutes'), 0)::float8 AS hour_max_ms,
+       sum(s.attempts)::bigint AS day_attempts,
+       min(s.min_ms)::float8   AS day_min_ms,
+       max(s.max_ms)::float8   AS day_max_ms
+FROM outbox_attempt_minutes s
+WHERE s.destination = @destination AND s.minute >= date_trunc('minute', now()) - interval '1439 minutes'
+GROUP BY 1, 2
+ORDER BY 1, 2;
 
 -- name: OpsEndpointRecentAttempts :many
 -- One endpoint's latest attempts within the last day, newest first: the
@@ -168,9 +165,3 @@ WHERE status = 'pending' AND id IN (
     SELECT w.id FROM outbox_messages w
     WHERE w.destination = @destination AND w.ordering_key IS NOT NULL AND w.status = 'pending' AND w.parked
 );
-
--- name: TransactionStatementTimeout :exec
--- Bounds each later statement of the same transaction to @milliseconds
--- (a number, as text): PostgreSQL cancels one that runs (or waits for a
--- lock) longer, with SQLSTATE 57014.
-SELECT set_config('statement_timeout', @milliseconds::text, true);

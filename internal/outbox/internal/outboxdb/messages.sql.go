@@ -12,6 +12,20 @@ import (
 	"github.com/google/uuid"
 )
 
+const attemptMinutesPrune = `-- name: AttemptMinutesPrune :execrows
+DELETE FROM outbox_attempt_minutes WHERE minute < $1::timestamptz
+`
+
+// Forgets the per-minute sums of attempts older than @before: the page
+// reads a day of them.
+func (q *Queries) AttemptMinutesPrune(ctx context.Context, before time.Time) (int64, error) {
+	result, err := q.db.Exec(ctx, attemptMinutesPrune, before)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const attemptsList = `-- name: AttemptsList :many
 SELECT message_id, attempt, outcome, started_at, finished_at, status_code, error FROM outbox_attempts WHERE message_id = $1 ORDER BY attempt
 `
@@ -628,6 +642,19 @@ WITH stale AS (
         last_error_at = now(), last_error_status_code = NULL,
         last_error = 'claim timed out: the relay did not record an outcome'
     WHERE e.id IN (SELECT s.destination FROM stale s JOIN released r ON r.id = s.id)
+), summed AS (
+    INSERT INTO outbox_attempt_minutes AS t (destination, minute, outcome, le_ms, attempts, min_ms, max_ms)
+    SELECT s.destination, date_trunc('minute', now()), 'timeout', 0, count(*),
+           min(x.ms), max(x.ms)
+    FROM stale s
+    JOIN released r ON r.id = s.id
+    CROSS JOIN LATERAL (SELECT GREATEST(EXTRACT(epoch FROM now() - s.claimed_at) * 1000, 0)::float8 AS ms) x
+    GROUP BY 1
+    ORDER BY 1
+    ON CONFLICT (destination, minute, outcome, le_ms) DO UPDATE
+    SET attempts = t.attempts + excluded.attempts,
+        min_ms = LEAST(t.min_ms, excluded.min_ms),
+        max_ms = GREATEST(t.max_ms, excluded.max_ms)
 )
 INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, error)
 SELECT s.id, s.attempts_before + s.attempts + 1, 'timeout', s.claimed_at, now(), 'claim timed out: the relay did not record an outcome'
@@ -640,7 +667,7 @@ ON CONFLICT DO NOTHING
 // their relay. A claim lives as long as its request, so only a relay that is
 // alive but stuck leaves one this old; a dead relay's claims are released
 // within seconds by MessagesReleaseLost. Their endpoints' latest attempt
-// and error say so.
+// and error say so, and their minute's sums count them.
 func (q *Queries) MessageReleaseStale(ctx context.Context, claimTimeoutSeconds float64, maxAttempts int32) (int64, error) {
 	result, err := q.db.Exec(ctx, messageReleaseStale, claimTimeoutSeconds, maxAttempts)
 	if err != nil {
@@ -970,6 +997,20 @@ WITH o AS (
                           ELSE l.error END
     FROM latest l
     WHERE e.id = l.destination
+), summed AS (
+    INSERT INTO outbox_attempt_minutes AS t (destination, minute, outcome, le_ms, attempts, min_ms, max_ms)
+    SELECT h.destination, date_trunc('minute', o.finished_at), o.outcome,
+           CASE WHEN o.outcome = 'delivered' THEN outbox_latency_bucket_ms(x.ms) ELSE 0 END,
+           count(*), min(x.ms), max(x.ms)
+    FROM held h
+    JOIN o ON o.id = h.id
+    CROSS JOIN LATERAL (SELECT GREATEST(EXTRACT(epoch FROM o.finished_at - o.started_at) * 1000, 0)::float8 AS ms) x
+    GROUP BY 1, 2, 3, 4
+    ORDER BY 1, 2, 3, 4
+    ON CONFLICT (destination, minute, outcome, le_ms) DO UPDATE
+    SET attempts = t.attempts + excluded.attempts,
+        min_ms = LEAST(t.min_ms, excluded.min_ms),
+        max_ms = GREATEST(t.max_ms, excluded.max_ms)
 )
 INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code, error)
 SELECT h.id, h.attempts_before + o.attempt, o.outcome, o.started_at, o.finished_at,
@@ -1004,7 +1045,9 @@ type MessagesRecordOutcomesParams struct {
 // next parked message of its key (see MessageClaim): due again at its own
 // time, so ahead of any newer one of the key. The endpoint keeps its latest
 // attempt, success and error (what the ops page shows), each replaced only
-// by a later one.
+// by a later one, and the attempts are added to their minute's sums
+// (outbox_attempt_minutes), in key order so that two recordings cannot
+// deadlock.
 func (q *Queries) MessagesRecordOutcomes(ctx context.Context, arg MessagesRecordOutcomesParams) (int64, error) {
 	result, err := q.db.Exec(ctx, messagesRecordOutcomes,
 		arg.Ids,
@@ -1063,6 +1106,19 @@ WITH lost AS (
     SET last_attempt_at = now(), last_attempt_outcome = 'interrupted',
         last_error_at = now(), last_error_status_code = NULL, last_error = $1::text
     WHERE e.id IN (SELECT l.destination FROM lost l JOIN released r ON r.id = l.id)
+), summed AS (
+    INSERT INTO outbox_attempt_minutes AS t (destination, minute, outcome, le_ms, attempts, min_ms, max_ms)
+    SELECT l.destination, date_trunc('minute', now()), 'interrupted', 0, count(*),
+           min(x.ms), max(x.ms)
+    FROM lost l
+    JOIN released r ON r.id = l.id
+    CROSS JOIN LATERAL (SELECT GREATEST(EXTRACT(epoch FROM now() - l.claimed_at) * 1000, 0)::float8 AS ms) x
+    GROUP BY 1
+    ORDER BY 1
+    ON CONFLICT (destination, minute, outcome, le_ms) DO UPDATE
+    SET attempts = t.attempts + excluded.attempts,
+        min_ms = LEAST(t.min_ms, excluded.min_ms),
+        max_ms = GREATEST(t.max_ms, excluded.max_ms)
 )
 INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, error)
 SELECT l.id, l.attempts_before + l.attempts + 1, 'interrupted', l.claimed_at, now(), $1::text
@@ -1075,7 +1131,8 @@ ON CONFLICT DO NOTHING
 // ("interrupted") and the message is due again at once; at the attempt cap
 // it fails instead, so a message whose delivery kills its relay every time
 // cannot kill relays forever. This is the at-least-once window, by design.
-// Their endpoints' latest attempt and error say so.
+// Their endpoints' latest attempt and error say so, and their minute's sums
+// count them.
 func (q *Queries) MessagesReleaseLost(ctx context.Context, reason string, relayIds []uuid.UUID, maxAttempts int32) (int64, error) {
 	result, err := q.db.Exec(ctx, messagesReleaseLost, reason, relayIds, maxAttempts)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 type OutboxAttempt struct {
@@ -18,6 +19,24 @@ type OutboxAttempt struct {
 	FinishedAt time.Time
 	StatusCode *int32
 	Error      *string
+}
+
+type OutboxAttemptMinute struct {
+	Destination uuid.UUID
+	Minute      time.Time
+	Outcome     string
+	LeMs        int32
+	Attempts    int64
+	MinMs       float64
+	MaxMs       float64
+}
+
+type OutboxAttemptMinutesInconsistent struct {
+	Destination uuid.UUID
+	Minute      pgtype.Interval
+	Outcome     string
+	InHistory   int64
+	Summed      int64
 }
 
 type OutboxEvent struct {

@@ -14,9 +14,9 @@ import (
 
 const opsAttemptsPerMinute = `-- name: OpsAttemptsPerMinute :many
 
-SELECT date_trunc('minute', finished_at)::timestamptz AS minute, outcome, count(*) AS attempts
-FROM outbox_attempts
-WHERE finished_at >= $1::timestamptz
+SELECT minute, outcome, sum(attempts)::bigint AS attempts
+FROM outbox_attempt_minutes
+WHERE minute >= $1::timestamptz
 GROUP BY 1, 2
 ORDER BY 1, 2
 `
@@ -29,8 +29,8 @@ type OpsAttemptsPerMinuteRow struct {
 
 // Queries of the ops page (internal/ops, through outbox.Admin). Each reads a
 // bounded window or a partial index: none grows with the delivered history.
-// Attempts per minute and outcome since @since (the chart's hour), on the
-// finished_at index.
+// Attempts per minute and outcome since @since (the chart's hour), summed
+// from outbox_attempt_minutes on its minute index.
 func (q *Queries) OpsAttemptsPerMinute(ctx context.Context, since time.Time) ([]OpsAttemptsPerMinuteRow, error) {
 	rows, err := q.db.Query(ctx, opsAttemptsPerMinute, since)
 	if err != nil {
@@ -218,10 +218,10 @@ func (q *Queries) OpsDeliveredEstimate(ctx context.Context) (float64, error) {
 }
 
 const opsDeliveryRate = `-- name: OpsDeliveryRate :one
-SELECT count(*) FILTER (WHERE finished_at >= now() - interval '5 minutes') AS last_5m,
-       count(*)                                                            AS last_60m
-FROM outbox_attempts
-WHERE finished_at >= now() - interval '60 minutes' AND outcome = 'delivered'
+SELECT COALESCE(sum(attempts) FILTER (WHERE minute >= date_trunc('minute', now()) - interval '4 minutes'), 0)::bigint AS last_5m,
+       COALESCE(sum(attempts), 0)::bigint                                                                    AS last_60m
+FROM outbox_attempt_minutes
+WHERE minute >= date_trunc('minute', now()) - interval '59 minutes' AND outcome = 'delivered'
 `
 
 type OpsDeliveryRateRow struct {
@@ -229,7 +229,8 @@ type OpsDeliveryRateRow struct {
 	Last60m int64
 }
 
-// Deliveries in the last 5 and 60 minutes, on the finished_at index.
+// Deliveries in the last 5 and 60 minutes (the current minute and the 4 or
+// 59 before it), from outbox_attempt_minutes on its minute index.
 func (q *Queries) OpsDeliveryRate(ctx context.Context) (OpsDeliveryRateRow, error) {
 	row := q.db.QueryRow(ctx, opsDeliveryRate)
 	var i OpsDeliveryRateRow
@@ -261,61 +262,68 @@ func (q *Queries) OpsDiscardWaiting(ctx context.Context, reason string, destinat
 	return result.RowsAffected(), nil
 }
 
-const opsEndpointAttemptStats = `-- name: OpsEndpointAttemptStats :one
-WITH a AS (
-    SELECT a.outcome = 'delivered' AS delivered, a.finished_at >= now() - interval '1 hour' AS last_hour,
-           EXTRACT(epoch FROM a.finished_at - a.started_at) * 1000 AS ms
-    FROM outbox_attempts a
-    JOIN outbox_messages m ON m.id = a.message_id
-    WHERE a.finished_at >= now() - interval '1 day' AND m.destination = $1
-)
-SELECT count(*) FILTER (WHERE last_hour) AS hour_attempts,
-       count(*) FILTER (WHERE last_hour AND delivered) AS hour_delivered,
-       COALESCE(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) FILTER (WHERE last_hour AND delivered), 0)::float8 AS hour_p50_ms,
-       COALESCE(percentile_cont(0.95) WITHIN GROUP (ORDER BY ms) FILTER (WHERE last_hour AND delivered), 0)::float8 AS hour_p95_ms,
-       COALESCE(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) FILTER (WHERE last_hour AND delivered), 0)::float8 AS hour_p99_ms,
-       count(*) AS day_attempts,
-       count(*) FILTER (WHERE delivered) AS day_delivered,
-       COALESCE(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) FILTER (WHERE delivered), 0)::float8 AS day_p50_ms,
-       COALESCE(percentile_cont(0.95) WITHIN GROUP (ORDER BY ms) FILTER (WHERE delivered), 0)::float8 AS day_p95_ms,
-       COALESCE(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) FILTER (WHERE delivered), 0)::float8 AS day_p99_ms
-FROM a
+const opsEndpointAttemptStats = `-- name: OpsEndpointAttemptStats :many
+SELECT (s.outcome = 'delivered')::boolean AS delivered, s.le_ms,
+       COALESCE((SELECT max(b) FROM unnest(outbox_latency_bounds_ms()) b WHERE b < s.le_ms), 0)::integer AS lower_ms,
+       COALESCE(sum(s.attempts) FILTER (WHERE s.minute >= date_trunc('minute', now()) - interval '59 minutes'), 0)::bigint AS hour_attempts,
+       COALESCE(min(s.min_ms) FILTER (WHERE s.minute >= date_trunc('minute', now()) - interval '59 minutes'), 0)::float8 AS hour_min_ms,
+       COALESCE(max(s.max_ms) FILTER (WHERE s.minute >= date_trunc('minute', now()) - interval '59 minutes'), 0)::float8 AS hour_max_ms,
+       sum(s.attempts)::bigint AS day_attempts,
+       min(s.min_ms)::float8   AS day_min_ms,
+       max(s.max_ms)::float8   AS day_max_ms
+FROM outbox_attempt_minutes s
+WHERE s.destination = $1 AND s.minute >= date_trunc('minute', now()) - interval '1439 minutes'
+GROUP BY 1, 2
+ORDER BY 1, 2
 `
 
 type OpsEndpointAttemptStatsRow struct {
-	HourAttempts  int64
-	HourDelivered int64
-	HourP50Ms     float64
-	HourP95Ms     float64
-	HourP99Ms     float64
-	DayAttempts   int64
-	DayDelivered  int64
-	DayP50Ms      float64
-	DayP95Ms      float64
-	DayP99Ms      float64
+	Delivered    bool
+	LeMs         int32
+	LowerMs      int32
+	HourAttempts int64
+	HourMinMs    float64
+	HourMaxMs    float64
+	DayAttempts  int64
+	DayMinMs     float64
+	DayMaxMs     float64
 }
 
-// One endpoint's attempts of the last day and of the last hour, in one pass:
-// how many, how many were delivered, and the request time of the delivered
-// ones (median, 95th and 99th percentiles, in milliseconds). The day comes
-// from the finished_at index; each attempt's endpoint from its message's
-// primary key.
-func (q *Queries) OpsEndpointAttemptStats(ctx context.Context, destination uuid.UUID) (OpsEndpointAttemptStatsRow, error) {
-	row := q.db.QueryRow(ctx, opsEndpointAttemptStats, destination)
-	var i OpsEndpointAttemptStatsRow
-	err := row.Scan(
-		&i.HourAttempts,
-		&i.HourDelivered,
-		&i.HourP50Ms,
-		&i.HourP95Ms,
-		&i.HourP99Ms,
-		&i.DayAttempts,
-		&i.DayDelivered,
-		&i.DayP50Ms,
-		&i.DayP95Ms,
-		&i.DayP99Ms,
-	)
-	return i, err
+// One endpoint's attempts of the last day and of the last hour (the current
+// minute and the 1,439 or 59 before it), from outbox_attempt_minutes: a
+// row for the attempts that were not delivered (delivered false, le_ms 0),
+// and one per request-time bucket of those that were, with the bucket's
+// bounds (lower_ms inclusive, le_ms exclusive) and its fastest and slowest
+// request, from which the caller estimates percentiles. At most 1,440
+// minutes of a few rows each, on the primary key, whatever the rate.
+func (q *Queries) OpsEndpointAttemptStats(ctx context.Context, destination uuid.UUID) ([]OpsEndpointAttemptStatsRow, error) {
+	rows, err := q.db.Query(ctx, opsEndpointAttemptStats, destination)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []OpsEndpointAttemptStatsRow
+	for rows.Next() {
+		var i OpsEndpointAttemptStatsRow
+		if err := rows.Scan(
+			&i.Delivered,
+			&i.LeMs,
+			&i.LowerMs,
+			&i.HourAttempts,
+			&i.HourMinMs,
+			&i.HourMaxMs,
+			&i.DayAttempts,
+			&i.DayMinMs,
+			&i.DayMaxMs,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const opsEndpointHealth = `-- name: OpsEndpointHealth :many
@@ -474,16 +482,4 @@ func (q *Queries) OpsRetryFailedForDestination(ctx context.Context, destination 
 		return nil, err
 	}
 	return items, nil
-}
-
-const transactionStatementTimeout = `-- name: TransactionStatementTimeout :exec
-SELECT set_config('statement_timeout', $1::text, true)
-`
-
-// Bounds each later statement of the same transaction to @milliseconds
-// (a number, as text): PostgreSQL cancels one that runs (or waits for a
-// lock) longer, with SQLSTATE 57014.
-func (q *Queries) TransactionStatementTimeout(ctx context.Context, milliseconds string) error {
-	_, err := q.db.Exec(ctx, transactionStatementTimeout, milliseconds)
-	return err
 }
