@@ -98,11 +98,12 @@ func TestAttemptSumsHoldEveryAttemptOfTheHistory(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO outbox_messages (event_id, type, destination)
 VALUES (gen_random_uuid(), 'order.placed', gen_random_uuid()) RETURNING id, destination`).Scan(&msg, &dest))
 	// Attempts written without their sums: two refused in one minute, then
-	// one delivered in 8 ms in the next.
-	_, err := pool.Exec(ctx, `INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code)
-VALUES ($1, 1, 'retry', now() - interval '2 minutes', now() - interval '2 minutes' + interval '1 s', 503),
-       ($1, 2, 'retry', now() - interval '2 minutes', now() - interval '2 minutes' + interval '200 ms', 503),
-       ($1, 3, 'delivered', now(), now() + interval '8 ms', 204)`, msg)
+	// one delivered in 8 ms two minutes later.
+	_, err := pool.Exec(ctx, `WITH t AS (SELECT date_trunc('minute', now()) - interval '2 minutes' AS m)
+INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code)
+SELECT $1::uuid, 1, 'retry', m + interval '10 s', m + interval '11 s', 503 FROM t
+UNION ALL SELECT $1::uuid, 2, 'retry', m + interval '20 s', m + interval '20.2 s', 503 FROM t
+UNION ALL SELECT $1::uuid, 3, 'delivered', m + interval '2 minutes', m + interval '2 minutes 8 ms', 204 FROM t`, msg)
 	require.NoError(t, err)
 	lines, err := dbtest.Inconsistencies(ctx, pool.Config().ConnString())
 	require.NoError(t, err)
