@@ -17,9 +17,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/apiserver"
-	"github.com/outboxkit/orders/internal/proctest"
-
 	"github.com/outboxkit/orders/internal/dbtest"
+	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/proctest"
 )
 
 // closedDB is a well-formed URL nobody listens on: with it, a config error
@@ -265,6 +265,10 @@ func TestServe(t *testing.T) {
 		require.Equal(t, http.StatusOK, code)
 		require.Contains(t, string(body), "outbox_messages")
 		require.Contains(t, string(body), "outbox_oldest_pending_age_seconds")
+		// The request above is counted under its route pattern, and the
+		// api's pool reports its connections.
+		require.Contains(t, string(body), `http_requests_total{code="200",method="GET",route="GET /healthz"} 1`)
+		require.Contains(t, string(body), `pgxpool_connections{pool="api",state="idle"}`)
 	})
 
 	t.Run("admin auth", func(t *testing.T) {
@@ -326,6 +330,35 @@ func TestServe(t *testing.T) {
 		require.NotContains(t, string(body), created.Secret)
 
 		require.NotContains(t, s.logs.String(), created.Secret, "the secret must never be logged")
+	})
+
+	t.Run("relays", func(t *testing.T) {
+		// No worker runs: the relay is down, and the placed order's message
+		// (to the endpoint registered above) is due.
+		code, body := s.do(t, http.MethodPost, "/orders", "",
+			`{"customer_id":"c-1","lines":[{"sku":"A-1","quantity":1,"unit_price_cents":500}]}`)
+		require.Equal(t, http.StatusCreated, code, "body: %s", body)
+		code, _ = s.do(t, http.MethodGet, "/outbox/relays", "", "")
+		require.Equal(t, http.StatusUnauthorized, code, "the relays are an admin route")
+		code, body = s.do(t, http.MethodGet, "/outbox/relays", bearer, "")
+		require.Equal(t, http.StatusOK, code, "body: %s", body)
+		var relays struct {
+			State                 string  `json:"state"`
+			Reason                string  `json:"reason"`
+			Alive                 int     `json:"alive"`
+			Relays                []any   `json:"relays"`
+			Due                   int64   `json:"due"`
+			Scheduled             int64   `json:"scheduled"`
+			StallThresholdSeconds float64 `json:"stall_threshold_seconds"`
+		}
+		require.NoError(t, json.Unmarshal(body, &relays))
+		require.Equal(t, outbox.RelayDown, relays.State)
+		require.Contains(t, relays.Reason, "No worker has sent a heartbeat")
+		require.Zero(t, relays.Alive)
+		require.Empty(t, relays.Relays)
+		require.Equal(t, int64(1), relays.Due, "the order's one message, due at once")
+		require.Zero(t, relays.Scheduled)
+		require.Equal(t, outbox.DefaultStallThreshold.Seconds(), relays.StallThresholdSeconds)
 	})
 
 	t.Run("admin token never logged", func(t *testing.T) {

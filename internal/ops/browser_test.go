@@ -323,5 +323,5 @@ UNION ALL
 SELECT id, attempts, 'delivered', delivered_at - interval '35 ms', delivered_at, 204, NULL
 FROM msgs`, endpoint)
 	require.NoError(t, err)
-	keepLatest(t, pool)
+	deriveFromHistory(t, pool)
 }

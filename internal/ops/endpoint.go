@@ -28,8 +28,10 @@ const attemptsShown = 50
 
 type endpointPage struct {
 	Layout
-	EP        outbox.EndpointHealth
-	RelayDown bool
+	EP outbox.EndpointHealth
+	// Relay says whether anyone delivers: a healthy endpoint gets nothing
+	// while the relay is down or stalled.
+	Relay     outbox.RelayStatus
 	Hour, Day outbox.AttemptStats
 	Attempts  []outbox.EndpointAttempt
 	Replay    replayForm
@@ -50,12 +52,10 @@ func (h *Handler) handleEndpoint(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := endpointPage{Layout: h.layout(r, "Endpoint "+ep.URL), EP: ep, Self: Prefix + "/endpoints/" + id.String()}
-	alive, err := h.admin.RelaysAlive(ctx)
-	if err != nil {
+	if p.Relay, err = h.admin.Relays(ctx); err != nil {
 		h.actionError(w, r, err)
 		return
 	}
-	p.RelayDown = alive == 0
 	if p.Hour, p.Day, err = h.admin.EndpointAttemptStats(ctx, id); err != nil {
 		h.actionError(w, r, err)
 		return
@@ -225,13 +225,16 @@ func (h *Handler) handleDiscardWaiting(w http.ResponseWriter, r *http.Request) {
 			h.actionError(w, r, err)
 			return
 		}
+		// What it would discard: messages being sent now finish as they will.
+		pending := strconv.FormatInt(health.Waiting-health.InFlight, 10)
 		h.render(w, r, http.StatusOK, "confirm", confirmPage{
 			Layout: h.layout(r, "Discard waiting messages?"),
 			Question: fmt.Sprintf("Discard the %s waiting for this endpoint? They are settled as discarded and never sent "+
 				"(a replay can send their events again). Messages being sent right now finish; failed ones stay for a retry or a skip. "+
-				"This cannot be undone.", plural(strconv.FormatInt(health.Waiting, 10), "message", "messages")),
-			Details: []fact{{"Endpoint", ep.URL}, {"Waiting", strconv.FormatInt(health.Waiting, 10)},
-				{"Parked behind their key", strconv.FormatInt(health.Parked, 10)}},
+				"This cannot be undone.", plural(pending, "message", "messages")),
+			Details: []fact{{"Endpoint", ep.URL}, {"Waiting", pending},
+				{"Parked behind their key (among them)", strconv.FormatInt(health.Parked, 10)},
+				{"Being sent now (not discarded)", strconv.FormatInt(health.InFlight, 10)}},
 			Action: r.URL.Path, Return: returnPath(r), Button: "Discard waiting messages", Danger: true,
 		})
 		return

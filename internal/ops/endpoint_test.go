@@ -43,7 +43,7 @@ func TestEndpointPageTellsTheEndpointsStory(t *testing.T) {
 	e.exec(t, `INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code, error)
 		SELECT id, 2, 'retry', now() - interval '1 minute', now() - interval '1 minute' + interval '900 ms', 503, 'other endpoint down'
 		FROM outbox_messages WHERE destination = $1`, other.ID)
-	keepLatest(t, e.pool)
+	deriveFromHistory(t, e.pool)
 	// The same numbers from the database: this endpoint's attempts.
 	hourAttempts := e.count(t, `SELECT count(*) FROM outbox_attempts a JOIN outbox_messages m ON m.id = a.message_id
 		WHERE m.destination = $1 AND a.finished_at >= now() - interval '1 hour'`, ep.ID)
@@ -73,6 +73,23 @@ func TestEndpointPageTellsTheEndpointsStory(t *testing.T) {
 	require.Contains(t, body, "after 5 failures in a row")
 	require.Regexp(t, `id="next-probe" title="[^"]+">in (3\d|40)s<`, body)
 	require.Contains(t, body, `id="probe"`)
+
+	// Probe now: asked first, then its next probe is now, not in 40 s.
+	probeDue := func() bool {
+		return e.count(t, `SELECT count(*) FROM webhook_endpoints WHERE id = $1 AND backoff_until <= now()`, ep.ID) == 1
+	}
+	probe := e.srv.URL + "/ops/endpoints/" + ep.ID.String() + "/enable"
+	res, body = postPage(t, c, probe, url.Values{"csrf": {e.csrf(t, c)}, "return": {"/ops/endpoints/" + ep.ID.String()}})
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Contains(t, body, "Send one message to it now instead of at its next probe?")
+	require.False(t, probeDue(), "nothing changes before the confirmation")
+	res = post(t, c, probe, hiddenFields(body))
+	require.Equal(t, http.StatusSeeOther, res.StatusCode)
+	require.Equal(t, "/ops/endpoints/"+ep.ID.String()+"?done=probing", res.Header.Get("Location"))
+	require.True(t, probeDue())
+	require.Contains(t, e.logs.String(), `"action":"probe_endpoint"`)
+	_, body = get(t, c, e.srv.URL+res.Header.Get("Location"))
+	require.Contains(t, body, "Probing now: the relay sends one message")
 
 	res, _ = get(t, c, e.srv.URL+"/ops/endpoints/"+uuid.NewString())
 	require.Equal(t, http.StatusNotFound, res.StatusCode)
@@ -172,7 +189,8 @@ func TestEndpointActionsFromThePage(t *testing.T) {
 	e.exec(t, `UPDATE outbox_messages SET status = 'claimed', claimed_at = now(), claim_token = gen_random_uuid() WHERE id = $1`, ids[4])
 	res, body = postPage(t, c, base+"/discard-waiting", url.Values{"csrf": {csrf}, "return": {"/ops/endpoints/" + ep.ID.String()}})
 	require.Equal(t, http.StatusOK, res.StatusCode)
-	require.Contains(t, body, "Discard the 4 messages waiting", "pending, parked and the claimed one wait; the failed one does not")
+	require.Contains(t, body, "Discard the 3 messages waiting", "pending and parked are discarded; the claimed one and the failed one are not")
+	require.Contains(t, body, "Being sent now (not discarded)</dt><dd>1</dd>", "the claimed one is named apart")
 	res = post(t, c, base+"/discard-waiting", hiddenFields(body))
 	require.Equal(t, http.StatusSeeOther, res.StatusCode)
 	require.Equal(t, "/ops/endpoints/"+ep.ID.String()+"?done=discarded&n=3", res.Header.Get("Location"))

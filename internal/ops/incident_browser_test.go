@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -76,6 +77,8 @@ func TestBrowserRelayDownThenCircuitOpen(t *testing.T) {
 	require.Contains(t, text("#relay-h"), "No relay running")
 	require.Equal(t, "0", attr("#relays-alive", "data-value"))
 	require.Equal(t, "17", attr("#due-count", "data-value"), "8 placed to two endpoints, 1 cancelled to one: all due")
+	require.Equal(t, strconv.FormatInt(count(t, pool, `SELECT count(*) FROM outbox_messages WHERE status = 'pending' AND next_attempt_at <= now()`), 10),
+		attr("#due-count", "data-value"), "the page's due count is the database's")
 	require.Contains(t, text("#endpoint-"+down.ID.String()), "not delivering")
 	shot("11-overview-relay-down.png")
 
@@ -100,10 +103,34 @@ func TestBrowserRelayDownThenCircuitOpen(t *testing.T) {
 	require.Contains(t, text("#endpoint-state"), "circuit open")
 	require.Contains(t, text(".kpi-note"), "next probe")
 	require.Equal(t, "9", attr("#endpoint-waiting", "data-value"), "its 9 messages wait, none failed")
+	require.Equal(t, strconv.FormatInt(count(t, pool, `SELECT count(*) FROM outbox_messages WHERE destination = '`+down.ID.String()+`'
+		AND status IN ('pending', 'claimed')`), 10), attr("#endpoint-waiting", "data-value"), "the page's waiting count is the database's")
+	require.Equal(t, "0", attr("#endpoint-failed", "data-value"))
 	page, err := chromedp.Run(bctx, chromedp.OuterHTML(chromedp.ID("attempts")))
 	require.NoError(t, err)
 	require.Contains(t, page, "connection refused")
 	shot("13-endpoint-circuit-open.png")
+
+	// Probe now: with its next probe put 10 minutes away, one message tries
+	// the endpoint at once (refused again, so the circuit stays open).
+	var clicked time.Time
+	require.NoError(t, pool.QueryRow(ctx, `UPDATE webhook_endpoints SET backoff_until = now() + interval '10 minutes'
+		WHERE id = $1 RETURNING now()`, down.ID).Scan(&clicked))
+	do(chromedp.Navigate(base+"/ops/endpoints/"+down.ID.String()), chromedp.WaitReady(chromedp.ID("next-probe")))
+	require.Contains(t, text("#next-probe"), "in 10m")
+	follow(t, bctx, chromedp.Click(chromedp.ID("probe")))
+	do(chromedp.WaitReady(chromedp.ID("confirm")))
+	page, err = chromedp.Run(bctx, chromedp.OuterHTML(chromedp.CSS("main")))
+	require.NoError(t, err)
+	require.Contains(t, page, "Send one message to it now instead of at its next probe?")
+	follow(t, bctx, chromedp.Click(chromedp.ID("confirm")))
+	do(chromedp.WaitReady(chromedp.ID("endpoint-state")))
+	require.Contains(t, text("p.notice"), "Probing now")
+	require.Contains(t, a.log.String(), `"action":"probe_endpoint"`)
+	require.Eventually(t, func() bool {
+		return count(t, pool, `SELECT count(*) FROM outbox_attempts a JOIN outbox_messages m ON m.id = a.message_id
+			WHERE m.destination = '`+down.ID.String()+`' AND a.finished_at > '`+clicked.Format(time.RFC3339Nano)+`'`) > 0
+	}, 30*time.Second, 50*time.Millisecond, "Probe now did not probe the endpoint")
 
 	// The search box: an order id leads to that order's deliveries.
 	follow(t, bctx, chromedp.SendKeys(chromedp.ID("search"), orders[3]+"\n"))

@@ -118,6 +118,13 @@ func TestBrowserRiverUIShowsTheRelaysQueues(t *testing.T) {
 			"River UI's %s was not logged as an ops action", action)
 	}
 
+	// The overview links to River UI: the link a person follows.
+	do(chromedp.Navigate(a.base+"/ops"), chromedp.WaitReady(chromedp.ID("river-ui-link")))
+	follow(t, bctx, chromedp.Click(chromedp.ID("river-ui-link")))
+	location, err = chromedp.Run(bctx, chromedp.Location())
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(location, a.base+ops.JobsPath+"/"), "the overview's River UI link led to %s", location)
+
 	// One refusal is expected: River UI's validation library (zod) probes
 	// once whether eval works and, refused, validates without it.
 	violations, err := chromedp.Run(bctx, chromedp.Evaluate[[]string](`window.__cspViolations`))

@@ -523,6 +523,8 @@ func notice(q url.Values) string {
 		return "Endpoint paused: its messages wait until it is resumed."
 	case "enabled":
 		return "Endpoint resumed: the relay sends what waited for it."
+	case "probing":
+		return "Probing now: the relay sends one message to the endpoint, and resumes deliveries if it gets an answer."
 	}
 	return ""
 }

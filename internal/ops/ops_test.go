@@ -198,7 +198,7 @@ func (e *env) fail(t *testing.T, id uuid.UUID) {
 		       now() - make_interval(mins => 4 - n), now() - make_interval(mins => 4 - n) + interval '12 ms',
 		       500, '500 Internal Server Error: receiver down'
 		FROM generate_series(1, 3) n`, id)
-	keepLatest(t, e.pool)
+	deriveFromHistory(t, e.pool)
 }
 
 // deliver marks a message delivered on its first attempt.
@@ -208,14 +208,14 @@ func (e *env) deliver(t *testing.T, id uuid.UUID, ago time.Duration) {
 		id, ago.String())
 	e.exec(t, `INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code)
 		VALUES ($1, 1, 'delivered', now() - $2::interval, now() - $2::interval + interval '8 ms', 204)`, id, ago.String())
-	keepLatest(t, e.pool)
+	deriveFromHistory(t, e.pool)
 }
 
-// keepLatest sets every endpoint's latest attempt, success and error from
-// outbox_attempts, and counts the attempts' sums by minute again, as the
-// relay keeps both when it records outcomes, for tests that write attempts
+// deriveFromHistory derives from outbox_attempts what the relay keeps beside
+// the attempts it records: every endpoint's latest attempt, success and
+// error, and the attempts' sums by minute. For tests that write attempts
 // themselves.
-func keepLatest(t *testing.T, pool *pgxpool.Pool) {
+func deriveFromHistory(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
 	_, err := pool.Exec(context.Background(), `
 		UPDATE webhook_endpoints e
@@ -413,11 +413,23 @@ func TestActionsRefuseMissingOrWrongCSRF(t *testing.T) {
 		require.Equal(t, http.StatusForbidden, res.StatusCode, name)
 		require.Equal(t, outbox.StatusFailed, e.status(t, id), name)
 	}
-	res := post(t, c, e.srv.URL+"/ops/endpoints/"+ep.ID.String()+"/disable", url.Values{"confirm": {"yes"}})
+	// Every endpoint action, each without and with a foreign token.
+	epURL := e.srv.URL + "/ops/endpoints/" + ep.ID.String()
+	for _, action := range []string{"/disable", "/enable", "/retry-failed", "/rotate-secret", "/discard-waiting", "/delete", "/edit", "/replay"} {
+		for name, form := range map[string]url.Values{"missing": {"confirm": {"yes"}}, "other session": {"confirm": {"yes"}, "csrf": {otherCSRF}}} {
+			res := post(t, c, epURL+action, form)
+			require.Equal(t, http.StatusForbidden, res.StatusCode, "%s: %s", action, name)
+		}
+	}
+	_, err := e.pool.Exec(context.Background(), `UPDATE webhook_endpoints SET enabled = false WHERE id = $1`, ep.ID)
+	require.NoError(t, err)
+	res := post(t, c, epURL+"/enable", url.Values{"confirm": {"yes"}})
 	require.Equal(t, http.StatusForbidden, res.StatusCode)
 	got, err := e.admin.Endpoint(context.Background(), ep.ID)
 	require.NoError(t, err)
-	require.True(t, got.Enabled)
+	require.False(t, got.Enabled, "a refused resume leaves it paused")
+	require.Equal(t, outbox.StatusFailed, e.status(t, id), "a refused retry-all leaves the message failed")
+	require.Equal(t, int64(1), e.count(t, `SELECT count(*) FROM webhook_endpoints WHERE id = $1`, ep.ID), "a refused delete leaves it")
 
 	// A cross-site POST is refused even with the right token.
 	res = post(t, c, retry, url.Values{"confirm": {"yes"}, "csrf": {good}}, "Sec-Fetch-Site", "cross-site")
@@ -460,7 +472,7 @@ func TestOverviewNumbersMatchTheDatabase(t *testing.T) {
 	e.exec(t, `UPDATE outbox_messages SET attempts = 1, next_attempt_at = now() + interval '5 minutes', last_error = '503 Service Unavailable' WHERE id = $1`, failed[2])
 	e.exec(t, `INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code, error)
 		VALUES ($1, 1, 'retry', now() - interval '10 s', now() - interval '9 s', 503, '503 Service Unavailable')`, failed[2])
-	keepLatest(t, e.pool)
+	deriveFromHistory(t, e.pool)
 	e.exec(t, `UPDATE outbox_messages SET created_at = now() - interval '2 hours 3 minutes' WHERE id = $1`, failed[2])
 	_, err := e.admin.SetEndpointEnabled(context.Background(), off.ID, false)
 	require.NoError(t, err)
@@ -638,7 +650,15 @@ func TestRetryAllFailedForOneEndpoint(t *testing.T) {
 	c := e.loggedIn(t)
 	csrf := e.csrf(t, c)
 
-	res := post(t, c, e.srv.URL+"/ops/endpoints/"+a.ID.String()+"/retry-failed", url.Values{"csrf": {csrf}, "confirm": {"yes"}, "return": {"/ops"}})
+	// First the question, which counts them and changes nothing.
+	res, body := postPage(t, c, e.srv.URL+"/ops/endpoints/"+a.ID.String()+"/retry-failed", url.Values{"csrf": {csrf}, "return": {"/ops"}})
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Contains(t, body, "Retry all failed messages?")
+	require.Contains(t, body, "<dt>Failed messages</dt><dd>3</dd>")
+	for _, id := range ofA {
+		require.Equal(t, outbox.StatusFailed, e.status(t, id), "nothing changes before the confirmation")
+	}
+	res = post(t, c, e.srv.URL+"/ops/endpoints/"+a.ID.String()+"/retry-failed", hiddenFields(body))
 	require.Equal(t, http.StatusSeeOther, res.StatusCode)
 	require.Equal(t, "/ops?done=retried_all&n=3", res.Header.Get("Location"))
 	for _, id := range ofA {
@@ -649,7 +669,7 @@ func TestRetryAllFailedForOneEndpoint(t *testing.T) {
 	}
 	require.Contains(t, e.logs.String(), `"action":"retry_failed_for_endpoint"`)
 	require.Contains(t, e.logs.String(), `"requeued":3`)
-	_, body := get(t, c, e.srv.URL+"/ops?done=retried_all&n=3")
+	_, body = get(t, c, e.srv.URL+"/ops?done=retried_all&n=3")
 	require.Contains(t, body, "3 failed messages requeued")
 	require.Equal(t, int64(3), dataValue(t, body, "failed-count"))
 	_ = b

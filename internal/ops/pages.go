@@ -425,7 +425,10 @@ func (h *Handler) handleSetEnabled(enabled bool) http.HandlerFunc {
 			return
 		}
 		action, notice := "disable_endpoint", "disabled"
-		if enabled {
+		switch {
+		case enabled && ep.Enabled:
+			action, notice = "probe_endpoint", "probing"
+		case enabled:
 			action, notice = "enable_endpoint", "enabled"
 		}
 		h.logAction(r, action, slog.String("endpoint_id", ep.ID.String()), slog.String("url", ep.URL))

@@ -38,11 +38,12 @@ const (
 // attempts went.
 type EndpointHealth struct {
 	Endpoint
-	// Waiting counts its pending and claimed messages; BackingOff those of
-	// them waiting for a retry on their own schedule; Parked those waiting
-	// for an earlier message of their ordering key; Failed those that gave
-	// up.
+	// Waiting counts its pending and claimed messages; InFlight the claimed
+	// ones, being sent now; BackingOff those waiting for a retry on their
+	// own schedule; Parked those waiting for an earlier message of their
+	// ordering key; Failed those that gave up.
 	Waiting    int64 `json:"waiting"`
+	InFlight   int64 `json:"in_flight"`
 	BackingOff int64 `json:"backing_off"`
 	Parked     int64 `json:"parked"`
 	Failed     int64 `json:"failed"`
@@ -79,7 +80,7 @@ func endpointsHealth(ctx context.Context, q *outboxdb.Queries, b backlog, window
 				Enabled: r.Enabled, DisabledReason: r.DisabledReason, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
 				Health: r.Health, HealthReason: r.HealthReason, HealthChangedAt: r.HealthChangedAt,
 				ConsecutiveFailures: r.ConsecutiveFailures, BackoffUntil: r.BackoffUntil}),
-			Waiting: w.Pending + w.Parked + w.Claimed, BackingOff: w.BackingOff, Parked: w.Parked, Failed: w.Failed,
+			Waiting: w.Pending + w.Parked + w.Claimed, InFlight: w.Claimed, BackingOff: w.BackingOff, Parked: w.Parked, Failed: w.Failed,
 			NextRetryAt: w.NextRetryAt,
 		}
 		// Only what happened within the window.
@@ -135,16 +136,6 @@ type Activity struct {
 	// Deliveries in the last 5 and 60 minutes.
 	Delivered5m  int64 `json:"delivered_5m"`
 	Delivered60m int64 `json:"delivered_60m"`
-}
-
-// Activity returns the last minutes minutes (the current one included) of
-// attempts by outcome and backlog, and the delivery counts of the last 5 and
-// 60 minutes. now is the caller's clock, used only to align the minutes.
-func (a *Admin) Activity(ctx context.Context, now time.Time, minutes int) (Activity, error) {
-	// One snapshot, so the reconstruction adds up.
-	return withBacklog(ctx, a.pool, func(q *outboxdb.Queries, b backlog) (Activity, error) {
-		return activity(ctx, q, b, now, minutes)
-	})
 }
 
 func activity(ctx context.Context, q *outboxdb.Queries, b backlog, now time.Time, minutes int) (Activity, error) {
@@ -221,14 +212,6 @@ type Overview struct {
 	// holds, from PostgreSQL's statistics as of the last VACUUM or ANALYZE
 	// (autovacuum keeps it roughly current); -1 before the first.
 	DeliveredEstimate int64 `json:"delivered_estimate"`
-}
-
-// Overview returns the outbox at a glance. Stats counts the delivered
-// history exactly; this does not.
-func (a *Admin) Overview(ctx context.Context) (Overview, error) {
-	return withBacklog(ctx, a.pool, func(q *outboxdb.Queries, b backlog) (Overview, error) {
-		return overview(ctx, q, b)
-	})
 }
 
 func overview(ctx context.Context, q *outboxdb.Queries, b backlog) (Overview, error) {
@@ -363,16 +346,6 @@ func (a *Admin) RetryFailedForEndpoint(ctx context.Context, endpointID uuid.UUID
 	a.logger.InfoContext(ctx, "failed messages requeued", slog.String("endpoint_id", endpointID.String()),
 		slog.Int("requeued", len(ids)))
 	return len(ids), nil
-}
-
-// RelaysAlive counts the live relays (RelayStatus.Alive, without the rest
-// of RelayStatus).
-func (a *Admin) RelaysAlive(ctx context.Context) (int64, error) {
-	n, err := outboxdb.New(a.pool).RelaysCount(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("counting live relays: %w", err)
-	}
-	return n, nil
 }
 
 // EndpointHealth returns one endpoint as EndpointsHealth does.

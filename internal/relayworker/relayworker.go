@@ -143,7 +143,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	backlog := outbox.NewBacklogCollector(pool)
 	defer backlog.Close() // before pool.Close, which waits for its connection
-	reg, err := process.NewRegistry(backlog, process.NewPoolCollector(pool, "worker"))
+	httpMetrics := process.NewHTTPMetrics()
+	reg, err := process.NewRegistry(append(httpMetrics.Collectors(), backlog, process.NewPoolCollector(pool, "worker"))...)
 	if err != nil {
 		return err
 	}
@@ -162,7 +163,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err := relay.Start(ctx); err != nil {
 		return err
 	}
-	serveErr := process.Serve(ctx, logger, "worker", cfg.addr, mux, 5*time.Second, nil)
+	serveErr := process.Serve(ctx, logger, "worker", cfg.addr, httpMetrics.Wrap(mux), 5*time.Second, nil)
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.shutdownGrace)
 	defer cancel()
 	return errors.Join(serveErr, relay.Stop(stopCtx))

@@ -519,6 +519,10 @@ func TestEndToEnd(t *testing.T) {
 	require.Contains(t, metrics, `outbox_destinations{state="healthy"} 1`)
 	require.Contains(t, metrics, "outbox_relays 1")
 	require.Contains(t, metrics, "outbox_messages")
+	// The worker's own server is measured as the api's is: the /readyz
+	// above, by route pattern; and its pool reports its connections.
+	require.Regexp(t, `http_requests_total\{code="200",method="GET",route="GET /readyz"\} [1-9]`, metrics)
+	require.Contains(t, metrics, `pgxpool_connections{pool="worker",state="idle"}`)
 
 	// SIGTERM to both: each stops gracefully, in time, without error.
 	errs := make([]error, 2)
