@@ -3,11 +3,12 @@
 // and logs every delivery, on one database.
 //
 // The database is DATABASE_URL if set, else PostgreSQL on 127.0.0.1:5432
-// (database "orders"), else a throwaway PostgreSQL that dev starts and
-// removes. Other settings are the api's and worker's (see README.md), with
-// development defaults: ADMIN_TOKEN=dev-admin-token and private webhook
-// targets allowed. DEV_RECEIVER_ADDR (default 127.0.0.1:8082) places the demo
-// receiver; DEV_RECEIVER=false leaves it out.
+// (database devdb.LocalDatabase, named after the service), else a throwaway
+// PostgreSQL that dev starts and removes. Other settings are the api's and
+// worker's (docs/reference.md), with development defaults:
+// ADMIN_TOKEN=dev-admin-token and private webhook targets allowed.
+// DEV_RECEIVER_ADDR (default 127.0.0.1:8082) places the demo receiver;
+// DEV_RECEIVER=false leaves it out.
 package main
 
 import (
@@ -129,9 +130,9 @@ func events() []string { return slices.Concat(orders.Events) }
 
 // registerReceiver subscribes the demo receiver to every event the service
 // emits and returns a handler that verifies and logs each delivery. An
-// earlier registration of the same URL and events is kept, with a new
-// secret, so the events it still waits for are delivered to this run; one
-// subscribed to other events (the modules changed) is replaced.
+// earlier run's registration of the same URL is kept, with a new secret and
+// today's events, so its id and history stay and what it still waits for
+// is delivered to this run.
 func registerReceiver(ctx context.Context, pool *pgxpool.Pool, addr string, keys *secretbox.Keyring, logger *slog.Logger) (http.Handler, error) {
 	admin := outbox.NewAdmin(pool, netguard.Guard{AllowPrivate: true}, logger, outbox.WithSecretKeys(keys))
 	url := "http://" + addr + "/webhooks"
@@ -142,23 +143,24 @@ func registerReceiver(ctx context.Context, pool *pgxpool.Pool, addr string, keys
 	var ep outbox.Endpoint
 	want := slices.Sorted(slices.Values(events()))
 	for _, e := range existing {
-		if e.URL == url && !slices.Equal(e.EventTypes, want) {
-			if _, err := admin.DeleteEndpoint(ctx, e.ID); err != nil {
-				return nil, err
-			}
+		if e.URL != url {
 			continue
 		}
-		if e.URL == url {
-			if ep, err = admin.RotateSecret(ctx, e.ID, 0); err != nil {
-				return nil, fmt.Errorf("renewing the demo receiver's secret: %w", err)
+		if !slices.Equal(e.EventTypes, want) {
+			// The modules changed: the same endpoint, subscribed to them now.
+			if _, err := admin.UpdateEndpoint(ctx, e.ID, outbox.EndpointChange{EventTypes: want}); err != nil {
+				return nil, fmt.Errorf("subscribing the demo receiver to every event: %w", err)
 			}
-			if !ep.Enabled {
-				if _, err := admin.SetEndpointEnabled(ctx, e.ID, true); err != nil {
-					return nil, err
-				}
-			}
-			break
 		}
+		if ep, err = admin.RotateSecret(ctx, e.ID, 0); err != nil {
+			return nil, fmt.Errorf("renewing the demo receiver's secret: %w", err)
+		}
+		if !ep.Enabled {
+			if _, err := admin.SetEndpointEnabled(ctx, e.ID, true); err != nil {
+				return nil, err
+			}
+		}
+		break
 	}
 	if ep.ID == uuid.Nil {
 		if ep, err = admin.CreateEndpoint(ctx, url, events()); err != nil {

@@ -2,16 +2,19 @@ package main
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/orders/internal/proctest"
-
 	"github.com/outboxkit/orders/internal/dbtest"
+	"github.com/outboxkit/orders/internal/netguard"
+	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/proctest"
 )
 
 // The README's run command: one process runs the api, the worker and the
@@ -63,4 +66,34 @@ func TestDevRunsTheWholeService(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("dev did not stop within 30s of SIGTERM")
 	}
+}
+
+// Each restart of dev keeps the demo receiver's endpoint: the same id (so
+// its history does not read "deleted endpoint"), a new secret the new
+// receiver verifies with, and every event type, even when an earlier run
+// subscribed it to fewer.
+func TestRestartKeepsTheDemoEndpoint(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	addr := "127.0.0.1:8082"
+	admin := outbox.NewAdmin(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	// An earlier run's, from before a module added an event type.
+	first, err := admin.CreateEndpoint(ctx, "http://"+addr+"/webhooks", events()[:1])
+	require.NoError(t, err)
+
+	var secrets []string
+	for range 2 {
+		_, err := registerReceiver(ctx, pool, addr, nil, slog.New(slog.DiscardHandler))
+		require.NoError(t, err)
+		eps, err := admin.Endpoints(ctx)
+		require.NoError(t, err)
+		require.Len(t, eps, 1, "one demo endpoint, however often dev restarts")
+		require.Equal(t, first.ID, eps[0].ID, "the same endpoint, its history intact")
+		require.Equal(t, slices.Sorted(slices.Values(events())), eps[0].EventTypes, "subscribed to every event")
+		var secret string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT secret FROM webhook_endpoints WHERE id = $1`, first.ID).Scan(&secret))
+		secrets = append(secrets, secret)
+	}
+	require.NotEqual(t, secrets[0], secrets[1], "each run signs with a secret of its own")
 }

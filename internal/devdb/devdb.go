@@ -112,15 +112,15 @@ func Ensure(ctx context.Context, opts Options) (*Server, error) {
 	case ctx.Err() != nil:
 		return nil, ctx.Err()
 	case errors.Is(err, errRefused) && errors.As(err, &pgErr):
-		logger.WarnContext(ctx, "PostgreSQL on 127.0.0.1:5432 refused the connection; starting a throwaway one instead",
-			"error", err)
+		// A server that is there but will not let us in is worth a warning.
+		return startThrowaway(ctx, opts, logger, slog.LevelWarn,
+			slog.String("why", "PostgreSQL on 127.0.0.1:5432 refused the connection"), slog.Any("error", err))
 	case errors.Is(err, errRefused):
-		logger.InfoContext(ctx, "no PostgreSQL on 127.0.0.1:5432; starting a throwaway one", "probe_error", err)
+		return startThrowaway(ctx, opts, logger, slog.LevelInfo,
+			slog.String("why", "no PostgreSQL on 127.0.0.1:5432"), slog.Any("probe_error", err))
 	default:
 		return nil, err
 	}
-
-	return startThrowaway(ctx, opts, logger)
 }
 
 // errRefused marks a failed probe: nothing answered, or the server would not

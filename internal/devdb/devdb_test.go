@@ -36,11 +36,19 @@ func TestThrowawayFromInstalledBinaries(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 
-	srv, err := startThrowaway(ctx, Options{Dir: dir, Port: port}, testLogger(t))
+	var logged strings.Builder
+	srv, err := startThrowaway(ctx, Options{Dir: dir, Port: port}, slog.New(slog.NewJSONHandler(&logged, nil)), slog.LevelInfo,
+		slog.String("why", "no PostgreSQL on 127.0.0.1:5432"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = srv.Close() })
 	require.True(t, srv.Started)
 	require.Equal(t, fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port), srv.URL)
+	// One line says which database is used, and why.
+	lines := strings.Split(strings.TrimSpace(logged.String()), "\n")
+	require.Len(t, lines, 1, "starting a throwaway database logs one line:\n%s", logged.String())
+	require.Contains(t, lines[0], `"msg":"started throwaway PostgreSQL"`)
+	require.Contains(t, lines[0], `"why":"no PostgreSQL on 127.0.0.1:5432"`)
+	require.Contains(t, lines[0], fmt.Sprintf(`"port":%d`, port))
 
 	selectOne(ctx, t, srv.URL)
 
@@ -83,7 +91,7 @@ func TestThrowawayReplacesStaleCluster(t *testing.T) {
 	c.release() // the owner "crashed": lock gone, server still up
 	require.FileExists(t, filepath.Join(dir, "data", "postmaster.pid"))
 
-	srv, err := startThrowaway(ctx, Options{Dir: dir, Port: port}, testLogger(t))
+	srv, err := startThrowaway(ctx, Options{Dir: dir, Port: port}, testLogger(t), slog.LevelInfo)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = srv.Close() })
 	selectOne(ctx, t, srv.URL)

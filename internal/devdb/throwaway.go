@@ -30,8 +30,10 @@ type cluster struct {
 }
 
 // startThrowaway starts a throwaway cluster, from installed binaries when
-// there are some, else through embedded-postgres.
-func startThrowaway(ctx context.Context, opts Options, logger *slog.Logger) (*Server, error) {
+// there are some, else through embedded-postgres, and says so in one line
+// at level, with why (the local server's probe) attached: the one line a
+// person reads about which database the process uses.
+func startThrowaway(ctx context.Context, opts Options, logger *slog.Logger, level slog.Level, why ...slog.Attr) (*Server, error) {
 	binDir := findInstalled()
 
 	var (
@@ -84,8 +86,8 @@ func startThrowaway(ctx context.Context, opts Options, logger *slog.Logger) (*Se
 		c.release()
 		return nil, err
 	}
-	logger.InfoContext(ctx, "started throwaway PostgreSQL",
-		"data_dir", c.data, "url", redact(srv.URL), "port", c.port, "bin_dir", binDir)
+	logger.LogAttrs(ctx, level, "started throwaway PostgreSQL", append([]slog.Attr{slog.String("data_dir", c.data),
+		slog.String("url", redact(srv.URL)), slog.Any("port", c.port), slog.String("bin_dir", binDir)}, why...)...)
 
 	stop := srv.stop
 	srv.stop = func() error {

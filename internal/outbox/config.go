@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -131,34 +132,15 @@ func DefaultRelayConfig() RelayConfig {
 	}
 }
 
-// withDefaults fills zero fields from DefaultRelayConfig.
+// withDefaults fills every zero field from DefaultRelayConfig, so a new
+// knob needs only its field and its default.
 func (c RelayConfig) withDefaults() RelayConfig {
-	d := DefaultRelayConfig()
-	or := func(v *time.Duration, def time.Duration) {
-		if *v == 0 {
-			*v = def
+	def := reflect.ValueOf(DefaultRelayConfig())
+	v := reflect.ValueOf(&c).Elem()
+	for i := range v.NumField() {
+		if f := v.Field(i); v.Type().Field(i).IsExported() && f.IsZero() {
+			f.Set(def.Field(i))
 		}
-	}
-	ori := func(v *int, def int) {
-		if *v == 0 {
-			*v = def
-		}
-	}
-	or(&c.PollInterval, d.PollInterval)
-	or(&c.ProbeIntervalMax, d.ProbeIntervalMax)
-	or(&c.RelayTimeout, d.RelayTimeout)
-	or(&c.ClaimTimeout, d.ClaimTimeout)
-	or(&c.DeliveryTimeout, d.DeliveryTimeout)
-	or(&c.Retention, d.Retention)
-	or(&c.FailedRetention, d.FailedRetention)
-	or(&c.PruneInterval, d.PruneInterval)
-	ori(&c.BatchSize, d.BatchSize)
-	ori(&c.MaxAttempts, d.MaxAttempts)
-	ori(&c.DestinationConcurrency, d.DestinationConcurrency)
-	ori(&c.DeliverWorkers, d.DeliverWorkers)
-	ori(&c.CircuitThreshold, d.CircuitThreshold)
-	if len(c.RetrySchedule) == 0 {
-		c.RetrySchedule = d.RetrySchedule
 	}
 	if c.BackoffBase > 0 && c.BackoffMax == 0 {
 		c.BackoffMax = time.Hour
@@ -184,19 +166,11 @@ func (c RelayConfig) Validate() error {
 	fail := func(field, format string, args ...any) {
 		errs = append(errs, &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)})
 	}
-	for field, v := range map[string]int{"BatchSize": c.BatchSize, "MaxAttempts": c.MaxAttempts,
-		"DestinationConcurrency": c.DestinationConcurrency, "DeliverWorkers": c.DeliverWorkers,
-		"CircuitThreshold": c.CircuitThreshold} {
-		if v < 0 {
-			fail(field, "must be positive, got %d", v)
-		}
-	}
-	for field, v := range map[string]time.Duration{"PollInterval": c.PollInterval, "BackoffBase": c.BackoffBase,
-		"BackoffMax": c.BackoffMax, "ProbeIntervalMax": c.ProbeIntervalMax, "RelayTimeout": c.RelayTimeout,
-		"ClaimTimeout": c.ClaimTimeout, "DeliveryTimeout": c.DeliveryTimeout, "Retention": c.Retention,
-		"FailedRetention": c.FailedRetention, "PruneInterval": c.PruneInterval} {
-		if v < 0 {
-			fail(field, "must be positive, got %s", v)
+	// Every count and duration: none may be negative.
+	v := reflect.ValueOf(c)
+	for i := range v.NumField() {
+		if f := v.Field(i); v.Type().Field(i).IsExported() && (f.Kind() == reflect.Int || f.Kind() == reflect.Int64) && f.Int() < 0 {
+			fail(v.Type().Field(i).Name, "must be positive, got %v", f.Interface())
 		}
 	}
 	seen := map[string]bool{}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -110,4 +111,18 @@ func TestReadyzLogsTransitions(t *testing.T) {
 	require.Equal(t, 2, strings.Count(logs.String(), `"msg":"not ready"`), "one line per loss of readiness:\n%s", logs)
 	require.Equal(t, 1, strings.Count(logs.String(), `"msg":"ready again"`), "one line per recovery:\n%s", logs)
 	require.Contains(t, logs.String(), "db.internal", "the detail is logged")
+}
+
+// JSON logs are read by people too: a duration is written as Go writes it
+// ("50ms"), not as the nanoseconds JSON would carry (50000000), in a
+// group as well as at the top.
+func TestJSONLogsWriteDurationsAsText(t *testing.T) {
+	t.Parallel()
+	var out strings.Builder
+	logger := process.NewLogger(&out, "json")
+	logger.Info("relay started", "poll_interval", 50*time.Millisecond,
+		slog.Group("claim", slog.Duration("timeout", 5*time.Minute)))
+	require.Contains(t, out.String(), `"poll_interval":"50ms"`)
+	require.Contains(t, out.String(), `"claim":{"timeout":"5m0s"}`)
+	require.NotContains(t, out.String(), "50000000")
 }

@@ -99,7 +99,7 @@ func Build(t testing.TB, pkg string) string {
 
 // RequireStopsOnSIGTERM runs the program bin with env, waits until ready
 // reports true, sends it SIGTERM and requires it to exit 0 within grace,
-// with lastLine (a log message) among its last lines. It returns the
+// with lastLine (a log message) in its last line. It returns the
 // program's output.
 func RequireStopsOnSIGTERM(t testing.TB, bin string, env map[string]string, ready func() bool, grace time.Duration, lastLine string) string {
 	t.Helper()
@@ -136,6 +136,6 @@ func RequireStopsOnSIGTERM(t testing.TB, bin string, env map[string]string, read
 		t.Fatalf("still running %s after SIGTERM; output:\n%s", grace, out.String())
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	require.Contains(t, strings.Join(lines[max(0, len(lines)-3):], "\n"), lastLine, "the last lines say it stopped")
+	require.Contains(t, lines[len(lines)-1], lastLine, "the last line says it stopped; output:\n%s", out.String())
 	return out.String()
 }

@@ -3,6 +3,8 @@ package relayworker
 import (
 	"flag"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -63,4 +65,53 @@ func TestRetentionSettingsAreParsed(t *testing.T) {
 		_, err := parseConfig(func(k string) string { return env[k] })
 		require.ErrorContains(t, err, name, "%s=%s is refused", name, v)
 	}
+}
+
+// The prose of the docs names settings with their defaults in brackets, as
+// a person writes them ("`OUTBOX_RELAY_TIMEOUT` (5 s)", "(default 7
+// days)"): each such figure must be the table's default, so changing a
+// default without the prose fails here.
+func TestDocsStateTheDefaults(t *testing.T) {
+	t.Parallel()
+	d := defaults()
+	byEnv := map[string]any{}
+	for _, s := range settings {
+		byEnv[s.env] = s.bind(&d)
+	}
+	mention := regexp.MustCompile("`([A-Z_]+)` \\((?:default )?([0-9][^)]*)\\)")
+	units := map[string]time.Duration{"ms": time.Millisecond, "s": time.Second, "min": time.Minute, "minute": time.Minute,
+		"minutes": time.Minute, "h": time.Hour, "hour": time.Hour, "hours": time.Hour, "day": 24 * time.Hour, "days": 24 * time.Hour}
+	checked := 0
+	for _, path := range []string{"../../README.md", "../../docs/design.md", "../../docs/operations.md", "../../docs/reference.md"} {
+		b, err := os.ReadFile(path)
+		require.NoError(t, err)
+		for _, m := range mention.FindAllStringSubmatch(string(b), -1) {
+			p, ok := byEnv[m[1]]
+			if !ok {
+				continue
+			}
+			checked++
+			// The figure, and its unit: "5 s", "24 h by default", "32".
+			words := append(strings.Fields(strings.NewReplacer(",", " , ", ";", " ; ").Replace(m[2])), "")
+			switch p := p.(type) {
+			case *int:
+				require.Equal(t, strconv.Itoa(*p), words[0], "%s: %s", path, m[0])
+			case *time.Duration:
+				n, unit := words[0], words[1]
+				v, err := strconv.Atoi(n)
+				require.NoError(t, err, "%s: %s", path, m[0])
+				require.Contains(t, units, unit, "%s: %s", path, m[0])
+				require.Equal(t, *p, time.Duration(v)*units[unit], "%s: %s", path, m[0])
+			case *[]time.Duration:
+				var want []string
+				for _, w := range *p {
+					want = append(want, formatDuration(w))
+				}
+				require.Equal(t, strings.Join(want, ","), strings.Fields(m[2])[0], "%s: %s", path, m[0])
+			default:
+				t.Errorf("%s: %s: a default of type %T in brackets", path, m[0], p)
+			}
+		}
+	}
+	require.Greater(t, checked, 15, "the docs' defaults were not found")
 }

@@ -136,6 +136,9 @@ func copyService(src, dst, newMod string, withLab bool) (int, error) {
 			switch filepath.ToSlash(rel) {
 			case "README.md":
 				b = []byte(strings.ReplaceAll(readmeTemplate, "NAME", name))
+				if !withLab {
+					b = append(b, labLeftBehind...)
+				}
 			case "internal/devdb/devdb.go":
 				b = localDatabase.ReplaceAll(b, []byte(`${1}"`+name+`"`))
 			}
@@ -191,6 +194,15 @@ go run ./cmd/dev   # run it: api + worker + a demo receiver, on a local database
 docs/ explains the design (design.md), the configuration and API
 (reference.md), operating it (operations.md) and adding a module
 (adding-a-module.md).
+`
+
+// labLeftBehind ends the README of a copy made without the lab, whose
+// docs still name it where they cite its measurements.
+const labLeftBehind = `
+The figures in docs/PERFORMANCE.md and the crash results in docs/design.md
+were measured by the template's lab (` + "`lab/`" + `: the performance suite, the crash
+suite, the workshop), which this copy leaves out; the docs name it where
+they cite it. To keep it, copy with ` + "`-with-lab`" + `.
 `
 
 func templateFiles(src string) ([]string, error) {
@@ -286,6 +298,22 @@ var eventType = regexp.MustCompile(`^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$`)
 // newEvent adds an event type to a module, as the orders module keeps its
 // own: a constant in the module's events.go and an entry in its Events list
 // (creating the file for the module's first event).
+// eventConstant names an event type's constant as the orders module does:
+// the module's own entity goes without saying (order.placed in orders is
+// EventPlaced), another's is kept (refund.issued in payments is
+// EventRefundIssued).
+func eventConstant(mod, typ string) string {
+	words := strings.FieldsFunc(typ, func(r rune) bool { return r == '.' || r == '_' })
+	if len(words) > 1 && (words[0] == mod || words[0]+"s" == mod) {
+		words = words[1:]
+	}
+	name := "Event"
+	for _, w := range words {
+		name += strings.ToUpper(w[:1]) + w[1:]
+	}
+	return name
+}
+
 func newEvent(internalDir, mod, typ string) (string, error) {
 	if !eventType.MatchString(typ) {
 		return "", fmt.Errorf("event type %q: use lower-case words joined by dots, e.g. payment.captured", typ)
@@ -294,10 +322,7 @@ func newEvent(internalDir, mod, typ string) (string, error) {
 	if _, err := os.Stat(dir); err != nil {
 		return "", fmt.Errorf("module %s: %w", mod, err)
 	}
-	name := "Event"
-	for w := range strings.FieldsFuncSeq(typ, func(r rune) bool { return r == '.' || r == '_' }) {
-		name += strings.ToUpper(w[:1]) + w[1:]
-	}
+	name := eventConstant(mod, typ)
 	path := filepath.Join(dir, "events.go")
 	src, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {

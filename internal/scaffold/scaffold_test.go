@@ -82,7 +82,7 @@ func TestNewEventFollowsTheOrdersModule(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(internal, "payments"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, typ := range []string{"payment.captured", "payment.refunded"} {
+	for _, typ := range []string{"payment.captured", "payment.refunded", "refund.issued"} {
 		if _, err := newEvent(internal, "payments", typ); err != nil {
 			t.Fatal(err)
 		}
@@ -91,8 +91,10 @@ func TestNewEventFollowsTheOrdersModule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`EventPaymentCaptured = "payment.captured"`, `EventPaymentRefunded = "payment.refunded"`,
-		"var Events = []string{EventPaymentCaptured, EventPaymentRefunded}"} {
+	// As orders names order.placed EventPlaced: the module's own entity
+	// goes without saying, another's does not.
+	for _, want := range []string{`EventCaptured = "payment.captured"`, `EventRefunded = "payment.refunded"`,
+		`EventRefundIssued = "refund.issued"`, "var Events = []string{EventCaptured, EventRefunded, EventRefundIssued}"} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("events.go lacks %q:\n%s", want, b)
 		}
@@ -156,6 +158,9 @@ func TestCopyAndAddAModule(t *testing.T) {
 	if err != nil || !bytes.HasPrefix(readme, []byte("# shop\n")) {
 		t.Fatalf("the copy's README is not its own: %.80q (%v)", readme, err)
 	}
+	if !bytes.Contains(readme, []byte("which this copy leaves out")) {
+		t.Errorf("the copy's README does not say where the lab its docs cite went:\n%s", readme)
+	}
 	if devdb, err := os.ReadFile(filepath.Join(dst, "internal", "devdb", "devdb.go")); err != nil || !bytes.Contains(devdb, []byte(`LocalDatabase = "shop"`)) {
 		t.Fatalf("the copy's development database is not named after it (%v)", err)
 	}
@@ -193,6 +198,17 @@ func TestCopyAndAddAModule(t *testing.T) {
 	// The copy's own tests, as its CI would run them (the copy of this test
 	// skips under -short, so it does not copy the copy).
 	sh("go test -short -count=1 ./...")
+	// Its test task, the README's test command: every task it calls is
+	// there, and every step that names the lab, run for real, passes
+	// without it (the whole task runs the copy's suite again, at length).
+	dry := sh("task --dry test")
+	for _, line := range strings.Split(dry, "\n") {
+		step, ok := strings.CutPrefix(line, "task: [test] ")
+		if ok && strings.Contains(step, "./lab/") {
+			t.Logf("run: %s", step)
+			sh(step)
+		}
+	}
 
 	// Follow docs/adding-a-module.md in the copy.
 	doc, err := os.ReadFile(filepath.Join(root, "docs", "adding-a-module.md"))

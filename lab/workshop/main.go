@@ -67,7 +67,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Uint64Var(&opts.Seed, "seed", 0, "random seed for which orders fail (0: random)")
 	fs.BoolVar(&opts.Verbose, "v", false, "show the relay's warnings")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: workshop [flags] LAB   (LAB: 1-8, all, list; flags may follow LAB)")
+		fmt.Fprintln(stderr, "usage: workshop [flags] LAB   (LAB: 1-9, all, list; flags may follow LAB)")
 		for i, l := range labs {
 			fmt.Fprintf(stderr, "  %d  %s\n", i+1, l.title)
 		}

@@ -1,0 +1,26 @@
+package outbox
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The zero config is the defaults, a field set is kept, and a negative
+// count or duration is refused naming its field: what adding a knob (a
+// field and its default) gets without further code.
+func TestZeroFieldsTakeTheirDefaults(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, DefaultRelayConfig(), RelayConfig{}.withDefaults())
+
+	set := RelayConfig{PollInterval: time.Second, DeliverWorkers: 3, Listen: true}.withDefaults()
+	want := DefaultRelayConfig()
+	want.PollInterval, want.DeliverWorkers, want.Listen = time.Second, 3, true
+	require.Equal(t, want, set)
+
+	err := RelayConfig{BatchSize: -1, PruneInterval: -time.Second}.Validate()
+	var fe *FieldError
+	require.ErrorAs(t, err, &fe)
+	require.EqualError(t, err, "BatchSize: must be positive, got -1\nPruneInterval: must be positive, got -1s")
+}
