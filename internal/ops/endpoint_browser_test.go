@@ -89,6 +89,7 @@ func TestBrowserEndpointStoryAndActions(t *testing.T) {
 	do(chromedp.WaitReady(chromedp.ID("save")),
 		chromedp.SetValue(chromedp.ID("url"), "http://127.0.0.1:9/hooks/orders"),
 		chromedp.SetValue(chromedp.ID("event_types"), "order.placed, order.cancelled"))
+	shot("16-endpoint-form.png")
 	follow(t, bctx, chromedp.Click(chromedp.ID("save")))
 	do(chromedp.WaitReady(chromedp.ID("secret")))
 	secret, err := chromedp.Run(bctx, chromedp.Text(chromedp.ID("secret")))
@@ -98,12 +99,13 @@ func TestBrowserEndpointStoryAndActions(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT id FROM webhook_endpoints WHERE url = 'http://127.0.0.1:9/hooks/orders'
 		AND event_types = '{order.cancelled,order.placed}'`).Scan(&id))
 	logged("create_endpoint")
-	shot("15-endpoint-created.png")
+	shot("17-endpoint-created.png")
 	self := "/ops/endpoints/" + id.String()
 
 	// Its traffic: 55 orders (one is delivered, two failed after three
-	// attempts, one is being sent), and a wedged relay, alive but claiming
-	// nothing, while the oldest waiting message has been due for 3 minutes.
+	// attempts, one is being sent, one waits for its retry in an hour), and
+	// a wedged relay, alive but claiming nothing, while the oldest waiting
+	// message has been due for 3 minutes.
 	var orders []string
 	for i := range 55 {
 		o := apiJSON[struct {
@@ -140,6 +142,8 @@ func TestBrowserEndpointStoryAndActions(t *testing.T) {
 		FROM unnest($1::uuid[]) m, generate_series(1, 3) n`, failedIDs)
 	exec(`UPDATE outbox_messages SET status = 'claimed', claimed_at = now(), claim_token = gen_random_uuid() WHERE id = $1`, msgs[3])
 	exec(`UPDATE outbox_messages SET next_attempt_at = now() - interval '3 minutes' WHERE id = $1`, msgs[4])
+	exec(`UPDATE outbox_messages SET attempts = 1, next_attempt_at = now() + interval '1 hour',
+		last_error = 'attempt 1 of 8: 503 Service Unavailable' WHERE id = $1`, msgs[5])
 	exec(`INSERT INTO outbox_relays (id, hostname, pid, last_claim_at, timeout_seconds)
 		VALUES (gen_random_uuid(), 'wedged', 7, now() - interval '1 hour', 3600)`)
 	deriveFromHistory(t, pool)
@@ -157,10 +161,11 @@ func TestBrowserEndpointStoryAndActions(t *testing.T) {
 	do(chromedp.Navigate(base+"/ops"), chromedp.WaitReady(chromedp.ID("search")))
 	search("no-such-thing")
 	do(chromedp.WaitReady(chromedp.ID("nothing-found")))
+	shot("18-search-nothing-found.png")
 	search("/hooks/")
 	do(chromedp.WaitReady(chromedp.ID("endpoint-results")))
 	require.Equal(t, 2, strings.Count(html("#endpoint-results"), "<li>"), "both endpoints under /hooks/")
-	shot("16-search-endpoints.png")
+	shot("19-search-endpoints.png")
 	follow(t, bctx, chromedp.Click(chromedp.CSS(`#endpoint-results a[href="`+self+`"]`)))
 
 	// Its page: the relay is stalled, so it says it is not delivering,
@@ -179,15 +184,28 @@ func TestBrowserEndpointStoryAndActions(t *testing.T) {
 	require.Equal(t, strconv.FormatInt(db(hourly, id), 10), attr("#success-hour", "data-attempts"))
 	require.Equal(t, strconv.FormatInt(db(hourly+` AND a.outcome = 'delivered'`, id), 10), attr("#success-hour", "data-delivered"))
 	require.Contains(t, html("#success-hour"), "14.2%", "1 of 7 attempts delivered (rounded down)")
-	require.Equal(t, 7, strings.Count(html("#attempts"), "data-outcome="), "every attempt of the day, newest first")
+	require.Contains(t, html("#success-day"), "14.2%")
+	require.Contains(t, html(".kpis"), "of 7", "the day's attempts")
+	require.Regexp(t, `data-window="hour"><th scope="row">Last hour</th><td class="n">1</td><td class="n">20.0 ms</td>`, html("#latency"),
+		"the one delivery, 20 ms: p50 exact within its bucket")
+	daily := `SELECT count(*) FROM outbox_attempts a JOIN outbox_messages m ON m.id = a.message_id
+		WHERE m.destination = $1 AND a.finished_at >= now() - interval '1 day'`
+	require.Equal(t, int(db(daily, id)), strings.Count(html("#attempts"), "data-outcome="), "every attempt of the day, newest first")
+	require.Contains(t, html(".kpis"), "1 retrying on their own schedule")
 	require.Contains(t, html("#attempts"), "receiver down")
-	shot("17-endpoint-stalled.png")
+	shot("20-endpoint-stalled.png")
 	do(chromedp.Navigate(base+"/ops"), chromedp.WaitReady(chromedp.ID("relay")))
 	require.Equal(t, outbox.RelayStalled, attr("#relay", "data-state"))
 	require.Equal(t, db(`SELECT count(*) FROM outbox_messages WHERE status = 'pending' AND NOT parked AND next_attempt_at <= now()`),
 		shown("#due-count"))
 	require.Contains(t, html("#endpoint-"+id.String()), "the relay is stalled")
-	shot("18-overview-stalled.png")
+	require.Equal(t, db(`SELECT count(*) FROM outbox_messages m JOIN webhook_endpoints e ON e.id = m.destination
+		WHERE m.status = 'pending' AND NOT m.parked AND e.enabled AND (m.next_attempt_at > now() OR e.backoff_until > now())`),
+		shown("#scheduled-count"))
+	require.Equal(t, int64(1), shown("#scheduled-count"), "the retry in an hour")
+	require.Equal(t, db(`SELECT count(*) FROM outbox_relays WHERE heartbeat_at >= now() - make_interval(secs => timeout_seconds)`),
+		shown("#relays-alive"))
+	shot("21-overview-stalled.png")
 
 	// Skip one of the failed messages from its page: discarded, never sent.
 	status := func(m uuid.UUID) func() string {
@@ -199,7 +217,7 @@ func TestBrowserEndpointStoryAndActions(t *testing.T) {
 	}
 	do(chromedp.Navigate(base+"/ops/messages/"+msgs[1].String()), chromedp.WaitReady(chromedp.ID("skip")))
 	follow(t, bctx, chromedp.Click(chromedp.ID("skip")))
-	confirm("Skip this message?", "19-confirm-skip.png", func() bool { return status(msgs[1])() == outbox.StatusFailed })
+	confirm("Skip this message?", "22-confirm-skip.png", func() bool { return status(msgs[1])() == outbox.StatusFailed })
 	do(chromedp.WaitReady(chromedp.ID("message-status")))
 	require.Equal(t, outbox.StatusDiscarded, attr("#message-status", "data-status"))
 	require.Equal(t, outbox.StatusDiscarded, status(msgs[1])())
@@ -211,13 +229,14 @@ func TestBrowserEndpointStoryAndActions(t *testing.T) {
 	do(chromedp.WaitReady(chromedp.ID("save")),
 		chromedp.SetValue(chromedp.ID("url"), "http://127.0.0.1:9/hooks/orders/v2"),
 		chromedp.SetValue(chromedp.ID("event_types"), "order.placed"))
+	shot("23-endpoint-edit-form.png")
 	follow(t, bctx, chromedp.Click(chromedp.ID("save")))
 	urlIs := func(u string) func() bool {
 		return func() bool {
 			return db(`SELECT count(*) FROM webhook_endpoints WHERE id = $1 AND url = $2`, id, u) == 1
 		}
 	}
-	confirm("Change this endpoint in place?", "20-confirm-edit.png", urlIs("http://127.0.0.1:9/hooks/orders"))
+	confirm("Change this endpoint in place?", "24-confirm-edit.png", urlIs("http://127.0.0.1:9/hooks/orders"))
 	do(chromedp.WaitReady(chromedp.ID("endpoint-url")))
 	require.True(t, urlIs("http://127.0.0.1:9/hooks/orders/v2")())
 	require.Equal(t, int64(1), db(`SELECT count(*) FROM webhook_endpoints WHERE id = $1 AND event_types = '{order.placed}'`, id))
@@ -231,14 +250,20 @@ func TestBrowserEndpointStoryAndActions(t *testing.T) {
 		}
 	}
 	follow(t, bctx, chromedp.Click(chromedp.ID("pause")))
-	confirm("Pause deliveries to this endpoint?", "21-confirm-pause.png", enabled(true))
+	confirm("Pause deliveries to this endpoint?", "25-confirm-pause.png", enabled(true))
 	do(chromedp.WaitReady(chromedp.ID("endpoint-state")))
 	require.Equal(t, outbox.HealthPaused, attr("#endpoint-state", "data-state"))
 	require.True(t, enabled(false)())
-	shot("22-endpoint-paused.png")
+	shot("26-endpoint-paused.png")
 	logged("disable_endpoint")
+	do(chromedp.Navigate(base+"/ops"), chromedp.WaitReady(chromedp.ID("paused-waiting")))
+	require.Equal(t, db(`SELECT count(*) FROM outbox_messages m JOIN webhook_endpoints e ON e.id = m.destination
+		WHERE m.status = 'pending' AND NOT m.parked AND NOT e.enabled`), shown("#paused-waiting"))
+	require.Equal(t, int64(51), shown("#paused-waiting"), "the endpoint's pending messages wait while it is paused")
+	shot("27-overview-paused.png")
+	do(chromedp.Navigate(base+self), chromedp.WaitReady(chromedp.ID("resume")))
 	follow(t, bctx, chromedp.Click(chromedp.ID("resume")))
-	confirm("Resume deliveries to this endpoint?", "23-confirm-resume.png", enabled(false))
+	confirm("Resume deliveries to this endpoint?", "28-confirm-resume.png", enabled(false))
 	do(chromedp.WaitReady(chromedp.ID("endpoint-state")))
 	require.True(t, enabled(true)())
 	require.Equal(t, outbox.HealthHealthy, attr("#endpoint-state", "data-state"))
@@ -249,7 +274,7 @@ func TestBrowserEndpointStoryAndActions(t *testing.T) {
 		return db(`SELECT count(*) FROM outbox_messages WHERE destination = $1 AND status = 'failed'`, id)
 	}
 	follow(t, bctx, chromedp.Click(chromedp.ID("retry-failed")))
-	confirm("Send every failed message of this endpoint again?", "24-confirm-retry-all.png", func() bool { return failed() == 1 })
+	confirm("Send every failed message of this endpoint again?", "29-confirm-retry-all.png", func() bool { return failed() == 1 })
 	do(chromedp.WaitReady(chromedp.ID("endpoint-failed")))
 	require.Zero(t, failed())
 	require.Zero(t, shown("#endpoint-failed"))
@@ -262,14 +287,14 @@ func TestBrowserEndpointStoryAndActions(t *testing.T) {
 		return db(`SELECT count(*) FROM webhook_endpoints WHERE id = $1 AND previous_secret IS NOT NULL`, id) == 1
 	}
 	follow(t, bctx, chromedp.Click(chromedp.ID("rotate-secret")))
-	confirm("Give this endpoint a new signing secret?", "25-confirm-rotate.png", func() bool { return !rotated() })
+	confirm("Give this endpoint a new signing secret?", "30-confirm-rotate.png", func() bool { return !rotated() })
 	do(chromedp.WaitReady(chromedp.ID("secret")))
 	newSecret, err := chromedp.Run(bctx, chromedp.Text(chromedp.ID("secret")))
 	require.NoError(t, err)
 	require.True(t, strings.HasPrefix(newSecret, "whsec_"))
 	require.NotEqual(t, secret, newSecret)
 	require.True(t, rotated())
-	shot("26-secret-rotated.png")
+	shot("31-secret-rotated.png")
 	logged("rotate_secret")
 
 	// The message list: its filters (failed is now empty; the endpoint's
@@ -287,9 +312,10 @@ func TestBrowserEndpointStoryAndActions(t *testing.T) {
 		seen[m[1]] = true
 	}
 	require.Len(t, seen, 50, "the first page")
-	shot("27-messages-filtered.png")
+	shot("32-messages-filtered.png")
 	follow(t, bctx, chromedp.Click(chromedp.ID("older")))
 	do(chromedp.WaitReady(chromedp.ID("messages")))
+	shot("33-messages-older.png")
 	for _, m := range rowID.FindAllStringSubmatch(html("#messages"), -1) {
 		require.False(t, seen[m[1]], "message %s on both pages", m[1])
 		seen[m[1]] = true
@@ -305,16 +331,18 @@ func TestBrowserEndpointStoryAndActions(t *testing.T) {
 	discarded := func() int64 {
 		return db(`SELECT count(*) FROM outbox_messages WHERE destination = $1 AND status = 'discarded'`, id)
 	}
-	confirm("Discard the 52 messages waiting for this endpoint?", "28-confirm-discard.png", func() bool { return discarded() == 1 })
+	confirm("Discard the 52 messages waiting for this endpoint?", "34-confirm-discard.png", func() bool { return discarded() == 1 })
 	do(chromedp.WaitReady(chromedp.ID("endpoint-waiting")))
 	require.Equal(t, int64(53), discarded(), "the 52 waiting and the one skipped")
+	require.Equal(t, db(`SELECT count(*) FROM outbox_messages WHERE destination = $1 AND status IN ('pending', 'claimed')`, id),
+		shown("#endpoint-waiting"))
 	require.Equal(t, int64(1), shown("#endpoint-waiting"), "the one being sent")
 	logged("discard_waiting")
 
 	// Delete it: back to the overview, where it is gone.
 	follow(t, bctx, chromedp.Click(chromedp.ID("delete")))
 	exists := func() bool { return db(`SELECT count(*) FROM webhook_endpoints WHERE id = $1`, id) == 1 }
-	confirm("Delete this endpoint for good?", "29-confirm-delete.png", exists)
+	confirm("Delete this endpoint for good?", "35-confirm-delete.png", exists)
 	do(chromedp.WaitReady(chromedp.ID("relay")))
 	require.False(t, exists())
 	require.NotContains(t, html("main"), "http://127.0.0.1:9/hooks/orders/v2")

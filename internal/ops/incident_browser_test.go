@@ -76,6 +76,8 @@ func TestBrowserRelayDownThenCircuitOpen(t *testing.T) {
 	require.Equal(t, outbox.RelayDown, attr("#relay", "data-state"))
 	require.Contains(t, text("#relay-h"), "No relay running")
 	require.Equal(t, "0", attr("#relays-alive", "data-value"))
+	require.Equal(t, strconv.FormatInt(count(t, pool, `SELECT count(*) FROM outbox_relays
+		WHERE heartbeat_at >= now() - make_interval(secs => timeout_seconds)`), 10), attr("#relays-alive", "data-value"))
 	require.Equal(t, "17", attr("#due-count", "data-value"), "8 placed to two endpoints, 1 cancelled to one: all due")
 	require.Equal(t, strconv.FormatInt(count(t, pool, `SELECT count(*) FROM outbox_messages WHERE status = 'pending' AND next_attempt_at <= now()`), 10),
 		attr("#due-count", "data-value"), "the page's due count is the database's")
@@ -105,7 +107,8 @@ func TestBrowserRelayDownThenCircuitOpen(t *testing.T) {
 	require.Equal(t, "9", attr("#endpoint-waiting", "data-value"), "its 9 messages wait, none failed")
 	require.Equal(t, strconv.FormatInt(count(t, pool, `SELECT count(*) FROM outbox_messages WHERE destination = '`+down.ID.String()+`'
 		AND status IN ('pending', 'claimed')`), 10), attr("#endpoint-waiting", "data-value"), "the page's waiting count is the database's")
-	require.Equal(t, "0", attr("#endpoint-failed", "data-value"))
+	require.Equal(t, strconv.FormatInt(count(t, pool, `SELECT count(*) FROM outbox_messages WHERE destination = '`+down.ID.String()+`'
+		AND status = 'failed'`), 10), attr("#endpoint-failed", "data-value"), "circuit open: waiting costs no attempts, so none failed")
 	page, err := chromedp.Run(bctx, chromedp.OuterHTML(chromedp.ID("attempts")))
 	require.NoError(t, err)
 	require.Contains(t, page, "connection refused")
@@ -123,6 +126,7 @@ func TestBrowserRelayDownThenCircuitOpen(t *testing.T) {
 	page, err = chromedp.Run(bctx, chromedp.OuterHTML(chromedp.CSS("main")))
 	require.NoError(t, err)
 	require.Contains(t, page, "Send one message to it now instead of at its next probe?")
+	shot("14-confirm-probe.png")
 	follow(t, bctx, chromedp.Click(chromedp.ID("confirm")))
 	do(chromedp.WaitReady(chromedp.ID("endpoint-state")))
 	require.Contains(t, text("p.notice"), "Probing now")
@@ -138,5 +142,5 @@ func TestBrowserRelayDownThenCircuitOpen(t *testing.T) {
 	page, err = chromedp.Run(bctx, chromedp.OuterHTML(chromedp.ID("messages")))
 	require.NoError(t, err)
 	require.Equal(t, 3, strings.Count(page, `<tr id="message-`), "placed to two endpoints, cancelled to one")
-	shot("14-search-an-order.png")
+	shot("15-search-an-order.png")
 }

@@ -183,13 +183,15 @@ func durationAsText(_ []string, a slog.Attr) slog.Attr {
 }
 
 // OpenPool connects to PostgreSQL and checks the connection; configure
-// functions adjust the pool's configuration first.
+// functions adjust the pool's configuration first. maxConns is the pool's
+// size unless the URL sets its own (pool_max_conns): the operator's word
+// wins over the program's default.
 func OpenPool(ctx context.Context, url string, maxConns int32, configure ...func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("parsing DATABASE_URL: %w", err)
 	}
-	if maxConns > 0 {
+	if maxConns > 0 && !strings.Contains(url, "pool_max_conns") {
 		cfg.MaxConns = maxConns
 	}
 	db.ConfigurePool(cfg)

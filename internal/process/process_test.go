@@ -126,3 +126,21 @@ func TestJSONLogsWriteDurationsAsText(t *testing.T) {
 	require.Contains(t, out.String(), `"claim":{"timeout":"5m0s"}`)
 	require.NotContains(t, out.String(), "50000000")
 }
+
+// A pool is the program's size unless DATABASE_URL says otherwise.
+func TestOpenPoolSizeFromTheURL(t *testing.T) {
+	t.Parallel()
+	url := dbtest.URL(t)
+	for _, c := range []struct {
+		url  string
+		want int32
+	}{{url, 20}, {url + "&pool_max_conns=7", 7}} {
+		if !strings.Contains(url, "?") {
+			c.url = strings.Replace(c.url, "&", "?", 1)
+		}
+		pool, err := process.OpenPool(context.Background(), c.url, 20)
+		require.NoError(t, err)
+		require.Equal(t, c.want, pool.Config().MaxConns, c.url)
+		pool.Close()
+	}
+}
