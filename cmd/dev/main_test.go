@@ -4,6 +4,9 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -96,4 +99,29 @@ func TestRestartKeepsTheDemoEndpoint(t *testing.T) {
 		secrets = append(secrets, secret)
 	}
 	require.NotEqual(t, secrets[0], secrets[1], "each run signs with a secret of its own")
+}
+
+// The demo receiver hears every event of every module: a module that
+// declares its Events (in its events.go, as new:event writes it) is listed
+// in events(), or its events would reach nobody in development.
+func TestDemoReceiverHearsEveryModule(t *testing.T) {
+	t.Parallel()
+	main, err := os.ReadFile("main.go")
+	require.NoError(t, err)
+	files, err := filepath.Glob("../../internal/*/events.go")
+	require.NoError(t, err)
+	declares := regexp.MustCompile(`(?m)^var Events = `)
+	var modules []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		if !declares.Match(b) {
+			continue
+		}
+		pkg := filepath.Base(filepath.Dir(f))
+		modules = append(modules, pkg)
+		require.True(t, strings.Contains(string(main), pkg+".Events"),
+			"cmd/dev's events() leaves out module %s: add %s.Events there (docs/adding-a-module.md)", pkg, pkg)
+	}
+	require.Contains(t, modules, "orders")
 }

@@ -5,7 +5,8 @@
 //
 //  1. the URL the caller passes in Options.URL (typically DATABASE_URL);
 //  2. a PostgreSQL server answering on 127.0.0.1:5432 as role postgres, in
-//     which it creates (if needed) and returns a database named "orders";
+//     which it creates (if needed) and returns the database LocalDatabase
+//     (named after the service);
 //  3. a throwaway cluster it starts itself, from the PostgreSQL binaries
 //     installed on the machine or, if there are none, from binaries downloaded
 //     by github.com/fergusstrange/embedded-postgres.
@@ -85,7 +86,7 @@ func (s *Server) Close() error {
 }
 
 // Ensure returns, in order of preference: opts.URL; else the database
-// "orders" on the PostgreSQL at 127.0.0.1:5432 if one answers there (creating
+// LocalDatabase on the PostgreSQL at 127.0.0.1:5432 if one answers there (creating
 // the database if needed); else a throwaway PostgreSQL it starts. The caller
 // must Close the returned Server.
 //

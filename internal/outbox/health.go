@@ -228,8 +228,8 @@ func overview(ctx context.Context, q *outboxdb.Queries, b backlog) (Overview, er
 		OldestPendingAgeSeconds: t.OldestPendingAgeSeconds, DeliveredEstimate: est}, nil
 }
 
-// Dashboard is the figures of the ops page's overview, as Overview, Relays,
-// Activity and EndpointsHealth return them one by one.
+// Dashboard is the figures of the ops page's overview: the outbox at a
+// glance, the relays, the last minutes' activity and every endpoint.
 type Dashboard struct {
 	Overview Overview
 	Relays   RelayStatus
@@ -239,11 +239,11 @@ type Dashboard struct {
 	Endpoints []EndpointHealth
 }
 
-// Dashboard returns Overview, Relays, Activity and EndpointsHealth read in
-// one snapshot, so their numbers agree with one another, and with one pass
-// over what waits and failed where calling them one by one makes four.
-// With a backlog of millions (an endpoint paused for a day) that pass is
-// most of what a page load costs.
+// Dashboard returns the overview's figures read in one snapshot, so their
+// numbers agree with one another, and with one pass over what waits and
+// failed where reading them one by one (as Relays and EndpointsHealth do
+// for the api) makes one each. With a backlog of millions (an endpoint
+// paused for a day) that pass is most of what a page load costs.
 func (a *Admin) Dashboard(ctx context.Context, now time.Time, minutes int, window time.Duration) (Dashboard, error) {
 	return withBacklog(ctx, a.pool, func(q *outboxdb.Queries, b backlog) (d Dashboard, err error) {
 		if d.Overview, err = overview(ctx, q, b); err != nil {

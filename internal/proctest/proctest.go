@@ -41,15 +41,6 @@ func (o *Output) String() string {
 	return o.b.String()
 }
 
-// Tail returns the last n bytes written, for failure messages.
-func (o *Output) Tail(n int) string {
-	s := o.String()
-	if len(s) > n {
-		return "…" + s[len(s)-n:]
-	}
-	return s
-}
-
 // Getenv turns a map into the getenv function the programs' run takes.
 func Getenv(env map[string]string) func(string) string {
 	return func(name string) string { return env[name] }

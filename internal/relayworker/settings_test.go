@@ -114,4 +114,20 @@ func TestDocsStateTheDefaults(t *testing.T) {
 		}
 	}
 	require.Greater(t, checked, 15, "the docs' defaults were not found")
+
+	// The hand-written tables (the settings both programs read) say the
+	// worker's default too.
+	row := regexp.MustCompile("(?m)^\\| `([A-Z_]+)` \\| (?:[a-z, ]+ \\| )?(`[^`]*`) \\|")
+	b, err := os.ReadFile("../../docs/reference.md")
+	require.NoError(t, err)
+	both := 0
+	for _, m := range row.FindAllStringSubmatch(string(b), -1) {
+		if p, ok := byEnv[m[1]]; ok {
+			require.Equal(t, formatDefault(p), m[2], "docs/reference.md: %s", m[0])
+			if strings.Contains(m[0], "| both |") {
+				both++
+			}
+		}
+	}
+	require.GreaterOrEqual(t, both, 2, "the table of both programs' settings was not found")
 }

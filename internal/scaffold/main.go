@@ -335,7 +335,8 @@ func newEvent(internalDir, mod, typ string) (string, error) {
 		return "", fmt.Errorf("%s already declares %s", path, typ)
 	}
 	constant := fmt.Sprintf("\t// %s: TODO: what happened. Payload: TODO.\n\t%s = %q\n", name, name, typ)
-	out, ok := insertBefore(string(src), "const (", ")", constant)
+	// The block ends at a line that is ")" alone: a ")" in a comment does not.
+	out, ok := insertBefore(string(src), "const (", "\n)\n", "\n"+strings.TrimSuffix(constant, "\n"))
 	if !ok {
 		return "", fmt.Errorf("%s: no const ( ... ) block to add %s to", path, name)
 	}

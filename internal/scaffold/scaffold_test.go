@@ -82,12 +82,23 @@ func TestNewEventFollowsTheOrdersModule(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(internal, "payments"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	path := filepath.Join(internal, "payments", "events.go")
 	for _, typ := range []string{"payment.captured", "payment.refunded", "refund.issued"} {
 		if _, err := newEvent(internal, "payments", typ); err != nil {
 			t.Fatal(err)
 		}
+		// The team documents each event; a bracket in a comment is no
+		// end of the const block.
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b = bytes.Replace(b, []byte("TODO: what happened. Payload: TODO."), []byte("it happened. Payload: the Payment (amounts in cents)."), 1)
+		if err := os.WriteFile(path, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
-	b, err := os.ReadFile(filepath.Join(internal, "payments", "events.go"))
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -686,7 +686,7 @@ func crashSuite(t *testing.T, viaJetStream bool) {
 	}
 	for _, s := range services {
 		logs := s.logs.String()
-		require.NotContains(t, logs, "panic:", "%s panicked:\n%s", s.name, s.logs.Tail(8000))
+		require.NotContains(t, logs, "panic:", "%s panicked:\n%s", s.name, tail(s.logs.String(), 8000))
 		require.NotContains(t, logs, secret, "%s logged the webhook secret", s.name)
 		require.NotContains(t, logs, retiring, "%s logged a webhook secret", s.name)
 		require.NotContains(t, logs, adminToken, "%s logged the admin token", s.name)

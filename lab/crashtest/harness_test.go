@@ -225,7 +225,7 @@ func (s *service) ready() bool {
 func (s *service) waitReady(t *testing.T) {
 	t.Helper()
 	require.Eventually(t, s.ready, 60*time.Second, 20*time.Millisecond,
-		"%s never became ready; logs:\n%s", s.name, s.logs.Tail(4000))
+		"%s never became ready; logs:\n%s", s.name, tail(s.logs.String(), 4000))
 }
 
 func (s *service) counts() (starts, kills int, unexpected []string) {
@@ -441,4 +441,12 @@ func withApplicationName(t *testing.T, dbURL, name string) string {
 	q.Set("application_name", name)
 	u.RawQuery = q.Encode()
 	return u.String()
+}
+
+// tail is the end of a process's log, for a failure message.
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "…" + s[len(s)-n:]
+	}
+	return s
 }
