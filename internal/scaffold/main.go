@@ -295,25 +295,24 @@ func contains(list []string, s string) bool {
 
 var eventType = regexp.MustCompile(`^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$`)
 
-// newEvent adds an event type to a module, as the orders module keeps its
-// own: a constant in the module's events.go and an entry in its Events list
-// (creating the file for the module's first event).
 // eventConstant names an event type's constant as the orders module does:
 // the module's own entity goes without saying (order.placed in orders is
 // EventPlaced), another's is kept (refund.issued in payments is
 // EventRefundIssued).
 func eventConstant(mod, typ string) string {
-	words := strings.FieldsFunc(typ, func(r rune) bool { return r == '.' || r == '_' })
-	if len(words) > 1 && (words[0] == mod || words[0]+"s" == mod) {
-		words = words[1:]
+	if entity, rest, ok := strings.Cut(typ, "."); ok && (entity == mod || entity+"s" == mod) {
+		typ = rest
 	}
 	name := "Event"
-	for _, w := range words {
+	for w := range strings.FieldsFuncSeq(typ, func(r rune) bool { return r == '.' || r == '_' }) {
 		name += strings.ToUpper(w[:1]) + w[1:]
 	}
 	return name
 }
 
+// newEvent adds an event type to a module, as the orders module keeps its
+// own: a constant in the module's events.go and an entry in its Events list
+// (creating the file for the module's first event).
 func newEvent(internalDir, mod, typ string) (string, error) {
 	if !eventType.MatchString(typ) {
 		return "", fmt.Errorf("event type %q: use lower-case words joined by dots, e.g. payment.captured", typ)

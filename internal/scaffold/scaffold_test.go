@@ -83,7 +83,7 @@ func TestNewEventFollowsTheOrdersModule(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(internal, "payments", "events.go")
-	for _, typ := range []string{"payment.captured", "payment.refunded", "refund.issued"} {
+	for _, typ := range []string{"payment.captured", "payment.refunded", "refund.issued", "payment_method.updated"} {
 		if _, err := newEvent(internal, "payments", typ); err != nil {
 			t.Fatal(err)
 		}
@@ -105,7 +105,8 @@ func TestNewEventFollowsTheOrdersModule(t *testing.T) {
 	// As orders names order.placed EventPlaced: the module's own entity
 	// goes without saying, another's does not.
 	for _, want := range []string{`EventCaptured = "payment.captured"`, `EventRefunded = "payment.refunded"`,
-		`EventRefundIssued = "refund.issued"`, "var Events = []string{EventCaptured, EventRefunded, EventRefundIssued}"} {
+		`EventRefundIssued = "refund.issued"`, `EventPaymentMethodUpdated = "payment_method.updated"`,
+		"var Events = []string{EventCaptured, EventRefunded, EventRefundIssued, EventPaymentMethodUpdated}"} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("events.go lacks %q:\n%s", want, b)
 		}
