@@ -106,13 +106,9 @@ func TestBrowserEndpointStoryAndActions(t *testing.T) {
 	// attempts, one is being sent, one waits for its retry in an hour), and
 	// a wedged relay, alive but claiming nothing, while the oldest waiting
 	// message has been due for 3 minutes.
-	var orders []string
 	for i := range 55 {
-		o := apiJSON[struct {
-			ID string `json:"id"`
-		}](t, base, "POST", "/orders", map[string]any{"customer_id": fmt.Sprintf("c-%d", i),
+		apiJSON[map[string]any](t, base, "POST", "/orders", map[string]any{"customer_id": fmt.Sprintf("c-%d", i),
 			"lines": []map[string]any{{"sku": "A-1", "quantity": 1, "unit_price_cents": 700}}})
-		orders = append(orders, o.ID)
 	}
 	var msgs []uuid.UUID
 	rows, err := pool.Query(ctx, `SELECT id FROM outbox_messages WHERE destination = $1 ORDER BY id`, id)
@@ -349,4 +345,11 @@ func TestBrowserEndpointStoryAndActions(t *testing.T) {
 	logged("delete_endpoint")
 	require.NotContains(t, a.log.String(), secret, "a secret is never logged")
 	require.NotContains(t, a.log.String(), newSecret)
+
+	// Sign out: the login form, and the ops page asks to sign in again
+	// (TestLogoutEndsTheSessionInEveryProcess: even a copy of the cookie).
+	follow(t, bctx, chromedp.Click(chromedp.ID("logout")))
+	do(chromedp.WaitReady(chromedp.ID("token")))
+	do(chromedp.Navigate(base+"/ops"), chromedp.WaitReady(chromedp.ID("token")))
+	shot("36-signed-out.png")
 }
