@@ -142,14 +142,42 @@ GROUP BY 1, 2
 ORDER BY 1, 2;
 
 -- name: OpsEndpointRecentAttempts :many
--- One endpoint's latest attempts within the last day, newest first: the
--- finished_at index walked backwards until @max_rows of them are found.
-SELECT a.message_id, m.event_id, m.type, a.attempt, a.outcome, a.started_at, a.finished_at, a.status_code, a.error
-FROM outbox_attempts a
-JOIN outbox_messages m ON m.id = a.message_id
-WHERE m.destination = @destination AND a.finished_at >= now() - interval '1 day'
-ORDER BY a.finished_at DESC
-LIMIT @max_rows;
+-- One endpoint's latest attempts within the last day, newest first. An
+-- attempt row does not name its endpoint (its message does), so the history
+-- is read only in the minutes where the endpoint's sums
+-- (outbox_attempt_minutes) say it had attempts, the newest minutes that
+-- hold @max_rows of them; each minute is walked backwards on the
+-- finished_at index until it has given @max_rows. A busy endpoint reads
+-- the end of its latest minute; a quiet one beside busy ones reads its few
+-- minutes, not the whole day of everyone's attempts.
+WITH counted AS (
+    SELECT minute, sum(attempts) AS attempts
+    FROM outbox_attempt_minutes
+    WHERE destination = @destination AND minute >= date_trunc('minute', now() - interval '1 day')
+    GROUP BY minute
+), chosen AS (
+    SELECT minute
+    FROM (SELECT minute, sum(attempts) OVER (ORDER BY minute DESC) - attempts AS newer FROM counted) c
+    WHERE newer < @max_rows::integer
+)
+SELECT x.message_id, x.event_id, x.type, x.attempt, x.outcome, x.started_at, x.finished_at, x.status_code, x.error
+FROM chosen c
+CROSS JOIN LATERAL (
+    SELECT a.message_id, m.event_id, m.type, a.attempt, a.outcome, a.started_at, a.finished_at, a.status_code, a.error
+    FROM outbox_attempts a
+    -- Each attempt's message by its primary key, as the minute is walked
+    -- (OFFSET 0 keeps the planner from joining the other way: scanning the
+    -- messages for the endpoint's, which no index finds once delivered).
+    CROSS JOIN LATERAL (SELECT m.event_id, m.type, m.destination FROM outbox_messages m
+                        WHERE m.id = a.message_id OFFSET 0) m
+    WHERE a.finished_at >= c.minute AND a.finished_at < c.minute + interval '1 minute'
+      AND a.finished_at >= now() - interval '1 day'
+      AND m.destination = @destination
+    ORDER BY a.finished_at DESC
+    LIMIT @max_rows::integer
+) x
+ORDER BY x.finished_at DESC
+LIMIT @max_rows::integer;
 
 -- name: OpsDiscardWaiting :execrows
 -- A person gives up on what waits for an endpoint that stays: its pending
