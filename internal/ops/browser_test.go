@@ -11,8 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -114,24 +112,10 @@ func TestBrowserRetryAFailedMessage(t *testing.T) {
 
 	// The browser, scripts off: everything below works with forms and links alone.
 	bctx, shot := headless(t, ctx, false)
-	do := func(steps ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		require.NoError(t, chromedp.Do(bctx, steps...))
-	}
-	// number reads a KPI: its data-value, which must also be what it shows.
-	number := func(id string) int64 {
-		t.Helper()
-		attrs, err := chromedp.Run(bctx, chromedp.Attributes(chromedp.ID(id)))
-		require.NoError(t, err)
-		v, err := strconv.ParseInt(attrs["data-value"], 10, 64)
-		require.NoError(t, err, "data-value of #%s", id)
-		html, err := chromedp.Run(bctx, chromedp.OuterHTML(chromedp.ID(id)))
-		require.NoError(t, err)
-		m := regexp.MustCompile(`>([\d,]+)<`).FindStringSubmatch(html)
-		require.NotNil(t, m, "#%s shows no number: %s", id, html)
-		require.Equal(t, strconv.FormatInt(v, 10), strings.ReplaceAll(m[1], ",", ""), "#%s shows another number than it holds", id)
-		return v
-	}
+	b := browserPage{t, bctx}
+	do := b.do
+	// number reads a KPI by its id (browserPage.number).
+	number := func(id string) int64 { t.Helper(); return b.number("#" + id) }
 
 	// Sign in through the form.
 	do(chromedp.Navigate(base+"/ops"), chromedp.WaitReady(chromedp.ID("token")))

@@ -46,16 +46,12 @@ func (h *Handler) handleEndpoint(w http.ResponseWriter, r *http.Request) {
 		h.renderError(w, r, http.StatusNotFound, "Not found", "There is no endpoint with that id.")
 		return
 	}
-	ep, err := h.admin.EndpointHealth(ctx, id, Window)
+	ep, relay, err := h.admin.EndpointStatus(ctx, id, Window)
 	if err != nil {
 		h.actionError(w, r, err)
 		return
 	}
-	p := endpointPage{Layout: h.layout(r, "Endpoint "+ep.URL), EP: ep, Self: Prefix + "/endpoints/" + id.String()}
-	if p.Relay, err = h.admin.Relays(ctx); err != nil {
-		h.actionError(w, r, err)
-		return
-	}
+	p := endpointPage{Layout: h.layout(r, "Endpoint "+ep.URL), EP: ep, Relay: relay, Self: Prefix + "/endpoints/" + id.String()}
 	if p.Hour, p.Day, err = h.admin.EndpointAttemptStats(ctx, id); err != nil {
 		h.actionError(w, r, err)
 		return

@@ -33,33 +33,8 @@ func TestBrowserEndpointStoryAndActions(t *testing.T) {
 	bctx, shot := headless(t, ctx, false)
 	a := startAPI(t, ctx, nil)
 	base, pool := a.base, a.pool
-	do := func(steps ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		require.NoError(t, chromedp.Do(bctx, steps...))
-	}
-	attr := func(sel, name string) string {
-		t.Helper()
-		attrs, err := chromedp.Run(bctx, chromedp.Attributes(chromedp.CSS(sel)))
-		require.NoError(t, err)
-		return attrs[name]
-	}
-	html := func(sel string) string {
-		t.Helper()
-		s, err := chromedp.Run(bctx, chromedp.OuterHTML(chromedp.CSS(sel)))
-		require.NoError(t, err)
-		return s
-	}
-	// shown reads the number a KPI holds (data-value) and checks that it is
-	// the one it shows.
-	shown := func(sel string) int64 {
-		t.Helper()
-		v, err := strconv.ParseInt(attr(sel, "data-value"), 10, 64)
-		require.NoError(t, err, "data-value of %s", sel)
-		m := regexp.MustCompile(`>([\d,]+)<`).FindStringSubmatch(html(sel))
-		require.NotNil(t, m, "%s shows no number", sel)
-		require.Equal(t, strconv.FormatInt(v, 10), strings.ReplaceAll(m[1], ",", ""), "%s shows another number than it holds", sel)
-		return v
-	}
+	b := browserPage{t, bctx}
+	do, attr, html, shown := b.do, b.attr, b.html, b.number
 	db := func(sql string, args ...any) int64 {
 		t.Helper()
 		var n int64

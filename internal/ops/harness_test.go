@@ -7,6 +7,9 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -128,3 +131,51 @@ func headless(t *testing.T, ctx context.Context, scripts bool) (context.Context,
 		t.Logf("screenshot: %s", p)
 	}
 }
+
+// browserPage reads and drives the browser of a test; each method fails the test
+// on an error. Selectors are CSS.
+type browserPage struct {
+	t   *testing.T
+	ctx context.Context
+}
+
+// do runs steps that do not navigate (follow is for those that do).
+func (p browserPage) do(steps ...chromedp.Action[chromedp.Void]) {
+	p.t.Helper()
+	require.NoError(p.t, chromedp.Do(p.ctx, steps...))
+}
+
+func (p browserPage) attr(sel, name string) string {
+	p.t.Helper()
+	attrs, err := chromedp.Run(p.ctx, chromedp.Attributes(chromedp.CSS(sel)))
+	require.NoError(p.t, err)
+	return attrs[name]
+}
+
+func (p browserPage) text(sel string) string {
+	p.t.Helper()
+	s, err := chromedp.Run(p.ctx, chromedp.Text(chromedp.CSS(sel)))
+	require.NoError(p.t, err)
+	return s
+}
+
+func (p browserPage) html(sel string) string {
+	p.t.Helper()
+	s, err := chromedp.Run(p.ctx, chromedp.OuterHTML(chromedp.CSS(sel)))
+	require.NoError(p.t, err)
+	return s
+}
+
+// number reads the number a KPI holds (data-value) and checks that it is
+// the one it shows.
+func (p browserPage) number(sel string) int64 {
+	p.t.Helper()
+	v, err := strconv.ParseInt(p.attr(sel, "data-value"), 10, 64)
+	require.NoError(p.t, err, "data-value of %s", sel)
+	m := shownNumber.FindStringSubmatch(p.html(sel))
+	require.NotNil(p.t, m, "%s shows no number", sel)
+	require.Equal(p.t, strconv.FormatInt(v, 10), strings.ReplaceAll(m[1], ",", ""), "%s shows another number than it holds", sel)
+	return v
+}
+
+var shownNumber = regexp.MustCompile(`>([\d,]+)<`)

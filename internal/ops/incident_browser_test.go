@@ -28,22 +28,8 @@ func TestBrowserRelayDownThenCircuitOpen(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	bctx, shot := headless(t, ctx, false)
-	do := func(steps ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		require.NoError(t, chromedp.Do(bctx, steps...))
-	}
-	text := func(sel string) string {
-		t.Helper()
-		s, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(sel)))
-		require.NoError(t, err)
-		return s
-	}
-	attr := func(sel, name string) string {
-		t.Helper()
-		attrs, err := chromedp.Run(bctx, chromedp.Attributes(chromedp.CSS(sel)))
-		require.NoError(t, err)
-		return attrs[name]
-	}
+	b := browserPage{t, bctx}
+	do, text, attr := b.do, b.text, b.attr
 
 	// A receiver that refuses connections: a server's address, closed.
 	gone := httptest.NewServer(http.NotFoundHandler())

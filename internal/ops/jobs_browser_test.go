@@ -36,10 +36,7 @@ func TestBrowserRiverUIShowsTheRelaysQueues(t *testing.T) {
 	a := runAPIWithRelay(t, ctx)
 
 	bctx, shot := headless(t, ctx, true)
-	do := func(steps ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		require.NoError(t, chromedp.Do(bctx, steps...))
-	}
+	do := browserPage{t, bctx}.do
 
 	// Everything the console says, from here on: River UI must say nothing
 	// that is an error.

@@ -354,6 +354,34 @@ func (a *Admin) EndpointHealth(ctx context.Context, id uuid.UUID, window time.Du
 	if err != nil {
 		return EndpointHealth{}, err
 	}
+	return endpointOf(eps, id)
+}
+
+// EndpointStatus returns one endpoint as EndpointHealth does and the relays
+// as Relays does, read in one snapshot with one pass over the backlog: an
+// endpoint's page shows both (a healthy endpoint gets nothing while the
+// relay is down or stalled).
+func (a *Admin) EndpointStatus(ctx context.Context, id uuid.UUID, window time.Duration) (EndpointHealth, RelayStatus, error) {
+	type status struct {
+		ep     EndpointHealth
+		relays RelayStatus
+	}
+	s, err := withBacklog(ctx, a.pool, func(q *outboxdb.Queries, b backlog) (s status, err error) {
+		eps, err := endpointsHealth(ctx, q, b, window)
+		if err != nil {
+			return s, err
+		}
+		if s.ep, err = endpointOf(eps, id); err != nil {
+			return s, err
+		}
+		s.relays, err = a.relays(ctx, q, b)
+		return s, err
+	})
+	return s.ep, s.relays, err
+}
+
+// endpointOf picks endpoint id out of eps.
+func endpointOf(eps []EndpointHealth, id uuid.UUID) (EndpointHealth, error) {
 	for _, e := range eps {
 		if e.ID == id {
 			return e, nil
