@@ -183,12 +183,12 @@ func clusterDir(t *testing.T) string {
 func freeTestPort(t *testing.T) uint32 {
 	t.Helper()
 	for range 1000 {
-		port := uint32(20000 + rand.IntN(12000))
+		port := uint32(20000 + rand.IntN(6000))
 		if portFree(port) {
 			return port
 		}
 	}
-	t.Fatal("no free port in 20000-31999")
+	t.Fatal("no free port in 20000-25999")
 	return 0
 }
 

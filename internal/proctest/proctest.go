@@ -6,6 +6,8 @@ package proctest
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -47,20 +49,25 @@ func Getenv(env map[string]string) func(string) string {
 }
 
 // FreeAddr returns a loopback address whose port was free a moment ago,
-// and never one it returned before in this process: the kernel may hand the
-// same ephemeral port to two listeners opened and closed in turn, and a test
-// that asks for two addresses (API_ADDR and ADMIN_ADDR) would get one.
+// and never one it returned before in this process. The port lies below
+// Linux's ephemeral range (32768 and up): a port the kernel hands out for
+// port 0 is free only until the next test, in this package or another, listens
+// on port 0 or dials out, and the program under test binds it a while later.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	for {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		addr := ln.Addr().String()
+	for range 1000 {
+		addr := fmt.Sprintf("127.0.0.1:%d", 26000+rand.IntN(6000))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue
+		}
 		require.NoError(t, ln.Close())
 		if _, taken := handedOut.LoadOrStore(addr, true); !taken {
 			return addr
 		}
 	}
+	t.Fatal("no free port in 26000-31999")
+	return ""
 }
 
 // handedOut holds the addresses FreeAddr returned.
