@@ -642,6 +642,9 @@ func (s *session) counted(outcomes []outcome) {
 				slog.String("destination", s.dest.String()), slog.String("error", o.err))
 		}
 	}
+	if r.metrics.byEndpoint != nil && len(outcomes) > 0 {
+		r.metrics.sawEndpoint(s.dest)
+	}
 }
 
 // settle ends the job: in one transaction it records the last outcomes,

@@ -36,7 +36,7 @@ func (r *Relay) keepAlive(ctx context.Context) {
 		}
 	}()
 	var warned time.Time
-	for {
+	for beats := 1; ; beats++ {
 		select {
 		case <-ctx.Done():
 			return
@@ -55,6 +55,9 @@ func (r *Relay) keepAlive(ctx context.Context) {
 		}
 		beatCtx, cancel := context.WithTimeout(ctx, r.cfg.RelayTimeout)
 		err := r.beat(beatCtx, conn)
+		if err == nil && beats%forgetEvery == 0 {
+			err = r.forgetDeleted(beatCtx, conn)
+		}
 		cancel()
 		if err != nil && ctx.Err() == nil {
 			_ = conn.Close(context.WithoutCancel(ctx))
@@ -103,6 +106,40 @@ func (r *Relay) beat(ctx context.Context, conn *pgx.Conn) error {
 			slog.Duration("claim_timeout", r.cfg.ClaimTimeout))
 	}
 	r.retryUnsettled(ctx)
+	return nil
+}
+
+// forgetEvery is how many heartbeats apart the relay looks for deleted
+// endpoints among those it has metric series for: about every 10 s at the
+// default relay timeout.
+const forgetEvery = 10
+
+// forgetDeleted drops the metric series by endpoint of endpoints deleted
+// since they were counted, so that a service whose endpoints come and go
+// keeps series only for those that exist.
+func (r *Relay) forgetDeleted(ctx context.Context, conn *pgx.Conn) error {
+	if r.metrics.byEndpoint == nil {
+		return nil
+	}
+	ids := r.metrics.endpointIDs()
+	if len(ids) == 0 {
+		return nil
+	}
+	existing, err := outboxdb.New(conn).EndpointsExisting(ctx, ids)
+	if err != nil {
+		return fmt.Errorf("looking for deleted endpoints: %w", err)
+	}
+	present := make(map[uuid.UUID]bool, len(existing))
+	for _, id := range existing {
+		present[id] = true
+	}
+	var gone []uuid.UUID
+	for _, id := range ids {
+		if !present[id] {
+			gone = append(gone, id)
+		}
+	}
+	r.metrics.forgetEndpoints(gone)
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -31,6 +32,47 @@ type Metrics struct {
 	// endpoint id; nil when turned off.
 	byEndpoint         *prometheus.CounterVec
 	byEndpointDuration *prometheus.HistogramVec
+
+	// endpoints holds the ids byEndpoint has series for, so that the
+	// series of deleted endpoints can be dropped (Relay.forgetDeleted)
+	// rather than kept until the process restarts.
+	endpointsMu sync.Mutex
+	endpoints   map[uuid.UUID]struct{}
+}
+
+// sawEndpoint notes that id has series by endpoint. It is called after the
+// series are updated: a sweep that drops them in between leaves id noted,
+// and the next sweep drops what was added since.
+func (m *Metrics) sawEndpoint(id uuid.UUID) {
+	m.endpointsMu.Lock()
+	defer m.endpointsMu.Unlock()
+	if m.endpoints == nil {
+		m.endpoints = map[uuid.UUID]struct{}{}
+	}
+	m.endpoints[id] = struct{}{}
+}
+
+// endpointIDs returns the ids with series by endpoint.
+func (m *Metrics) endpointIDs() []uuid.UUID {
+	m.endpointsMu.Lock()
+	defer m.endpointsMu.Unlock()
+	ids := make([]uuid.UUID, 0, len(m.endpoints))
+	for id := range m.endpoints {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// forgetEndpoints drops every series by endpoint of ids.
+func (m *Metrics) forgetEndpoints(ids []uuid.UUID) {
+	m.endpointsMu.Lock()
+	defer m.endpointsMu.Unlock()
+	for _, id := range ids {
+		labels := prometheus.Labels{"endpoint": id.String()}
+		m.byEndpoint.DeletePartialMatch(labels)
+		m.byEndpointDuration.DeletePartialMatch(labels)
+		delete(m.endpoints, id)
+	}
 }
 
 // MetricsOption changes what NewMetrics reports.

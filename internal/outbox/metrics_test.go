@@ -34,6 +34,27 @@ func byEndpoint(t *testing.T, reg *prometheus.Registry, name string) map[[2]stri
 	return out
 }
 
+// endpointsIn returns the endpoint ids a family has series for.
+func endpointsIn(t *testing.T, reg *prometheus.Registry, name string) map[string]bool {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	out := map[string]bool{}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "endpoint" {
+					out[l.GetValue()] = true
+				}
+			}
+		}
+	}
+	return out
+}
+
 // Deliveries are counted by endpoint too, so one endpoint's failures are
 // told from another's successes; the switch leaves those series out.
 func TestDeliveryMetricsByEndpoint(t *testing.T) {
@@ -75,6 +96,22 @@ func TestDeliveryMetricsByEndpoint(t *testing.T) {
 	}, "each endpoint's outcomes under its own id")
 	require.Equal(t, want, byEndpoint(t, reg, "outbox_endpoint_deliveries_total"), "nothing else counted")
 	require.Equal(t, 3.0, byEndpoint(t, reg, "outbox_deliveries_total")[[2]string{"", "delivered"}], "the totals by outcome stay")
+	for _, name := range []string{"outbox_endpoint_deliveries_total", "outbox_endpoint_delivery_duration_seconds"} {
+		require.Equal(t, map[string]bool{okEP.ID.String(): true, refusingEP.ID.String(): true}, endpointsIn(t, reg, name), name)
+	}
+
+	// A deleted endpoint's series go (the relay looks every 10 heartbeats,
+	// about 10 s); the others' stay.
+	_, err := f.admin.DeleteEndpoint(ctx, refusingEP.ID)
+	require.NoError(t, err)
+	within(t, 30*time.Second, func() bool {
+		return !endpointsIn(t, reg, "outbox_endpoint_deliveries_total")[refusingEP.ID.String()]
+	}, "the deleted endpoint's series dropped")
+	for _, name := range []string{"outbox_endpoint_deliveries_total", "outbox_endpoint_delivery_duration_seconds"} {
+		require.Equal(t, map[string]bool{okEP.ID.String(): true}, endpointsIn(t, reg, name), name)
+	}
+	require.Equal(t, 3.0, byEndpoint(t, reg, "outbox_endpoint_deliveries_total")[[2]string{okEP.ID.String(), "delivered"}])
+	require.Equal(t, 3.0, byEndpoint(t, reg, "outbox_deliveries_total")[[2]string{"", "failed"}], "the totals keep its outcomes")
 
 	quiet := start(outbox.WithoutEndpointMetrics())
 	families, err := quiet.Gather()

@@ -66,6 +66,11 @@ SELECT count(*) FILTER (WHERE enabled AND health = 'healthy')     AS healthy,
        count(*) FILTER (WHERE NOT enabled)                        AS paused
 FROM webhook_endpoints;
 
+-- name: EndpointsExisting :many
+-- Which of @ids are still endpoints: the relay drops the metric series of
+-- the others (deleted endpoints).
+SELECT id FROM webhook_endpoints WHERE id = ANY (@ids::uuid[]);
+
 -- name: EndpointUpdate :one
 -- Changes an endpoint's URL and event types in place (NULL keeps one as it
 -- is). Its messages already written stay and are sent to the new URL; the

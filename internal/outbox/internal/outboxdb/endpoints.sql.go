@@ -480,6 +480,32 @@ func (q *Queries) EndpointUpdate(ctx context.Context, url *string, eventTypes []
 	return i, err
 }
 
+const endpointsExisting = `-- name: EndpointsExisting :many
+SELECT id FROM webhook_endpoints WHERE id = ANY ($1::uuid[])
+`
+
+// Which of @ids are still endpoints: the relay drops the metric series of
+// the others (deleted endpoints).
+func (q *Queries) EndpointsExisting(ctx context.Context, ids []uuid.UUID) ([]uuid.UUID, error) {
+	rows, err := q.db.Query(ctx, endpointsExisting, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []uuid.UUID
+	for rows.Next() {
+		var id uuid.UUID
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const eventsLockPrune = `-- name: EventsLockPrune :exec
 SELECT pg_advisory_xact_lock(1869574764, 0)
 `
