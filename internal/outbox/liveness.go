@@ -24,8 +24,9 @@ import (
 // The heartbeat has a connection of its own, so a pool busy with deliveries
 // never makes a live relay look dead.
 
-// keepAlive heartbeats, reaps dead relays and stale claims, and retries
-// unsettled writes, until ctx is done.
+// keepAlive heartbeats, reaps dead relays and stale claims, retries
+// unsettled writes and drops deleted endpoints' metric series, until ctx is
+// done.
 func (r *Relay) keepAlive(ctx context.Context) {
 	ticker := time.NewTicker(r.cfg.heartbeatInterval())
 	defer ticker.Stop()
