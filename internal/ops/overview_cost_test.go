@@ -378,3 +378,73 @@ func requireOffTheHistory(t *testing.T, pool *pgxpool.Pool, stmts map[string][]a
 		require.Less(t, pages, 1000, "a page's statement reads %d pages, as many as the history:\n%s", pages, sql)
 	}
 }
+
+// The overview's arrivals chart counts each minute once: a process keeps
+// the counts of the minutes that are over, and a later page load counts only
+// the last minutes' messages, not the hour's. With 58,000 messages created
+// over the last hour, the second load's count reads a few minutes of them,
+// and both loads show the same arrivals.
+func TestOverviewCountsArrivalsOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, rec := recordedPool(t)
+	const created = 58_000
+	// From 58 minutes ago to a minute ago: a new minute starting between
+	// the loads drops no arrival from the 60-minute window.
+	_, err := pool.Exec(ctx, `
+		INSERT INTO webhook_endpoints (url, secret, event_types)
+		VALUES ('http://127.0.0.1:9/hook', 'whsec_AAAA', '{order.placed}');
+		CREATE TEMP TABLE seed AS
+			SELECT outbox_uuid_v7_at(at) AS id, at
+			FROM generate_series(1, `+strconv.Itoa(created)+`) g,
+			     LATERAL (SELECT now() - interval '58 minutes' + g * (interval '57 minutes' / `+strconv.Itoa(created)+`) AS at) t;
+		INSERT INTO outbox_events (id, type, payload, created_at)
+			SELECT id, 'order.placed', '{"id":"x"}', at FROM seed;
+		INSERT INTO outbox_messages (id, event_id, type, destination, status, attempts, delivered_at, created_at, next_attempt_at)
+			SELECT outbox_uuid_sibling(s.id), s.id, 'order.placed', e.id, 'delivered', 1, s.at, s.at, s.at
+			FROM seed s, webhook_endpoints e;
+		ANALYZE;`)
+	require.NoError(t, err)
+	admin := outbox.NewAdmin(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+
+	// load reads the dashboard as the overview does, and returns the
+	// arrivals it shows and how many messages its count of them read.
+	load := func() (shown, read int) {
+		rec.mu.Lock()
+		rec.on, rec.stmts, rec.runs = true, map[string][]any{}, map[string]int{}
+		rec.mu.Unlock()
+		d, err := admin.Dashboard(ctx, time.Now(), 60, time.Hour)
+		require.NoError(t, err)
+		rec.mu.Lock()
+		rec.on = false
+		stmts := rec.stmts
+		rec.mu.Unlock()
+		for _, m := range d.Activity.Minutes {
+			shown += int(m.Created)
+		}
+		counted := false
+		for sql, args := range stmts {
+			if !strings.Contains(sql, "OpsCreatedPerMinute") {
+				continue
+			}
+			counted = true
+			for _, line := range explain(t, pool, sql, args) {
+				if m := messagesScanRe.FindStringSubmatch(line); m != nil {
+					rows, _ := strconv.Atoi(m[1])
+					loops, _ := strconv.Atoi(m[2])
+					read += rows * loops
+				}
+			}
+		}
+		require.True(t, counted, "the dashboard counts arrivals")
+		return shown, read
+	}
+	shown, read := load()
+	require.Equal(t, created, shown, "the first load shows every arrival")
+	require.GreaterOrEqual(t, read, created, "and counted them all")
+
+	shown, read = load()
+	t.Logf("the second load's count read %d messages of %d", read, created)
+	require.Equal(t, created, shown, "the second load shows the same arrivals")
+	require.Less(t, read, created/10, "the second load counted the last minutes only")
+}

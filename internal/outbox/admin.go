@@ -116,6 +116,8 @@ type Admin struct {
 	keys *secretbox.Keyring
 	// stallThreshold judges RelayStatus; 0 means DefaultStallThreshold.
 	stallThreshold time.Duration
+	// arrivals keeps the overview's counts of minutes that are over.
+	arrivals arrivals
 }
 
 // NewAdmin returns the admin service; checker vets endpoint URLs.
