@@ -161,6 +161,21 @@ func explain(t *testing.T, pool *pgxpool.Pool, sql string, args []any) []string 
 	return plan
 }
 
+// messagesRead returns how many rows of outbox_messages a statement reads,
+// as EXPLAIN ANALYZE counts them.
+func messagesRead(t *testing.T, pool *pgxpool.Pool, sql string, args []any) int {
+	t.Helper()
+	read := 0
+	for _, line := range explain(t, pool, sql, args) {
+		if m := messagesScanRe.FindStringSubmatch(line); m != nil {
+			rows, _ := strconv.Atoi(m[1])
+			loops, _ := strconv.Atoi(m[2])
+			read += rows * loops
+		}
+	}
+	return read
+}
+
 // A scan of outbox_messages in a plan, with the rows it returned per loop.
 var messagesScanRe = regexp.MustCompile(`(?:Seq Scan|Index Scan|Index Only Scan|Bitmap Heap Scan)(?: Backward)?(?: using \S+)? on outbox_messages\b.*actual time=\S+ rows=(\d+) loops=(\d+)`)
 
@@ -200,13 +215,7 @@ func TestOverviewReadsTheBacklogOnce(t *testing.T) {
 
 	read := 0
 	for sql, args := range stmts {
-		for _, line := range explain(t, pool, sql, args) {
-			if m := messagesScanRe.FindStringSubmatch(line); m != nil {
-				rows, _ := strconv.Atoi(m[1])
-				loops, _ := strconv.Atoi(m[2])
-				read += rows * loops * runs[sql]
-			}
-		}
+		read += messagesRead(t, pool, sql, args) * runs[sql]
 	}
 	t.Logf("a page load read %d messages with %d waiting", read, waiting)
 	require.GreaterOrEqual(t, read, waiting, "the waiting messages were counted, so read")
@@ -428,13 +437,7 @@ func TestOverviewCountsArrivalsOnce(t *testing.T) {
 				continue
 			}
 			counted = true
-			for _, line := range explain(t, pool, sql, args) {
-				if m := messagesScanRe.FindStringSubmatch(line); m != nil {
-					rows, _ := strconv.Atoi(m[1])
-					loops, _ := strconv.Atoi(m[2])
-					read += rows * loops
-				}
-			}
+			read += messagesRead(t, pool, sql, args)
 		}
 		require.True(t, counted, "the dashboard counts arrivals")
 		return shown, read
