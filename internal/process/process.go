@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/lmittmann/tint"
 	"github.com/prometheus/client_golang/prometheus"
@@ -191,7 +192,7 @@ func OpenPool(ctx context.Context, url string, maxConns int32, configure ...func
 	if err != nil {
 		return nil, fmt.Errorf("parsing DATABASE_URL: %w", err)
 	}
-	if maxConns > 0 && !strings.Contains(url, "pool_max_conns") {
+	if maxConns > 0 && !setsPoolSize(url) {
 		cfg.MaxConns = maxConns
 	}
 	db.ConfigurePool(cfg)
@@ -209,6 +210,19 @@ func OpenPool(ctx context.Context, url string, maxConns int32, configure ...func
 		return nil, fmt.Errorf("connecting to database %s@%s/%s: %w", cfg.ConnConfig.User, cfg.ConnConfig.Host, cfg.ConnConfig.Database, err)
 	}
 	return pool, nil
+}
+
+// setsPoolSize reports whether the connection string (URL or key=value)
+// sets pool_max_conns. pgxpool.Config cannot tell a size it was given from
+// its default, but pgconn's parser keeps every setting it does not know,
+// pool_max_conns among them, as a runtime parameter.
+func setsPoolSize(url string) bool {
+	cfg, err := pgconn.ParseConfig(url)
+	if err != nil {
+		return false
+	}
+	_, ok := cfg.RuntimeParams["pool_max_conns"]
+	return ok
 }
 
 // NewRegistry returns a Prometheus registry with the Go and process

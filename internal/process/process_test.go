@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -134,7 +135,14 @@ func TestOpenPoolSizeFromTheURL(t *testing.T) {
 	for _, c := range []struct {
 		url  string
 		want int32
-	}{{url, 20}, {url + "&pool_max_conns=7", 7}} {
+	}{
+		{url, 20},
+		{url + "&pool_max_conns=7", 7},
+		// A key=value string, and a URL whose other values merely mention
+		// the setting's name.
+		{keyValue(t, url) + " pool_max_conns=5", 5},
+		{url + "&application_name=pool_max_conns", 20},
+	} {
 		if !strings.Contains(url, "?") {
 			c.url = strings.Replace(c.url, "&", "?", 1)
 		}
@@ -143,4 +151,13 @@ func TestOpenPoolSizeFromTheURL(t *testing.T) {
 		require.Equal(t, c.want, pool.Config().MaxConns, c.url)
 		pool.Close()
 	}
+}
+
+// keyValue writes a URL's host, port, user and database as a key=value
+// connection string.
+func keyValue(t *testing.T, url string) string {
+	t.Helper()
+	cfg, err := pgconn.ParseConfig(url)
+	require.NoError(t, err)
+	return fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable", cfg.Host, cfg.Port, cfg.User, cfg.Database)
 }
