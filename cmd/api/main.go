@@ -1,7 +1,9 @@
 // Command api serves the orders HTTP API and the outbox admin routes.
 //
-//	api           serve (applies pending migrations first)
-//	api migrate   apply every migration (the app's and River's) and exit
+//	api                     serve (applies pending migrations first)
+//	api migrate             apply every migration (the app's and River's) and exit
+//	api reencrypt-secrets   seal every endpoint's signing secrets under the
+//	                        first key of OUTBOX_SECRET_KEYS and exit
 //
 // Configuration is read from the environment; see docs/reference.md.
 package main

@@ -4,7 +4,7 @@
 // at the end) and real HTTP receivers on 127.0.0.1. Each lab injects a
 // failure, shows its progress, and prints a short report with counts.
 //
-//	workshop [flags] LAB       LAB is 1 to 8, "all" or "list"
+//	workshop [flags] LAB       LAB is 1 to 9, "all" or "list"
 //	task workshop -- 3         the same, through the Taskfile
 //
 // lab/workshop/README.md walks an instructor through the labs. The server is
