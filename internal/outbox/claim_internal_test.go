@@ -417,3 +417,46 @@ func TestClaimDoesNotCompileForABacklog(t *testing.T) {
 	require.Less(t, 5*median(product), median(defaults),
 		"the product's claim must cost a fraction of one compiled for the backlog (if not, the server does not JIT this claim and the test shows nothing)")
 }
+
+// A claim released at the attempt cap, because its relay died
+// (MessagesReleaseLost) or its claim went stale (MessageReleaseStale),
+// fails like any other message: with failed_at, so the failed retention
+// prunes it. Without it the row, its event and its history stayed forever.
+func TestMessagesFailedByAReleaseArePrunedWithTheFailed(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	var dest uuid.UUID
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO webhook_endpoints (url, secret, event_types)
+		VALUES ('http://127.0.0.1:1/', 'whsec_AAAA', '{order.placed}') RETURNING id`).Scan(&dest))
+	ids := Seed(t, pool, dest, 2, "")
+	dead, stale := ids[0], ids[1]
+	const maxAttempts = 3
+	// Both claimed at their last attempt: one by a relay now dead, one an
+	// hour ago by a relay still alive.
+	deadRelay := uuid.New()
+	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET status = 'claimed', attempts = $2 - 1, claim_token = gen_random_uuid(),
+		claimed_by = CASE WHEN id = $3 THEN $4 ELSE gen_random_uuid() END,
+		claimed_at = CASE WHEN id = $3 THEN now() ELSE now() - interval '1 hour' END
+		WHERE id = ANY ($1)`, ids, maxAttempts, dead, deadRelay)
+	require.NoError(t, err)
+
+	q := outboxdb.New(pool)
+	n, err := q.MessagesReleaseLost(ctx, "the relay died", []uuid.UUID{deadRelay}, maxAttempts)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	n, err = q.MessageReleaseStale(ctx, time.Minute.Seconds(), maxAttempts)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	for _, id := range ids {
+		var status string
+		var failedAt *time.Time
+		require.NoError(t, pool.QueryRow(ctx, "SELECT status, failed_at FROM outbox_messages WHERE id = $1", id).Scan(&status, &failedAt))
+		require.Equal(t, StatusFailed, status, "released at the cap: failed")
+		require.NotNil(t, failedAt, "a failed message has failed_at")
+	}
+
+	pruned, err := q.MessagesPruneFailed(ctx, time.Now().Add(time.Minute), 100)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, pruned, "the failed retention prunes both, %v and %v", dead, stale)
+}

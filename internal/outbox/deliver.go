@@ -8,7 +8,9 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -776,9 +778,18 @@ func maxTime(a, b time.Time) time.Time {
 	return a
 }
 
+// truncate makes s text PostgreSQL stores, whatever a receiver answered
+// (valid UTF-8 without NUL bytes: either in a statement's parameters makes
+// the whole statement fail, and with it every outcome recorded beside it),
+// and shortens it to at most n bytes and an ellipsis, cut between
+// characters.
 func truncate(s string, n int) string {
+	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "\uFFFD")
 	if len(s) <= n {
 		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
 	}
 	return s[:n] + "…"
 }

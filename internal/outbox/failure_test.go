@@ -5,9 +5,13 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -788,4 +792,44 @@ func TestClaimsContinueWhileTheLeaderIsDead(t *testing.T) {
 	var leader string
 	require.NoError(t, f.pool.QueryRow(ctx, "SELECT leader_id FROM river_leader").Scan(&leader))
 	require.Equal(t, "killed-worker", leader, "the dead leader still held the lease throughout")
+}
+
+// A receiver's error answer is recorded whatever its bytes: a body cut
+// inside a character, or holding NUL bytes, used to make PostgreSQL refuse
+// the outcome statement, so the attempt was never recorded, the job never
+// settled, and the destination stayed leased (and silent) until the
+// process restarted.
+func TestRelayRecordsAnErrorBodyOfAnyBytes(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	var calls sync.Map // webhook-id → requests
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := calls.LoadOrStore(r.Header.Get("webhook-id"), new(atomic.Int32))
+		if n.(*atomic.Int32).Add(1) == 1 {
+			w.WriteHeader(http.StatusInternalServerError)
+			// 199 bytes, then a two-byte character the 200-byte excerpt cuts
+			// in half, then binary.
+			_, _ = w.Write([]byte(strings.Repeat("x", 199) + "é\x00\xff\xfe"))
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(srv.Close)
+	_, err := f.admin.CreateEndpoint(context.Background(), srv.URL+"/hook", []string{"order.placed"})
+	require.NoError(t, err)
+	first := f.enqueue(t, "order.placed", 1)[0]
+	f.startRelay(t, fastConfig(), nil)
+
+	eventually(t, func() bool { return f.status(t, first) == outbox.StatusDelivered }, "delivered at the second attempt")
+	m := f.message(t, first)
+	require.Equal(t, 2, m.Attempts)
+	require.Len(t, m.History, 2)
+	e := m.History[0].Error
+	require.True(t, strings.HasPrefix(e, "500 Internal Server Error: "+strings.Repeat("x", 199)), e)
+	require.True(t, utf8.ValidString(e), "the recorded error is text: %q", e)
+	require.NotContains(t, e, "\x00")
+
+	// The destination is not held: what comes next is delivered too.
+	next := f.enqueue(t, "order.placed", 2)[0]
+	eventually(t, func() bool { return f.status(t, next) == outbox.StatusDelivered }, "the next message is delivered")
 }

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -230,14 +231,25 @@ func (r *Relay) retryUnsettled(ctx context.Context) {
 	r.unsettled = nil
 	r.mu.Unlock()
 	var failed []func(context.Context) error
+	var firstErr error
 	for _, f := range pending {
 		if err := f(ctx); err != nil {
 			failed = append(failed, f)
+			firstErr = cmp.Or(firstErr, err)
 		}
 	}
 	if len(failed) > 0 {
 		r.mu.Lock()
 		r.unsettled = append(r.unsettled, failed...)
+		// Said at most every 30 s: a destination stays leased until its
+		// job's final writes succeed.
+		warn := time.Since(r.unsettledWarned) > 30*time.Second
+		if warn {
+			r.unsettledWarned = time.Now()
+		}
 		r.mu.Unlock()
+		if warn && ctx.Err() == nil {
+			r.logger.WarnContext(ctx, "retrying deliver jobs' final writes", slog.Int("jobs", len(failed)), slog.Any("error", firstErr))
+		}
 	}
 }

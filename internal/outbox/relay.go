@@ -86,6 +86,8 @@ type Relay struct {
 	// unsettled holds the final writes of jobs that could not reach the
 	// database as they ended; the heartbeat loop retries them.
 	unsettled []func(context.Context) error
+	// unsettledWarned is when a retry of them last failed aloud.
+	unsettledWarned time.Time
 }
 
 // NewRelay returns a relay delivering through transport. metrics may be nil.

@@ -227,6 +227,7 @@ WITH lost AS (
 ), released AS (
     UPDATE outbox_messages m
     SET status = CASE WHEN m.attempts + 1 >= @max_attempts::integer THEN 'failed' ELSE 'pending' END,
+        failed_at = CASE WHEN m.attempts + 1 >= @max_attempts::integer THEN now() END,
         attempts = m.attempts + 1,
         claim_token = NULL,
         claimed_at = NULL,
@@ -275,6 +276,7 @@ WITH stale AS (
 ), released AS (
     UPDATE outbox_messages m
     SET status = CASE WHEN m.attempts + 1 >= @max_attempts::integer THEN 'failed' ELSE 'pending' END,
+        failed_at = CASE WHEN m.attempts + 1 >= @max_attempts::integer THEN now() END,
         attempts = m.attempts + 1,
         claim_token = NULL,
         claimed_at = NULL,

@@ -627,6 +627,7 @@ WITH stale AS (
 ), released AS (
     UPDATE outbox_messages m
     SET status = CASE WHEN m.attempts + 1 >= $2::integer THEN 'failed' ELSE 'pending' END,
+        failed_at = CASE WHEN m.attempts + 1 >= $2::integer THEN now() END,
         attempts = m.attempts + 1,
         claim_token = NULL,
         claimed_at = NULL,
@@ -1094,6 +1095,7 @@ WITH lost AS (
 ), released AS (
     UPDATE outbox_messages m
     SET status = CASE WHEN m.attempts + 1 >= $3::integer THEN 'failed' ELSE 'pending' END,
+        failed_at = CASE WHEN m.attempts + 1 >= $3::integer THEN now() END,
         attempts = m.attempts + 1,
         claim_token = NULL,
         claimed_at = NULL,
