@@ -152,9 +152,7 @@ func (w *deliverWorker) Work(ctx context.Context, job *river.Job[deliverArgs]) e
 		return nil
 	}
 	token := uuid.New()
-	lease, err := q.DestinationLease(ctx, outboxdb.DestinationLeaseParams{
-		ID: dest, LeaseToken: token, RelayID: r.id, RelayTimeoutSeconds: r.cfg.RelayTimeout.Seconds(),
-	})
+	lease, err := q.DestinationLease(ctx, token, r.id, dest)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Served by a live job already, paused, backing off or deleted.
 		return nil

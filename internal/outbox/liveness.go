@@ -158,7 +158,7 @@ func (r *Relay) reapDead(ctx context.Context, conn *pgx.Conn) error {
 	var released int64
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) (err error) {
 		q := outboxdb.New(tx)
-		if dead, err = q.RelaysDeclareDead(ctx, r.cfg.RelayTimeout.Seconds()); err != nil || len(dead) == 0 {
+		if dead, err = q.RelaysDeclareDead(ctx); err != nil || len(dead) == 0 {
 			return err
 		}
 		return r.releaseRelays(ctx, q, dead, "the relay delivering it stopped; the receiver may have it", &released)

@@ -310,7 +310,7 @@ func (r *Relay) dispatch(ctx context.Context) (int, error) {
 	var n int
 	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
 		ids, err := outboxdb.New(tx).DestinationsDispatch(ctx, redispatchAfter.Seconds(),
-			r.cfg.RelayTimeout.Seconds(), int32(r.cfg.DeliverWorkers))
+			int32(r.cfg.DeliverWorkers))
 		if err != nil {
 			return fmt.Errorf("finding due destinations: %w", err)
 		}

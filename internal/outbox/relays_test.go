@@ -121,3 +121,28 @@ func TestRelayStatusTellsStalledFromBackingOff(t *testing.T) {
 	require.Contains(t, s.Reason, "due for 2m")
 	require.InDelta(t, 120, s.OldestDueSeconds, 10)
 }
+
+// A relay is declared dead by the timeout it registered with, not by the
+// declarer's: during a rolling change of OUTBOX_RELAY_TIMEOUT, a relay with
+// a short timeout must not reap one with a long timeout (which beats less
+// often) while it lives and sends.
+func TestRelaysAreJudgedByTheirOwnTimeout(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	// Both last beat 3 s ago: alive by a 10 s timeout, dead by a 1 s one.
+	slow, dead := uuid.New(), uuid.New()
+	_, err := f.pool.Exec(ctx, `INSERT INTO outbox_relays (id, hostname, pid, heartbeat_at, timeout_seconds)
+		VALUES ($1, 'slow-host', 1, now() - interval '3 seconds', 10), ($2, 'dead-host', 2, now() - interval '3 seconds', 1)`, slow, dead)
+	require.NoError(t, err)
+
+	cfg := outbox.RelayConfig{RelayTimeout: time.Second}
+	f.startRelay(t, cfg, nil)
+	exists := func(id uuid.UUID) bool {
+		var n int
+		require.NoError(t, f.pool.QueryRow(ctx, "SELECT count(*) FROM outbox_relays WHERE id = $1", id).Scan(&n))
+		return n == 1
+	}
+	eventually(t, func() bool { return !exists(dead) }, "the relay silent past its own 1 s timeout is declared dead")
+	require.True(t, exists(slow), "the relay within its own 10 s timeout is alive, whatever the declarer's timeout")
+}

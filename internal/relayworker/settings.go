@@ -62,7 +62,7 @@ var settings = []setting{
 		"longest wait between probes of a destination backing off (the first after 5s, doubling)",
 		func(c *config) any { return &c.relay.ProbeIntervalMax }},
 	{"OUTBOX_RELAY_TIMEOUT", "RelayTimeout",
-		"a worker silent this long is declared dead and its claimed messages are delivered by the others",
+		"a worker silent this long (its own setting: workers may differ) is declared dead and its claimed messages are delivered by the others",
 		func(c *config) any { return &c.relay.RelayTimeout }},
 	{"OUTBOX_CLAIM_TIMEOUT", "ClaimTimeout",
 		"last resort: a claim older than this is released whatever its worker",

@@ -21,11 +21,15 @@ WHERE id = @id;
 DELETE FROM outbox_relays WHERE id = @id;
 
 -- name: RelaysDeclareDead :many
--- Removes the relays whose heartbeat is older than the relay timeout and
+-- Removes the relays whose heartbeat is older than their relay timeout and
 -- returns them; the caller releases their claims and leases in the same
 -- transaction. Concurrent callers each get a relay once: DELETE locks it.
+-- Each relay is judged by the timeout it registered with, which paces its
+-- heartbeat, not by the caller's: during a rolling change of
+-- OUTBOX_RELAY_TIMEOUT a relay with a short one would otherwise declare the
+-- others dead between their beats and take their work while they send.
 DELETE FROM outbox_relays
-WHERE heartbeat_at < now() - make_interval(secs => @relay_timeout_seconds::float8)
+WHERE heartbeat_at < now() - make_interval(secs => timeout_seconds)
 RETURNING id;
 
 -- name: RelaysList :many
@@ -45,7 +49,8 @@ ORDER BY started_at, id;
 -- in the same transaction. Finding them is a skip scan of the pending index
 -- (one probe per destination with pending messages, whatever the backlog or
 -- history) joined to the endpoints: enabled, not backing off (or due for a
--- probe), not leased by a live relay, and not dispatched in the last
+-- probe), not leased by a live relay (alive by its own timeout, as in
+-- RelaysDeclareDead), and not dispatched in the last
 -- @redispatch_after_seconds (a job already waits for it). SKIP LOCKED lets
 -- every worker run this at once without waiting on one another.
 WITH RECURSIVE heads AS (
@@ -69,7 +74,7 @@ WITH RECURSIVE heads AS (
       AND NOT EXISTS (
           SELECT 1 FROM outbox_relays r
           WHERE r.id = e.lease_relay
-            AND r.heartbeat_at >= now() - make_interval(secs => @relay_timeout_seconds::float8))
+            AND r.heartbeat_at >= now() - make_interval(secs => r.timeout_seconds))
     ORDER BY GREATEST(h.next_attempt_at, e.backoff_until)
     LIMIT @max_destinations
     FOR UPDATE OF e SKIP LOCKED
@@ -91,7 +96,7 @@ WHERE e.id = @id AND e.enabled
   AND NOT EXISTS (
       SELECT 1 FROM outbox_relays r
       WHERE r.id = e.lease_relay
-        AND r.heartbeat_at >= now() - make_interval(secs => @relay_timeout_seconds::float8))
+        AND r.heartbeat_at >= now() - make_interval(secs => r.timeout_seconds))
 RETURNING e.url, e.health, e.health_reason, e.health_changed_at, e.consecutive_failures, e.backoff_until;
 
 -- name: DestinationUndispatch :exec

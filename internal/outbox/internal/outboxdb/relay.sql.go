@@ -59,16 +59,9 @@ WHERE e.id = $3 AND e.enabled
   AND NOT EXISTS (
       SELECT 1 FROM outbox_relays r
       WHERE r.id = e.lease_relay
-        AND r.heartbeat_at >= now() - make_interval(secs => $4::float8))
+        AND r.heartbeat_at >= now() - make_interval(secs => r.timeout_seconds))
 RETURNING e.url, e.health, e.health_reason, e.health_changed_at, e.consecutive_failures, e.backoff_until
 `
-
-type DestinationLeaseParams struct {
-	LeaseToken          uuid.UUID
-	RelayID             uuid.UUID
-	ID                  uuid.UUID
-	RelayTimeoutSeconds float64
-}
 
 type DestinationLeaseRow struct {
 	Url                 string
@@ -83,13 +76,8 @@ type DestinationLeaseRow struct {
 // holds it (then no row: the job has nothing to do), and reads the
 // destination's health. Concurrent takers serialise on the row; the loser
 // re-checks and finds it held.
-func (q *Queries) DestinationLease(ctx context.Context, arg DestinationLeaseParams) (DestinationLeaseRow, error) {
-	row := q.db.QueryRow(ctx, destinationLease,
-		arg.LeaseToken,
-		arg.RelayID,
-		arg.ID,
-		arg.RelayTimeoutSeconds,
-	)
+func (q *Queries) DestinationLease(ctx context.Context, leaseToken uuid.UUID, relayID uuid.UUID, iD uuid.UUID) (DestinationLeaseRow, error) {
+	row := q.db.QueryRow(ctx, destinationLease, leaseToken, relayID, iD)
 	var i DestinationLeaseRow
 	err := row.Scan(
 		&i.Url,
@@ -188,9 +176,9 @@ WITH RECURSIVE heads AS (
       AND NOT EXISTS (
           SELECT 1 FROM outbox_relays r
           WHERE r.id = e.lease_relay
-            AND r.heartbeat_at >= now() - make_interval(secs => $2::float8))
+            AND r.heartbeat_at >= now() - make_interval(secs => r.timeout_seconds))
     ORDER BY GREATEST(h.next_attempt_at, e.backoff_until)
-    LIMIT $3
+    LIMIT $2
     FOR UPDATE OF e SKIP LOCKED
 )
 UPDATE webhook_endpoints e SET dispatched_at = now()
@@ -204,11 +192,12 @@ RETURNING e.id
 // in the same transaction. Finding them is a skip scan of the pending index
 // (one probe per destination with pending messages, whatever the backlog or
 // history) joined to the endpoints: enabled, not backing off (or due for a
-// probe), not leased by a live relay, and not dispatched in the last
+// probe), not leased by a live relay (alive by its own timeout, as in
+// RelaysDeclareDead), and not dispatched in the last
 // @redispatch_after_seconds (a job already waits for it). SKIP LOCKED lets
 // every worker run this at once without waiting on one another.
-func (q *Queries) DestinationsDispatch(ctx context.Context, redispatchAfterSeconds float64, relayTimeoutSeconds float64, maxDestinations int32) ([]uuid.UUID, error) {
-	rows, err := q.db.Query(ctx, destinationsDispatch, redispatchAfterSeconds, relayTimeoutSeconds, maxDestinations)
+func (q *Queries) DestinationsDispatch(ctx context.Context, redispatchAfterSeconds float64, maxDestinations int32) ([]uuid.UUID, error) {
+	rows, err := q.db.Query(ctx, destinationsDispatch, redispatchAfterSeconds, maxDestinations)
 	if err != nil {
 		return nil, err
 	}
@@ -309,15 +298,19 @@ func (q *Queries) RelaysCount(ctx context.Context) (int64, error) {
 
 const relaysDeclareDead = `-- name: RelaysDeclareDead :many
 DELETE FROM outbox_relays
-WHERE heartbeat_at < now() - make_interval(secs => $1::float8)
+WHERE heartbeat_at < now() - make_interval(secs => timeout_seconds)
 RETURNING id
 `
 
-// Removes the relays whose heartbeat is older than the relay timeout and
+// Removes the relays whose heartbeat is older than their relay timeout and
 // returns them; the caller releases their claims and leases in the same
 // transaction. Concurrent callers each get a relay once: DELETE locks it.
-func (q *Queries) RelaysDeclareDead(ctx context.Context, relayTimeoutSeconds float64) ([]uuid.UUID, error) {
-	rows, err := q.db.Query(ctx, relaysDeclareDead, relayTimeoutSeconds)
+// Each relay is judged by the timeout it registered with, which paces its
+// heartbeat, not by the caller's: during a rolling change of
+// OUTBOX_RELAY_TIMEOUT a relay with a short one would otherwise declare the
+// others dead between their beats and take their work while they send.
+func (q *Queries) RelaysDeclareDead(ctx context.Context) ([]uuid.UUID, error) {
+	rows, err := q.db.Query(ctx, relaysDeclareDead)
 	if err != nil {
 		return nil, err
 	}
