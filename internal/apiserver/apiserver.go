@@ -290,7 +290,7 @@ func requireAdmin(token string, next http.Handler) http.Handler {
 			httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusForbidden, "admin routes are disabled: the server has no ADMIN_TOKEN"))
 			return
 		}
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		got, ok := httpjson.BearerToken(r)
 		gotSum := sha256.Sum256([]byte(got))
 		if !ok || subtle.ConstantTimeCompare(gotSum[:], want[:]) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="admin"`)

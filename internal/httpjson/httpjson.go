@@ -180,3 +180,15 @@ func decodeProblem(err error) *Problem {
 		return NewProblem(http.StatusBadRequest, "malformed JSON: %v", err)
 	}
 }
+
+// BearerToken returns the token of a request's Authorization header and
+// whether the header uses the Bearer scheme, whose name is case-insensitive
+// (RFC 9110). Any other scheme (Basic, added by a proxy that authenticates
+// its users) is not a bearer token, and ok is false.
+func BearerToken(r *http.Request) (token string, ok bool) {
+	scheme, token, found := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !found || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	return strings.TrimSpace(token), true
+}

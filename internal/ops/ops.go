@@ -45,6 +45,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxkit/orders/internal/httpjson"
 	"github.com/outboxkit/orders/internal/ops/internal/opsdb"
 	"github.com/outboxkit/orders/internal/outbox"
 )
@@ -291,13 +292,14 @@ func (h *Handler) authed(next http.HandlerFunc) http.Handler {
 // authenticate reads the request's credentials. A bearer token counts as a
 // login attempt: a wrong one is throttled like the form's (then throttled is
 // set), and while its client is throttled even the right one is refused.
+// Another scheme (Basic, from a proxy that authenticates its users) is not
+// ours: the session cookie decides, and nothing counts as a failed login.
 func (h *Handler) authenticate(r *http.Request) (session, bool, error) {
-	if auth := r.Header.Get("Authorization"); auth != "" {
+	if got, ok := httpjson.BearerToken(r); ok {
 		if wait := h.throttle.wait(clientAddr(r)); wait > 0 {
 			return session{throttled: wait}, false, nil
 		}
-		got, ok := strings.CutPrefix(auth, "Bearer ")
-		if !ok || !h.tokenMatches(got) {
+		if !h.tokenMatches(got) {
 			h.throttle.fail(clientAddr(r))
 			h.logger.WarnContext(r.Context(), "ops request refused: wrong bearer token", slog.String("remote_addr", r.RemoteAddr))
 			return session{}, false, nil

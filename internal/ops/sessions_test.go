@@ -135,6 +135,31 @@ func TestWrongBearerTokensAreThrottled(t *testing.T) {
 	require.Equal(t, http.StatusTooManyRequests, res.StatusCode, "and so is the form from the same address")
 }
 
+// An Authorization header of another scheme (Basic, added by a proxy that
+// authenticates its users) is not ours: the session cookie still decides,
+// and no request counts as a failed login. The Bearer scheme's name is
+// case-insensitive.
+func TestOtherAuthorizationSchemesLeaveTheSessionAlone(t *testing.T) {
+	t.Parallel()
+	s := newOpsServer(t, dbtest.Pool(t), false)
+	_, ck := s.login(t, token)
+	require.NotNil(t, ck)
+	for i := range 10 {
+		req, err := http.NewRequest(http.MethodGet, s.srv.URL+"/ops", nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Basic dXNlcjpwYXNz")
+		req.AddCookie(&http.Cookie{Name: ops.CookieName, Value: ck.Value})
+		res, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		res.Body.Close()
+		require.Equal(t, http.StatusOK, res.StatusCode, "request %d: the cookie's session, whatever the proxy's Basic header", i+1)
+	}
+	res, _ := get(t, http.DefaultClient, s.srv.URL+"/ops", "Authorization", "Basic dXNlcjpwYXNz")
+	require.Equal(t, http.StatusUnauthorized, res.StatusCode, "without the cookie, Basic is no login")
+	res, _ = get(t, http.DefaultClient, s.srv.URL+"/ops", "Authorization", "bearer "+token)
+	require.Equal(t, http.StatusOK, res.StatusCode, "not throttled, and the scheme's name is case-insensitive")
+}
+
 // Logging out ends the session on the server: the old cookie value, replayed,
 // is refused by the process that logged it out and by any other api process
 // on the same database. Changing the admin token ends every session.
