@@ -185,6 +185,10 @@ func (c RelayConfig) Validate() error {
 		}
 		seen[ch.Name] = true
 	}
+	if c.RetrySchedule != nil && len(c.RetrySchedule) == 0 {
+		// nil takes the default; an empty schedule has no wait to give.
+		fail("RetrySchedule", "must hold at least one wait (nil for the default)")
+	}
 	for i, d := range c.RetrySchedule {
 		if d <= 0 {
 			fail("RetrySchedule", "entry %d must be positive, got %s", i+1, d)

@@ -24,3 +24,12 @@ func TestZeroFieldsTakeTheirDefaults(t *testing.T) {
 	require.ErrorAs(t, err, &fe)
 	require.EqualError(t, err, "BatchSize: must be positive, got -1\nPruneInterval: must be positive, got -1s")
 }
+
+// An empty retry schedule is refused at start: it has no wait to give, and
+// the first failed attempt would find none.
+func TestAnEmptyRetryScheduleIsRefused(t *testing.T) {
+	t.Parallel()
+	require.EqualError(t, RelayConfig{RetrySchedule: []time.Duration{}}.Validate(),
+		"RetrySchedule: must hold at least one wait (nil for the default)")
+	require.NoError(t, RelayConfig{}.Validate(), "nil takes the default")
+}

@@ -480,7 +480,9 @@ func (s *session) handle(ctx context.Context, res sent) {
 func (s *session) recovered(ctx context.Context) {
 	r := s.r
 	s.probing = false
-	ctx = context.WithoutCancel(ctx)
+	// Bounded: the session's loop waits on it, and holds the lease meanwhile.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
 	forward, err := outboxdb.New(r.pool).DestinationHealthy(ctx, s.dest, s.token)
 	if err != nil {
 		r.logger.WarnContext(ctx, "recording destination recovered", slog.String("destination", s.dest.String()), slog.Any("error", err))
@@ -603,7 +605,7 @@ func (s *session) record(ctx context.Context, res recordResult) {
 		s.outcomes = append(res.outcomes, s.outcomes...)
 		return
 	}
-	s.counted(res.outcomes)
+	s.counted(ctx, res.outcomes)
 }
 
 func (s *session) recordParams(outcomes []outcome) outboxdb.MessagesRecordOutcomesParams {
@@ -623,7 +625,7 @@ func (s *session) recordParams(outcomes []outcome) outboxdb.MessagesRecordOutcom
 }
 
 // counted updates the metrics and logs for recorded outcomes.
-func (s *session) counted(outcomes []outcome) {
+func (s *session) counted(ctx context.Context, outcomes []outcome) {
 	r := s.r
 	endpoint := s.dest.String()
 	for _, o := range outcomes {
@@ -638,7 +640,7 @@ func (s *session) counted(outcomes []outcome) {
 			}
 		}
 		if o.status == StatusFailed {
-			r.logger.Warn("message failed", slog.String("message_id", o.id.String()),
+			r.logger.WarnContext(ctx, "message failed", slog.String("message_id", o.id.String()),
 				slog.String("destination", s.dest.String()), slog.String("error", o.err))
 		}
 	}
@@ -709,12 +711,18 @@ func (s *session) settle(ctx context.Context) error {
 		// Retried by the heartbeat loop until it succeeds; the River job is
 		// left to River's retry, which finds the lease and does nothing.
 		r.deferSettle(func(ctx context.Context) error {
-			return pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error { return write(ctx, tx) })
+			if err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error { return write(ctx, tx) }); err != nil {
+				return err
+			}
+			// Counted and said once recorded, as on time.
+			s.counted(ctx, s.outcomes)
+			s.announce(ctx, health, backoffUntil)
+			return nil
 		})
 		return fmt.Errorf("settling deliver job for %s: %w", s.dest, err)
 	}
-	s.counted(s.outcomes)
-	s.announce(health, backoffUntil)
+	s.counted(ctx, s.outcomes)
+	s.announce(ctx, health, backoffUntil)
 	return nil
 }
 
@@ -749,9 +757,8 @@ func (s *session) verdict() (health string, backoffUntil *time.Time, reason *str
 // announce logs and counts the destination's state changes as the job
 // leaves it, once each: starting to back off, recovering (when recovered
 // could not record it), being paused by a 410.
-func (s *session) announce(health string, backoffUntil *time.Time) {
+func (s *session) announce(ctx context.Context, health string, backoffUntil *time.Time) {
 	r := s.r
-	ctx := context.Background()
 	dest := slog.String("destination", s.dest.String())
 	switch {
 	case health == HealthBackingOff && s.health != HealthBackingOff:

@@ -47,7 +47,11 @@ func (r *Relay) serving(dest uuid.UUID, wake chan struct{}) (done func()) {
 	r.wakeMu.Unlock()
 	return func() {
 		r.wakeMu.Lock()
-		delete(r.sessions, dest)
+		// Only its own: a job of this relay that took the destination over
+		// (after this relay was declared dead and came back) has its own.
+		if r.sessions[dest] == wake {
+			delete(r.sessions, dest)
+		}
 		r.wakeMu.Unlock()
 	}
 }

@@ -49,7 +49,8 @@ const (
 //
 // So a slow, hanging or failing destination holds at most one River worker
 // and DestinationConcurrency requests, never the others' share, and a
-// message's attempts count only requests that were made.
+// message's attempts count only requests that were made (or, for a
+// destination whose secret cannot be opened, the ones that could not be).
 type Relay struct {
 	pool      *pgxpool.Pool
 	cfg       RelayConfig
@@ -123,10 +124,12 @@ func (r *Relay) Start(ctx context.Context) error {
 	// River hard-stops (cancels running jobs) when its start context is
 	// cancelled, which would cut off in-flight deliveries and skip the
 	// grace period; Stop does the stopping instead.
+	// Set before River starts: a job that settles reads it.
+	r.client = client
 	if err := client.Start(context.WithoutCancel(ctx)); err != nil {
+		r.client = nil
 		return fmt.Errorf("starting river: %w", err)
 	}
-	r.client = client
 	base := context.WithoutCancel(ctx)
 	dispatchCtx, stopDispatch := context.WithCancel(base)
 	keepAliveCtx, stopKeepAlive := context.WithCancel(base)
@@ -162,7 +165,7 @@ func (r *Relay) stop(ctx context.Context) error {
 	close(r.drain)
 	var errs []error
 	if err := r.client.Stop(ctx); err != nil {
-		r.logger.WarnContext(ctx, "relay did not stop in time; cancelling deliveries in flight")
+		r.logger.WarnContext(ctx, "relay did not stop in time; cancelling deliveries in flight", slog.Any("error", err))
 		hardCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		if err := r.client.StopAndCancel(hardCtx); err != nil {

@@ -55,8 +55,8 @@ type RelayProcess struct {
 	// Alive: its heartbeat is younger than its relay timeout. A killed
 	// relay's row stays, silent, until a live relay reaps it.
 	Alive bool `json:"alive"`
-	// Leader: River elected it to run the periodic jobs (the prune, the
-	// retention chores, the once-a-second dispatch safety net).
+	// Leader: River elected it to insert the periodic jobs (the prune, the
+	// orphan discard, the chores); deliveries never depend on it.
 	Leader bool `json:"leader"`
 }
 
