@@ -231,3 +231,24 @@ func TestShortAdminTokenOnLoopbackWarns(t *testing.T) {
 	resp, _ := send(t, http.MethodGet, s.url+"/outbox/stats", map[string]string{"Authorization": "Bearer a"}, "")
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 }
+
+// Admin input that is not text (a NUL byte, invalid UTF-8) is the caller's
+// error, answered 422 with the field named, never the server's 500; nothing
+// is written.
+func TestAdminInputThatIsNotTextIsRefused(t *testing.T) {
+	t.Parallel()
+	dbURL := dbtest.URL(t)
+	tok := strings.Repeat("k", 32)
+	s := setup(t, map[string]string{"DATABASE_URL": dbURL, "ADMIN_TOKEN": tok, "OUTBOX_ALLOW_PRIVATE_TARGETS": "true"})
+	auth := map[string]string{"Authorization": "Bearer " + tok, "Content-Type": "application/json"}
+	resp, body := send(t, http.MethodPost, s.url+"/webhook-endpoints", auth,
+		`{"url":"http://127.0.0.1:9/hook","event_types":["order.placed\u0000"]}`)
+	requireProblem(t, resp, body, http.StatusUnprocessableEntity, "event_types must be UTF-8 text without NUL bytes")
+	for _, q := range []string{"type=%ff", "ordering_key=%00", "type=a%00b"} {
+		resp, body = send(t, http.MethodGet, s.url+"/outbox/messages?"+q, auth, "")
+		requireProblem(t, resp, body, http.StatusUnprocessableEntity, "must be UTF-8 text without NUL bytes")
+	}
+	resp, body = send(t, http.MethodGet, s.url+"/webhook-endpoints", auth, "")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.JSONEq(t, `[]`, string(body), "no endpoint was written")
+}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -59,6 +60,9 @@ func (f listFilter) Active() bool { return len(f.query()) > 0 }
 // is an error that names the field.
 func (f listFilter) parse() (outbox.MessageFilter, error) {
 	mf := outbox.MessageFilter{Status: f.Status, Type: f.Type, OrderingKey: f.Key, Limit: pageSize}
+	if !isText(f.Type) || !isText(f.Key) {
+		return mf, errors.New("type and key must be text (UTF-8, no NUL bytes)")
+	}
 	if f.Status != "" && !slices.Contains(outbox.Statuses, f.Status) {
 		return mf, errors.New("status must be one of " + strings.Join(outbox.Statuses, ", "))
 	}
@@ -169,6 +173,10 @@ type searchPage struct {
 	Endpoints []outbox.Endpoint
 }
 
+// isText reports whether s can name anything stored: valid UTF-8 without
+// NUL bytes (PostgreSQL refuses anything else as a statement's text).
+func isText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
+
 // handleSearch takes whatever an operator pasted — a message id, an event
 // id (webhook-id), an endpoint id, an order id or another ordering key, or
 // part of an endpoint's URL — and goes where it leads.
@@ -181,6 +189,12 @@ func (h *Handler) handleSearch(w http.ResponseWriter, r *http.Request) {
 	}
 	to := func(path string) { http.Redirect(w, r, path, http.StatusSeeOther) }
 	p := searchPage{Layout: h.layout(r, "Search"), Query: q}
+	if !isText(q) {
+		// Not text: no id, key or URL is made of it.
+		p.Query = strings.ToValidUTF8(strings.ReplaceAll(q, "\x00", ""), "\uFFFD")
+		h.render(w, r, http.StatusBadRequest, "search", p)
+		return
+	}
 	if id, err := uuid.Parse(q); err == nil {
 		switch _, err := h.admin.Message(ctx, id); {
 		case err == nil:

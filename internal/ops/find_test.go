@@ -207,3 +207,15 @@ func TestMessageListFiltersAndPages(t *testing.T) {
 		require.Contains(t, body, `id="filter-error"`, q)
 	}
 }
+
+// A search or a filter that is not text (a NUL byte, invalid UTF-8) names
+// nothing stored: the page says so with a 400, never a 500.
+func TestSearchAndFiltersThatAreNotTextAreRefused(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, token)
+	c := e.loggedIn(t)
+	for _, path := range []string{"/ops/search?q=%ff", "/ops/search?q=a%00", "/ops/messages?type=%ff", "/ops/messages?key=%00"} {
+		res, _ := get(t, c, e.srv.URL+path)
+		require.Equal(t, http.StatusBadRequest, res.StatusCode, path)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -238,9 +239,17 @@ func subscription(in []string) ([]string, error) {
 		if strings.TrimSpace(t) == "" {
 			return nil, fmt.Errorf("%w: event_types must not contain an empty type", ErrInvalidEndpoint)
 		}
+		if !isText(t) {
+			return nil, fmt.Errorf("%w: event_types must be UTF-8 text without NUL bytes", ErrInvalidEndpoint)
+		}
 	}
 	return types, nil
 }
+
+// isText reports whether s is text PostgreSQL takes: valid UTF-8 without NUL
+// bytes. Anything else makes the statement fail, which a caller would see
+// as the server's error rather than its own.
+func isText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
 
 // Endpoints lists every endpoint, without secrets.
 func (a *Admin) Endpoints(ctx context.Context) ([]Endpoint, error) {
@@ -375,6 +384,10 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 // ErrInvalidStatus is returned for a status filter that is not a status.
 var ErrInvalidStatus = errors.New("outbox: status must be pending, claimed, delivered, failed or discarded")
 
+// ErrInvalidFilter is returned by Messages for a filter value that cannot
+// name anything stored (not text).
+var ErrInvalidFilter = errors.New("outbox: invalid message filter")
+
 // Attempt is one delivery attempt of a message.
 type Attempt struct {
 	Attempt    int       `json:"attempt"`
@@ -436,6 +449,9 @@ func (a *Admin) Messages(ctx context.Context, f MessageFilter) ([]Message, *uuid
 			return nil, nil, ErrInvalidStatus
 		}
 		p.Status = &f.Status
+	}
+	if !isText(f.Type) || !isText(f.OrderingKey) {
+		return nil, nil, fmt.Errorf("%w: type and ordering_key must be UTF-8 text without NUL bytes", ErrInvalidFilter)
 	}
 	if f.Type != "" {
 		p.Type = &f.Type

@@ -333,7 +333,8 @@ func (a *Admin) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		status = http.StatusNotFound
 	case errors.Is(err, ErrConflict):
 		status = http.StatusConflict
-	case errors.Is(err, ErrInvalidEndpoint), errors.Is(err, ErrInvalidStatus), errors.Is(err, ErrInvalidReplay):
+	case errors.Is(err, ErrInvalidEndpoint), errors.Is(err, ErrInvalidStatus), errors.Is(err, ErrInvalidReplay),
+		errors.Is(err, ErrInvalidFilter):
 		status = http.StatusUnprocessableEntity
 	default:
 		a.logger.ErrorContext(r.Context(), "admin request failed", slog.String("path", r.URL.Path), slog.Any("error", err))
