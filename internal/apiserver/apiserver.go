@@ -73,6 +73,11 @@ func parseConfig(getenv func(string) string) (config, error) {
 		tracing:         telemetry.FromEnv(env, "orders-api"),
 		secretKeys:      parseSecretKeys(env),
 	}
+	if c.adminToken != strings.TrimSpace(c.adminToken) {
+		// A bearer header's value arrives trimmed, so such a token could
+		// never match: a secret written from a file with its newline.
+		env.Fail("ADMIN_TOKEN", errors.New("has leading or trailing whitespace (a newline from the file it was read from?): no request could present it"))
+	}
 	if c.adminAddr != "" && c.adminAddr == c.addr {
 		env.Fail("ADMIN_ADDR", fmt.Errorf("must differ from API_ADDR (%s): unset it to serve everything there", c.addr))
 	}

@@ -135,6 +135,8 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"short token on a host name", map[string]string{"API_ADDR": "api.internal:0", "ADMIN_TOKEN": "a"}, []string{"ADMIN_TOKEN"}},
 		{"short token on a public admin addr", map[string]string{"ADMIN_ADDR": "0.0.0.0:0", "ADMIN_TOKEN": "a"}, []string{"ADMIN_TOKEN"}},
 		{"admin addr same as api addr", map[string]string{"ADMIN_ADDR": "127.0.0.1:0"}, []string{"ADMIN_ADDR"}},
+		// A token read from a file with its newline: no request could present it.
+		{"token with a newline", map[string]string{"ADMIN_TOKEN": strings.Repeat("k", 32) + "\n"}, []string{"ADMIN_TOKEN", "whitespace"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -68,7 +68,8 @@ func Parse(s string) (*Keyring, error) {
 			return nil, fmt.Errorf("entry %d: want <id>:<base64 of %d bytes>", i+1, KeySize)
 		}
 		if !validID(id) {
-			return nil, fmt.Errorf("entry %d: key id %q must be 1 to 32 letters, digits, '.', '_' or '-'", i+1, id)
+			// Not quoted: an id and a key swapped would print the key.
+			return nil, fmt.Errorf("entry %d: the key id (%d characters before the ':') must be 1 to 32 letters, digits, '.', '_' or '-'", i+1, len(id))
 		}
 		if seen[id] {
 			return nil, fmt.Errorf("key %q: appears twice", id)

@@ -136,13 +136,14 @@ func TestParseErrorsNeverShowKeyMaterial(t *testing.T) {
 	good, material := newKey(t, "a")
 	short := base64.StdEncoding.EncodeToString(make([]byte, 16))
 	for name, tc := range map[string]struct{ in, want string }{
-		"no id":         {material, "entry 1"},
-		"bad id":        {"a b:" + material, "key id"},
-		"duplicate id":  {good + "," + good, `key "a": appears twice`},
-		"not base64":    {"b:" + material + "!", `key "b": not standard base64`},
-		"short key":     {"b:" + short, `key "b": decodes to 16 bytes, want 32`},
-		"empty entry":   {good + ",", "entry 2"},
-		"colon in data": {"b::" + material, `key "b"`},
+		"no id":              {material, "entry 1"},
+		"bad id":             {"a b:" + material, "key id"},
+		"key and id swapped": {material + ":k1", "entry 1: the key id (44 characters"},
+		"duplicate id":       {good + "," + good, `key "a": appears twice`},
+		"not base64":         {"b:" + material + "!", `key "b": not standard base64`},
+		"short key":          {"b:" + short, `key "b": decodes to 16 bytes, want 32`},
+		"empty entry":        {good + ",", "entry 2"},
+		"colon in data":      {"b::" + material, `key "b"`},
 	} {
 		_, err := secretbox.Parse(tc.in)
 		require.Error(t, err, name)
