@@ -94,6 +94,26 @@ var (
 	// globalUnicast6 is the only IPv6 block currently allocated for global
 	// unicast; anything outside it that is not listed above is not global.
 	globalUnicast6 = netip.MustParsePrefix("2000::/3")
+	// These carry an IPv4 address in their last 32 bits too: deprecated
+	// IPv4-compatible addresses, SIIT's IPv4-translated ones and local-use
+	// NAT64 (as a /96). They are not global anyway, but where a gateway
+	// translates them they reach the embedded address, so one that embeds
+	// a service never to be reached (the metadata service, link-local) is
+	// refused even when private targets are allowed.
+	embedsLast32 = []netip.Prefix{
+		netip.MustParsePrefix("::/96"),
+		netip.MustParsePrefix("::ffff:0:0:0/96"),
+		netip.MustParsePrefix("64:ff9b:1::/48"),
+	}
+	// services are the never ranges where hosts answer (link-local, the
+	// metadata service within it, the other clouds' metadata and platform
+	// addresses), unlike broadcast or reserved space.
+	services = []netip.Prefix{
+		netip.MustParsePrefix("169.254.0.0/16"),
+		netip.MustParsePrefix("100.100.100.200/32"),
+		netip.MustParsePrefix("168.63.129.16/32"),
+		netip.MustParsePrefix("192.0.0.192/32"),
+	}
 )
 
 // classify returns the policy tier of addr and, unless it is global, a
@@ -109,6 +129,21 @@ func classify(addr netip.Addr) (addrClass, string) {
 	for _, r := range neverRanges {
 		if r.prefix.Contains(addr) {
 			return classNever, r.reason
+		}
+	}
+	if addr.Is6() {
+		b := addr.As16()
+		v4 := netip.AddrFrom4([4]byte(b[12:16]))
+		for _, p := range embedsLast32 {
+			if !p.Contains(addr) {
+				continue
+			}
+			for _, svc := range services {
+				if svc.Contains(v4) {
+					_, reason := classify(v4)
+					return classNever, "an IPv6 form of " + v4.String() + ", which is " + reason
+				}
+			}
 		}
 	}
 	for _, r := range nonGlobalRanges {

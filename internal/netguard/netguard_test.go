@@ -83,6 +83,12 @@ func TestCheckAddr(t *testing.T) {
 		{addr: "fd00:ec2::123", reason: "AWS time"},                     // AWS Nitro
 		{addr: "64:ff9b::a83f:8110", reason: "NAT64 for 168.63.129.16"}, // WireServer through NAT64
 		{addr: "::ffff:168.63.129.16", reason: "Azure WireServer"},      // and IPv4-mapped
+		// The metadata address in the other forms that embed an IPv4
+		// address, which a translating gateway would reach.
+		{addr: "::a9fe:a9fe", reason: "an IPv6 form of 169.254.169.254, which is the cloud metadata"},        // IPv4-compatible
+		{addr: "::ffff:0:a9fe:a9fe", reason: "an IPv6 form of 169.254.169.254, which is the cloud metadata"}, // IPv4-translated
+		{addr: "64:ff9b:1::a9fe:a9fe", reason: "an IPv6 form of 169.254.169.254, which is the cloud metadata"},
+		{addr: "::a83f:8110", reason: "Azure WireServer"},
 		{addr: "169.254.0.1", reason: "link-local"},
 		{addr: "fe80::1", reason: "link-local"},
 		{addr: "fe80::1%eth0", reason: "link-local"},
