@@ -460,3 +460,21 @@ func TestMessagesFailedByAReleaseArePrunedWithTheFailed(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 2, pruned, "the failed retention prunes both, %v and %v", dead, stale)
 }
+
+// An interrupted request is an attempt (it may have reached the receiver):
+// at the attempt cap the message fails, as a dead relay's claims do, rather
+// than staying pending past its cap.
+func TestAnInterruptedRequestAtTheCapFails(t *testing.T) {
+	t.Parallel()
+	r := &Relay{cfg: RelayConfig{MaxAttempts: 3}.withDefaults()}
+	interrupted := func(attempts int32) outcome {
+		return r.judge(sent{row: outboxdb.MessageClaimRow{Attempts: attempts}, res: Result{Err: context.Canceled}, interrupted: true})
+	}
+	o := interrupted(1)
+	require.Equal(t, StatusPending, o.status, "attempt 2 of 3: due again")
+	require.Equal(t, labelInterrupted, o.label)
+	o = interrupted(2)
+	require.Equal(t, StatusFailed, o.status, "attempt 3 of 3: failed")
+	require.Equal(t, labelInterrupted, o.label, "its attempt is still the interrupted one")
+	require.Equal(t, "attempt 3 of 3: interrupted: the relay stopped during the request", o.err)
+}

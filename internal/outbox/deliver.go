@@ -526,6 +526,13 @@ func (r *Relay) judge(s sent) outcome {
 		// attempt, but it says nothing of the receiver and is due again now.
 		o.status, o.label = StatusPending, labelInterrupted
 		o.err = "interrupted: the relay stopped during the request"
+		if attempt >= r.cfg.MaxAttempts {
+			// At the cap it fails, as a dead relay's claims do
+			// (MessagesReleaseLost): a message whose request stops its relay
+			// every time cannot keep stopping relays.
+			o.status = StatusFailed
+			o.err = fmt.Sprintf("attempt %d of %d: %s", attempt, r.cfg.MaxAttempts, o.err)
+		}
 		return o
 	case code == http.StatusGone:
 		// The receiver says it is gone: the endpoint is paused, and this
