@@ -478,3 +478,35 @@ func TestAnInterruptedRequestAtTheCapFails(t *testing.T) {
 	require.Equal(t, labelInterrupted, o.label, "its attempt is still the interrupted one")
 	require.Equal(t, "attempt 3 of 3: interrupted: the relay stopped during the request", o.err)
 }
+
+// What a job claimed without seeing it (its claim statement failed on the
+// way back, after committing) goes back to pending at the job's end as it
+// was: no attempt charged, and nobody else's claims touched.
+func TestMessagesReleaseByTokenReleasesOnlyTheJobsClaims(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	var dest uuid.UUID
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO webhook_endpoints (url, secret, event_types)
+		VALUES ('http://127.0.0.1:1/', 'whsec_AAAA', '{order.placed}') RETURNING id`).Scan(&dest))
+	ids := Seed(t, pool, dest, 3, "")
+	mine, other := uuid.New(), uuid.New()
+	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET status = 'claimed', attempts = 1, claimed_at = now(), claimed_by = gen_random_uuid(),
+		claim_token = CASE WHEN id = $2 THEN $4::uuid ELSE $3::uuid END WHERE id = ANY ($1)`, ids, ids[2], mine, other)
+	require.NoError(t, err)
+
+	n, err := outboxdb.New(pool).MessagesReleaseByToken(ctx, mine)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	for i, id := range ids {
+		var status string
+		var attempts int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT status, attempts FROM outbox_messages WHERE id = $1", id).Scan(&status, &attempts))
+		require.Equal(t, 1, attempts, "no attempt charged")
+		if i < 2 {
+			require.Equal(t, StatusPending, status, "the job's claim is released")
+		} else {
+			require.Equal(t, StatusClaimed, status, "another job's claim is not")
+		}
+	}
+}

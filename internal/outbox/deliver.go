@@ -203,7 +203,13 @@ type session struct {
 	// statements' latencies.
 	recording bool
 	recorded  chan recordResult
-	unsent    []uuid.UUID // claimed, never sent: released without an attempt
+	// recordWarned is when a failed recording was last said: while the
+	// database is away a flush fails at every poll.
+	recordWarned time.Time
+	unsent       []uuid.UUID // claimed, never sent: released without an attempt
+	// claimFailed: a claim statement failed, and may have committed rows
+	// the job never saw; the settle releases them too.
+	claimFailed bool
 	// opened caches the endpoint's secrets decrypted, by stored value.
 	opened map[string]string
 }
@@ -306,6 +312,7 @@ func (s *session) run(ctx context.Context) error {
 					// Try again at the next poll; after three failures in a
 					// row, leave the destination to the next job.
 					claimFails++
+					s.claimFailed = true
 					dueLeft = false
 					if claimFails >= 3 && ctx.Err() == nil {
 						r.logger.WarnContext(ctx, "claiming messages", slog.String("destination", s.dest.String()), slog.Any("error", err))
@@ -606,7 +613,8 @@ func (s *session) flush(ctx context.Context) {
 func (s *session) record(ctx context.Context, res recordResult) {
 	s.recording = false
 	if res.err != nil {
-		if ctx.Err() == nil {
+		if ctx.Err() == nil && time.Since(s.recordWarned) > 30*time.Second {
+			s.recordWarned = time.Now()
 			s.r.logger.WarnContext(ctx, "recording delivery outcomes", slog.String("destination", s.dest.String()), slog.Any("error", res.err))
 		}
 		s.outcomes = append(res.outcomes, s.outcomes...)
@@ -678,6 +686,11 @@ func (s *session) settle(ctx context.Context) error {
 		if len(s.unsent) > 0 {
 			if _, err := q.MessagesRelease(ctx, s.unsent, s.token); err != nil {
 				return fmt.Errorf("releasing unsent messages: %w", err)
+			}
+		}
+		if s.claimFailed {
+			if _, err := q.MessagesReleaseByToken(ctx, s.token); err != nil {
+				return fmt.Errorf("releasing messages of failed claims: %w", err)
 			}
 		}
 		if _, err := q.MessagesPromoteStranded(ctx, s.dest); err != nil {

@@ -212,6 +212,19 @@ UPDATE outbox_messages
 SET status = 'pending', claim_token = NULL, claimed_at = NULL, claimed_by = NULL
 WHERE id = ANY (@ids::uuid[]) AND claim_token = @claim_token::uuid;
 
+-- name: MessagesReleaseByToken :execrows
+-- MessagesRelease for a job that lost track of what it claimed: a claim
+-- statement that failed on the way back (the connection dropped after it
+-- committed) leaves rows claimed under the job's token that the job never
+-- saw. Run at the job's end, after its outcomes are recorded, so whatever
+-- is still claimed under its token had no request: it goes back to pending
+-- as it was, rather than waiting out the claim timeout and being charged an
+-- attempt it never made. Reads the claimed rows (as many as are in flight
+-- everywhere), so it runs only after a claim failed.
+UPDATE outbox_messages
+SET status = 'pending', claim_token = NULL, claimed_at = NULL, claimed_by = NULL
+WHERE status = 'claimed' AND claim_token = @claim_token::uuid;
+
 -- name: MessagesReleaseLost :execrows
 -- Settles the claims of relays declared dead: their requests were in flight
 -- and may have reached the receiver, so each counts as an attempt

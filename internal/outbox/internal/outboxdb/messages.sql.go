@@ -1087,6 +1087,28 @@ func (q *Queries) MessagesRelease(ctx context.Context, ids []uuid.UUID, claimTok
 	return result.RowsAffected(), nil
 }
 
+const messagesReleaseByToken = `-- name: MessagesReleaseByToken :execrows
+UPDATE outbox_messages
+SET status = 'pending', claim_token = NULL, claimed_at = NULL, claimed_by = NULL
+WHERE status = 'claimed' AND claim_token = $1::uuid
+`
+
+// MessagesRelease for a job that lost track of what it claimed: a claim
+// statement that failed on the way back (the connection dropped after it
+// committed) leaves rows claimed under the job's token that the job never
+// saw. Run at the job's end, after its outcomes are recorded, so whatever
+// is still claimed under its token had no request: it goes back to pending
+// as it was, rather than waiting out the claim timeout and being charged an
+// attempt it never made. Reads the claimed rows (as many as are in flight
+// everywhere), so it runs only after a claim failed.
+func (q *Queries) MessagesReleaseByToken(ctx context.Context, claimToken uuid.UUID) (int64, error) {
+	result, err := q.db.Exec(ctx, messagesReleaseByToken, claimToken)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const messagesReleaseLost = `-- name: MessagesReleaseLost :execrows
 WITH lost AS (
     SELECT id, destination, attempts, attempts_before, claimed_at FROM outbox_messages
