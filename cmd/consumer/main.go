@@ -18,8 +18,9 @@
 //	CONSUMER_INBOX_RETENTION
 //	                  how long a webhook-id is remembered for dedup (default
 //	                  720h, 30 days); pruned hourly. Keep it beyond the
-//	                  sender's retries (27.6 h) and OUTBOX_RETENTION (its
-//	                  replays re-send retained events under their ids)
+//	                  sender's retries (27.6 h; at least 28h is required)
+//	                  and OUTBOX_RETENTION (its replays re-send retained
+//	                  events under their ids)
 //
 // For example, with the secret POST /webhook-endpoints returned:
 //
@@ -55,6 +56,10 @@ import (
 	"github.com/outboxkit/orders/internal/webhook"
 )
 
+// minInboxRetention is the shortest inbox retention that outlasts the
+// sender's default retry schedule (27.6 hours).
+const minInboxRetention = 28 * time.Hour
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -86,6 +91,11 @@ func parseConfig(getenv func(string) string) (config, error) {
 		natsStream:  getenv("NATS_STREAM"),
 		natsDurable: env.String("NATS_DURABLE", "ledger"),
 		retention:   env.Duration("CONSUMER_INBOX_RETENTION", 30*24*time.Hour),
+	}
+	// Shorter than the sender's retries, a late retry would find its id
+	// forgotten and be applied again.
+	if c.retention > 0 && c.retention < minInboxRetention {
+		env.Fail("CONSUMER_INBOX_RETENTION", fmt.Errorf("must be at least %s, beyond the sender's retries (27.6 h), got %s", minInboxRetention, c.retention))
 	}
 	if c.natsURL != "" && c.natsStream == "" {
 		env.Fail("NATS_STREAM", errors.New("required with NATS_URL: the stream to consume"))

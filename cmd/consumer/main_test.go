@@ -41,6 +41,8 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"log format", map[string]string{"DATABASE_URL": closedDB, "WEBHOOK_SECRETS": good, "LOG_FORMAT": "xml"}, []string{"LOG_FORMAT"}},
 		{"inbox retention", map[string]string{"DATABASE_URL": closedDB, "WEBHOOK_SECRETS": good, "CONSUMER_INBOX_RETENTION": "a month"},
 			[]string{"CONSUMER_INBOX_RETENTION"}},
+		{"inbox retention shorter than the retries", map[string]string{"DATABASE_URL": closedDB, "WEBHOOK_SECRETS": good, "CONSUMER_INBOX_RETENTION": "1h"},
+			[]string{"CONSUMER_INBOX_RETENTION", "at least 28h0m0s"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

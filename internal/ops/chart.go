@@ -64,8 +64,8 @@ func frame(id string, height float64) chart {
 		Right: chartWidth - marginRight, Bottom: height - marginBottom}
 }
 
-// niceCeil rounds v up to 1, 2, 2.5 or 5 times a power of ten, at least 4
-// (so four gridlines have whole labels).
+// niceCeil rounds v up to 1, 2, 2.5, 4, 5 or 10 times a power of ten, at
+// least 4 (so four gridlines have whole labels).
 func niceCeil(v float64) float64 {
 	if v <= 4 {
 		return 4

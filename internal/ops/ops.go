@@ -10,8 +10,11 @@
 // works in any browser and under a strict Content-Security-Policy. River
 // UI, mounted beside it under JobsPath behind the same login, is the one
 // JavaScript app (jobs.go). Every
-// state-changing request is a POST carrying a CSRF token, and every action
-// asks for confirmation (a second POST) and is logged.
+// state-changing request of the page's own is a POST carrying the session's
+// CSRF token (or made with the bearer header, which no browser adds), every
+// action but creating an endpoint (whose form is its confirmation) asks for
+// confirmation with a second POST, and every one is logged. River UI's JSON
+// actions are guarded differently (jobsAuthed says how).
 //
 // Authentication is the admin token: either the Authorization: Bearer header
 // (for scripts and proxies) or a login form that sets a session cookie. The
@@ -339,8 +342,10 @@ func (h *Handler) newSession(ctx context.Context) (string, error) {
 	if err := h.sessions.OpsSessionInsert(ctx, h.sign("session", value), now.Add(h.ttl)); err != nil {
 		return "", fmt.Errorf("storing ops session: %w", err)
 	}
+	// Housekeeping: the session is stored, so a failure here is said, not
+	// the login's.
 	if _, err := h.sessions.OpsSessionsDeleteExpired(ctx, now); err != nil {
-		return "", fmt.Errorf("deleting expired ops sessions: %w", err)
+		h.logger.WarnContext(ctx, "deleting expired ops sessions", slog.Any("error", err))
 	}
 	return value, nil
 }
