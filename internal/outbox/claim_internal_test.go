@@ -449,12 +449,18 @@ func TestMessagesFailedByAReleaseArePrunedWithTheFailed(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	for _, id := range ids {
-		var status string
+		var status, outcome string
 		var failedAt *time.Time
-		require.NoError(t, pool.QueryRow(ctx, "SELECT status, failed_at FROM outbox_messages WHERE id = $1", id).Scan(&status, &failedAt))
+		require.NoError(t, pool.QueryRow(ctx, `SELECT m.status, m.failed_at, a.outcome FROM outbox_messages m
+			JOIN outbox_attempts a ON a.message_id = m.id WHERE m.id = $1`, id).Scan(&status, &failedAt, &outcome))
 		require.Equal(t, StatusFailed, status, "released at the cap: failed")
 		require.NotNil(t, failedAt, "a failed message has failed_at")
+		require.Equal(t, labelFailed, outcome, "its attempt is the failed one, as any at the cap")
 	}
+	// The activity's minute sums count them as failed, not retried.
+	var sums int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT coalesce(sum(attempts), 0) FROM outbox_attempt_minutes WHERE destination = $1 AND outcome = 'failed'", dest).Scan(&sums))
+	require.Equal(t, 2, sums)
 
 	pruned, err := q.MessagesPruneFailed(ctx, time.Now().Add(time.Minute), 100)
 	require.NoError(t, err)
@@ -475,7 +481,7 @@ func TestAnInterruptedRequestAtTheCapFails(t *testing.T) {
 	require.Equal(t, labelInterrupted, o.label)
 	o = interrupted(2)
 	require.Equal(t, StatusFailed, o.status, "attempt 3 of 3: failed")
-	require.Equal(t, labelInterrupted, o.label, "its attempt is still the interrupted one")
+	require.Equal(t, labelFailed, o.label, "its attempt is the failed one, as any at the cap")
 	require.Equal(t, "attempt 3 of 3: interrupted: the relay stopped during the request", o.err)
 }
 

@@ -536,8 +536,9 @@ func (r *Relay) judge(s sent) outcome {
 		if attempt >= r.cfg.MaxAttempts {
 			// At the cap it fails, as a dead relay's claims do
 			// (MessagesReleaseLost): a message whose request stops its relay
-			// every time cannot keep stopping relays.
-			o.status = StatusFailed
+			// every time cannot keep stopping relays. Its attempt is the
+			// failed one, as every attempt that reaches the cap is.
+			o.status, o.label = StatusFailed, labelFailed
 			o.err = fmt.Sprintf("attempt %d of %d: %s", attempt, r.cfg.MaxAttempts, o.err)
 		}
 		return o

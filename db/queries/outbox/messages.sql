@@ -229,7 +229,8 @@ WHERE status = 'claimed' AND claim_token = @claim_token::uuid;
 -- Settles the claims of relays declared dead: their requests were in flight
 -- and may have reached the receiver, so each counts as an attempt
 -- ("interrupted") and the message is due again at once; at the attempt cap
--- it fails instead, so a message whose delivery kills its relay every time
+-- it fails instead (its attempt recorded as 'failed', as any attempt that
+-- reaches the cap is), so a message whose delivery kills its relay every time
 -- cannot kill relays forever. This is the at-least-once window, by design.
 -- Their endpoints' latest attempt and error say so, and their minute's sums
 -- count them.
@@ -249,7 +250,7 @@ WITH lost AS (
         last_error = @reason::text
     FROM lost
     WHERE m.id = lost.id
-    RETURNING m.id
+    RETURNING m.id, CASE WHEN m.status = 'failed' THEN 'failed' ELSE 'interrupted' END AS outcome
 ), endpoint AS (
     UPDATE webhook_endpoints e
     SET last_attempt_at = now(), last_attempt_outcome = 'interrupted',
@@ -257,20 +258,20 @@ WITH lost AS (
     WHERE e.id IN (SELECT l.destination FROM lost l JOIN released r ON r.id = l.id)
 ), summed AS (
     INSERT INTO outbox_attempt_minutes AS t (destination, minute, outcome, le_ms, attempts, min_ms, max_ms)
-    SELECT l.destination, date_trunc('minute', now()), 'interrupted', 0, count(*),
+    SELECT l.destination, date_trunc('minute', now()), r.outcome, 0, count(*),
            min(x.ms), max(x.ms)
     FROM lost l
     JOIN released r ON r.id = l.id
     CROSS JOIN LATERAL (SELECT GREATEST(EXTRACT(epoch FROM now() - l.claimed_at) * 1000, 0)::float8 AS ms) x
-    GROUP BY 1
-    ORDER BY 1
+    GROUP BY 1, 3
+    ORDER BY 1, 3
     ON CONFLICT (destination, minute, outcome, le_ms) DO UPDATE
     SET attempts = t.attempts + excluded.attempts,
         min_ms = LEAST(t.min_ms, excluded.min_ms),
         max_ms = GREATEST(t.max_ms, excluded.max_ms)
 )
 INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, error)
-SELECT l.id, l.attempts_before + l.attempts + 1, 'interrupted', l.claimed_at, now(), @reason::text
+SELECT l.id, l.attempts_before + l.attempts + 1, r.outcome, l.claimed_at, now(), @reason::text
 FROM lost l JOIN released r ON r.id = l.id
 ON CONFLICT DO NOTHING;
 
@@ -298,7 +299,7 @@ WITH stale AS (
         last_error = 'claim timed out: the relay did not record an outcome'
     FROM stale
     WHERE m.id = stale.id
-    RETURNING m.id
+    RETURNING m.id, CASE WHEN m.status = 'failed' THEN 'failed' ELSE 'timeout' END AS outcome
 ), endpoint AS (
     UPDATE webhook_endpoints e
     SET last_attempt_at = now(), last_attempt_outcome = 'timeout',
@@ -307,20 +308,20 @@ WITH stale AS (
     WHERE e.id IN (SELECT s.destination FROM stale s JOIN released r ON r.id = s.id)
 ), summed AS (
     INSERT INTO outbox_attempt_minutes AS t (destination, minute, outcome, le_ms, attempts, min_ms, max_ms)
-    SELECT s.destination, date_trunc('minute', now()), 'timeout', 0, count(*),
+    SELECT s.destination, date_trunc('minute', now()), r.outcome, 0, count(*),
            min(x.ms), max(x.ms)
     FROM stale s
     JOIN released r ON r.id = s.id
     CROSS JOIN LATERAL (SELECT GREATEST(EXTRACT(epoch FROM now() - s.claimed_at) * 1000, 0)::float8 AS ms) x
-    GROUP BY 1
-    ORDER BY 1
+    GROUP BY 1, 3
+    ORDER BY 1, 3
     ON CONFLICT (destination, minute, outcome, le_ms) DO UPDATE
     SET attempts = t.attempts + excluded.attempts,
         min_ms = LEAST(t.min_ms, excluded.min_ms),
         max_ms = GREATEST(t.max_ms, excluded.max_ms)
 )
 INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, error)
-SELECT s.id, s.attempts_before + s.attempts + 1, 'timeout', s.claimed_at, now(), 'claim timed out: the relay did not record an outcome'
+SELECT s.id, s.attempts_before + s.attempts + 1, r.outcome, s.claimed_at, now(), 'claim timed out: the relay did not record an outcome'
 FROM stale s JOIN released r ON r.id = s.id
 ON CONFLICT DO NOTHING;
 
