@@ -516,3 +516,56 @@ func TestMessagesReleaseByTokenReleasesOnlyTheJobsClaims(t *testing.T) {
 		}
 	}
 }
+
+// The race behind MessagesPromoteKeys: a claim parks a keyed message behind
+// the one ahead of it, which is claimed, while the job's recording of that
+// one's delivery runs beside it; neither statement sees the other's write,
+// so the message stays parked with nothing ahead. MessagesPromoteKeys, run
+// for the recording's keys once both have ended, lets it go.
+func TestAClaimBesideARecordingStrandsNothing(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	lease := uuid.New()
+	var dest uuid.UUID
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO webhook_endpoints (url, secret, event_types, lease_token)
+		VALUES ('http://127.0.0.1:1/', 'whsec_AAAA', '{order.placed}', $1) RETURNING id`, lease).Scan(&dest))
+	ids := Seed(t, pool, dest, 2, "order-1")
+	ahead, next := ids[0], ids[1]
+	claim := func(db interface {
+		SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
+	}, n int32) []outboxdb.MessageClaimRow {
+		rows, err := claimMessages(ctx, db, outboxdb.MessageClaimParams{ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: n})
+		require.NoError(t, err)
+		return rows
+	}
+	require.Len(t, claim(pool, 1), 1, "the first of the key is claimed and sent")
+
+	// The next claim parks the second, and has not committed yet when the
+	// recording of the first's delivery runs.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	require.Empty(t, claim(tx, 10), "the second waits behind the first, still claimed")
+	now := time.Now()
+	_, err = outboxdb.New(pool).MessagesRecordOutcomes(ctx, outboxdb.MessagesRecordOutcomesParams{
+		Ids: []uuid.UUID{ahead}, Statuses: []string{StatusDelivered}, DelaysSeconds: []float64{0}, LastErrors: []string{""},
+		Attempts: []int32{1}, Outcomes: []string{labelDelivered}, StartedAts: []time.Time{now}, FinishedAts: []time.Time{now},
+		StatusCodes: []int32{204}, ClaimToken: lease})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	parked := func() bool {
+		var p bool
+		require.NoError(t, pool.QueryRow(ctx, "SELECT parked FROM outbox_messages WHERE id = $1", next).Scan(&p))
+		return p
+	}
+	require.True(t, parked(), "the race: delivered ahead, and still parked behind it")
+
+	n, err := outboxdb.New(pool).MessagesPromoteKeys(ctx, dest, []string{"order-1"})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.False(t, parked())
+	rows := claim(pool, 10)
+	require.Len(t, rows, 1)
+	require.Equal(t, next, rows[0].ID, "and the next claim sends it")
+}

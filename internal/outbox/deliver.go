@@ -206,7 +206,11 @@ type session struct {
 	// recordWarned is when a failed recording was last said: while the
 	// database is away a flush fails at every poll.
 	recordWarned time.Time
-	unsent       []uuid.UUID // claimed, never sent: released without an attempt
+	// claimedBeside: a claim ran while the recording in flight did, so it
+	// may have parked a message behind one the recording settled, unseen
+	// by the recording's promotion (MessagesPromoteKeys).
+	claimedBeside bool
+	unsent        []uuid.UUID // claimed, never sent: released without an attempt
 	// claimFailed: a claim statement failed, and may have committed rows
 	// the job never saw; the settle releases them too.
 	claimFailed bool
@@ -236,6 +240,7 @@ type sent struct {
 // outcome is what the relay records for one message and its attempt.
 type outcome struct {
 	id       uuid.UUID
+	key      string // the ordering key, if any
 	attempt  int
 	status   string
 	delay    time.Duration
@@ -305,6 +310,7 @@ func (s *session) run(ctx context.Context) error {
 			// about as much for one message as for thirty), a slow or
 			// uneven one's within a poll interval.
 			if room > 0 && (s.inFlight == 0 || room == s.slots() || time.Since(lastClaim) >= r.cfg.PollInterval) {
+				s.claimedBeside = s.claimedBeside || s.recording
 				rows, err := s.claim(ctx, room)
 				lastClaim = time.Now()
 				switch {
@@ -524,6 +530,9 @@ func (r *Relay) judge(s sent) outcome {
 	attempt := int(s.row.Attempts) + 1
 	code := res.StatusCode
 	o := outcome{id: s.row.ID, attempt: attempt, code: code, started: s.started, finished: s.finished}
+	if s.row.OrderingKey != nil {
+		o.key = *s.row.OrderingKey
+	}
 	switch {
 	case res.Err == nil && (res.Acked || code >= 200 && code < 300):
 		o.status, o.label = StatusDelivered, labelDelivered
@@ -602,6 +611,7 @@ func (s *session) flush(ctx context.Context) {
 	batch := s.outcomes
 	s.outcomes = nil
 	s.recording = true
+	s.claimedBeside = false
 	params := s.recordParams(batch)
 	go func() {
 		_, err := outboxdb.New(s.r.pool).MessagesRecordOutcomes(ctx, params)
@@ -621,7 +631,32 @@ func (s *session) record(ctx context.Context, res recordResult) {
 		s.outcomes = append(res.outcomes, s.outcomes...)
 		return
 	}
+	if s.claimedBeside {
+		s.promoteKeys(ctx, res.outcomes)
+	}
 	s.counted(ctx, res.outcomes)
+}
+
+// promoteKeys lets go the messages a claim parked, beside the recording of
+// outcomes, behind the keyed ones it settled (see MessagesPromoteKeys).
+// Failing, it leaves them to the job's end, which promotes every stranded
+// message of the destination.
+func (s *session) promoteKeys(ctx context.Context, outcomes []outcome) {
+	var keys []string
+	for _, o := range outcomes {
+		// Only a delivery lets its key go on: a retry or a failure holds it.
+		if o.key != "" && o.status == StatusDelivered {
+			keys = append(keys, o.key)
+		}
+	}
+	if len(keys) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	defer cancel()
+	if _, err := outboxdb.New(s.r.pool).MessagesPromoteKeys(ctx, s.dest, keys); err != nil && ctx.Err() == nil {
+		s.r.logger.WarnContext(ctx, "promoting parked messages", slog.String("destination", s.dest.String()), slog.Any("error", err))
+	}
 }
 
 func (s *session) recordParams(outcomes []outcome) outboxdb.MessagesRecordOutcomesParams {

@@ -408,6 +408,28 @@ AND NOT EXISTS (
       AND (b.status IN ('claimed', 'failed')
            OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))));
 
+-- name: MessagesPromoteKeys :execrows
+-- MessagesPromoteStranded for some keys only, at once: run by a deliver job
+-- after a recording that ran beside one of its claims. The claim may have
+-- parked a message behind one the recording settled, and the recording's
+-- promotion, which could not see the park yet, let nothing go: the message
+-- would wait for the job's end. One probe of outbox_messages_ordering_idx
+-- per key.
+UPDATE outbox_messages m
+SET parked = false
+WHERE m.id IN (
+    SELECT DISTINCT ON (w.ordering_key) w.id
+    FROM outbox_messages w
+    WHERE w.destination = @destination::uuid AND w.ordering_key = ANY (@keys::text[])
+      AND w.status = 'pending' AND w.parked
+    ORDER BY w.ordering_key, w.id
+)
+AND NOT EXISTS (
+    SELECT 1 FROM outbox_messages b
+    WHERE b.destination = m.destination AND b.ordering_key = m.ordering_key AND b.id < m.id
+      AND (b.status IN ('claimed', 'failed')
+           OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))));
+
 -- name: MessagesDiscardOrphans :execrows
 -- Discards up to @batch_size pending messages whose endpoint no longer
 -- exists: what a deletion left to the relay (a backlog too large to settle

@@ -856,6 +856,37 @@ func (q *Queries) MessagesParkedBehind(ctx context.Context, destination uuid.UUI
 	return count, err
 }
 
+const messagesPromoteKeys = `-- name: MessagesPromoteKeys :execrows
+UPDATE outbox_messages m
+SET parked = false
+WHERE m.id IN (
+    SELECT DISTINCT ON (w.ordering_key) w.id
+    FROM outbox_messages w
+    WHERE w.destination = $1::uuid AND w.ordering_key = ANY ($2::text[])
+      AND w.status = 'pending' AND w.parked
+    ORDER BY w.ordering_key, w.id
+)
+AND NOT EXISTS (
+    SELECT 1 FROM outbox_messages b
+    WHERE b.destination = m.destination AND b.ordering_key = m.ordering_key AND b.id < m.id
+      AND (b.status IN ('claimed', 'failed')
+           OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))))
+`
+
+// MessagesPromoteStranded for some keys only, at once: run by a deliver job
+// after a recording that ran beside one of its claims. The claim may have
+// parked a message behind one the recording settled, and the recording's
+// promotion, which could not see the park yet, let nothing go: the message
+// would wait for the job's end. One probe of outbox_messages_ordering_idx
+// per key.
+func (q *Queries) MessagesPromoteKeys(ctx context.Context, destination uuid.UUID, keys []string) (int64, error) {
+	result, err := q.db.Exec(ctx, messagesPromoteKeys, destination, keys)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const messagesPromoteStranded = `-- name: MessagesPromoteStranded :execrows
 UPDATE outbox_messages m
 SET parked = false
