@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -43,7 +44,12 @@ func TestThrowawayFromInstalledBinaries(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = srv.Close() })
 	require.True(t, srv.Started)
-	require.Equal(t, fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port), srv.URL)
+	u, err := url.Parse(srv.URL)
+	require.NoError(t, err)
+	password, ok := u.User.Password()
+	require.True(t, ok, "the superuser has a password: %s", srv.URL)
+	require.Len(t, password, 32)
+	require.Equal(t, fmt.Sprintf("postgres://postgres:%s@127.0.0.1:%d/postgres?sslmode=disable", password, port), srv.URL)
 	// One line says which database is used, and why.
 	lines := strings.Split(strings.TrimSpace(logged.String()), "\n")
 	require.Len(t, lines, 1, "starting a throwaway database logs one line:\n%s", logged.String())
@@ -52,13 +58,29 @@ func TestThrowawayFromInstalledBinaries(t *testing.T) {
 	require.Contains(t, lines[0], fmt.Sprintf(`"port":%d`, port))
 
 	selectOne(ctx, t, srv.URL)
+	// Another local user, without the password, is refused: the cluster
+	// listens on 127.0.0.1, and its superuser can run programs.
+	conn, err := pgx.Connect(ctx, fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port))
+	if err == nil {
+		conn.Close(ctx)
+	}
+	require.ErrorContains(t, err, "password", "connecting without the password fails")
+	require.NotContains(t, logged.String(), password, "the log redacts it")
+	urlFile := filepath.Join(dir, "data", "url")
+	require.Contains(t, lines[0], fmt.Sprintf(`"url_file":%q`, urlFile), "and says where the whole URL is")
+	saved, err := os.ReadFile(urlFile)
+	require.NoError(t, err)
+	require.Equal(t, srv.URL+"\n", string(saved))
+	fi, err := os.Stat(urlFile)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "readable by the developer only")
 
 	// What Ensure does with a server on 127.0.0.1:5432, here on a fresh one:
 	// the development database (LocalDatabase) gets created, twice is fine.
 	for range 2 {
 		ordersURL, err := useLocal(ctx, srv.URL)
 		require.NoError(t, err)
-		require.Equal(t, fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", port, LocalDatabase), ordersURL)
+		require.Equal(t, fmt.Sprintf("postgres://postgres:%s@127.0.0.1:%d/%s?sslmode=disable", password, port, LocalDatabase), ordersURL)
 		selectOne(ctx, t, ordersURL)
 	}
 	// A server that answers but refuses us is a reason to fall back.

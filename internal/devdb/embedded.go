@@ -16,7 +16,7 @@ import (
 // downloads (and caches under ~/.embedded-postgres-go). It needs internet the
 // first time, and cannot run as root.
 func (c *cluster) startEmbedded(ctx context.Context) (*Server, error) {
-	const password = "postgres"
+	password := newPassword()
 	runtime := filepath.Join(c.dir, "runtime")
 	cfg := embeddedpostgres.DefaultConfig().
 		Port(c.port).

@@ -3,6 +3,8 @@ package devdb
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -86,8 +88,17 @@ func startThrowaway(ctx context.Context, opts Options, logger *slog.Logger, leve
 		c.release()
 		return nil, err
 	}
+	// The log redacts the password; the whole URL is in a file only the
+	// developer reads (psql "$(cat <url_file>)"), gone with the cluster.
+	urlFile := filepath.Join(c.data, "url")
+	if err := os.WriteFile(urlFile, []byte(srv.URL+"\n"), 0o600); err != nil {
+		_ = srv.Close()
+		c.release()
+		return nil, fmt.Errorf("devdb: %w", err)
+	}
 	logger.LogAttrs(ctx, level, "started throwaway PostgreSQL", append([]slog.Attr{slog.String("data_dir", c.data),
-		slog.String("url", redact(srv.URL)), slog.Any("port", c.port), slog.String("bin_dir", binDir)}, why...)...)
+		slog.String("url", redact(srv.URL)), slog.String("url_file", urlFile), slog.Any("port", c.port),
+		slog.String("bin_dir", binDir)}, why...)...)
 
 	stop := srv.stop
 	srv.stop = func() error {
@@ -190,8 +201,22 @@ func (c *cluster) startInstalled(ctx context.Context, binDir string) (*Server, e
 		return nil, fmt.Errorf("devdb: %w", err)
 	}
 
+	// A password, not trust: the cluster listens on 127.0.0.1, where any
+	// local user could otherwise connect as its superuser (and run programs
+	// as the developer with COPY ... TO PROGRAM).
+	password := newPassword()
+	pwfile := filepath.Join(c.dir, "pwfile")
+	if err := os.WriteFile(pwfile, []byte(password+"\n"), 0o600); err != nil {
+		_ = os.RemoveAll(c.data)
+		return nil, fmt.Errorf("devdb: %w", err)
+	}
+	defer os.Remove(pwfile)
+	if err := c.runAs.chown(pwfile); err != nil {
+		_ = os.RemoveAll(c.data)
+		return nil, fmt.Errorf("devdb: %w", err)
+	}
 	err := c.run(ctx, filepath.Join(binDir, "initdb"),
-		"-D", c.data, "-U", "postgres", "-A", "trust",
+		"-D", c.data, "-U", "postgres", "-A", "scram-sha-256", "--pwfile", pwfile,
 		"--encoding=UTF8", "--locale=C", "--no-sync")
 	if err != nil {
 		_ = os.RemoveAll(c.data)
@@ -236,7 +261,7 @@ full_page_writes = off
 	}
 
 	return &Server{
-		URL:     fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port),
+		URL:     fmt.Sprintf("postgres://postgres:%s@127.0.0.1:%d/postgres?sslmode=disable", password, c.port),
 		Started: true,
 		DataDir: c.data,
 		stop: func() error {
@@ -368,4 +393,12 @@ func tail(b []byte, n int) string {
 		b = b[len(b)-n:]
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// newPassword returns a random password for a throwaway cluster's
+// superuser: 32 hex digits, safe in a URL.
+func newPassword() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }
