@@ -121,11 +121,11 @@ func (r *Relay) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Set before River starts: a job that settles reads it.
+	r.client = client
 	// River hard-stops (cancels running jobs) when its start context is
 	// cancelled, which would cut off in-flight deliveries and skip the
 	// grace period; Stop does the stopping instead.
-	// Set before River starts: a job that settles reads it.
-	r.client = client
 	if err := client.Start(context.WithoutCancel(ctx)); err != nil {
 		r.client = nil
 		return fmt.Errorf("starting river: %w", err)
