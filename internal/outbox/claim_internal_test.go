@@ -561,7 +561,7 @@ func TestAClaimBesideARecordingStrandsNothing(t *testing.T) {
 	}
 	require.True(t, parked(), "the race: delivered ahead, and still parked behind it")
 
-	n, err := outboxdb.New(pool).MessagesPromoteKeys(ctx, dest, []string{"order-1"})
+	n, err := outboxdb.New(pool).MessagesPromoteKeys(ctx, []string{"order-1"}, dest)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	require.False(t, parked())

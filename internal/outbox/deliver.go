@@ -654,7 +654,7 @@ func (s *session) promoteKeys(ctx context.Context, outcomes []outcome) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, settleTimeout)
 	defer cancel()
-	if _, err := outboxdb.New(s.r.pool).MessagesPromoteKeys(ctx, s.dest, keys); err != nil && ctx.Err() == nil {
+	if _, err := outboxdb.New(s.r.pool).MessagesPromoteKeys(ctx, keys, s.dest); err != nil && ctx.Err() == nil {
 		s.r.logger.WarnContext(ctx, "promoting parked messages", slog.String("destination", s.dest.String()), slog.Any("error", err))
 	}
 }

@@ -418,11 +418,15 @@ AND NOT EXISTS (
 UPDATE outbox_messages m
 SET parked = false
 WHERE m.id IN (
-    SELECT DISTINCT ON (w.ordering_key) w.id
-    FROM outbox_messages w
-    WHERE w.destination = @destination::uuid AND w.ordering_key = ANY (@keys::text[])
-      AND w.status = 'pending' AND w.parked
-    ORDER BY w.ordering_key, w.id
+    SELECT f.id
+    FROM unnest(@keys::text[]) AS k (key)
+    CROSS JOIN LATERAL (
+        SELECT w.id FROM outbox_messages w
+        WHERE w.destination = @destination::uuid AND w.ordering_key = k.key
+          AND w.status = 'pending' AND w.parked
+        ORDER BY w.id
+        LIMIT 1
+    ) f
 )
 AND NOT EXISTS (
     SELECT 1 FROM outbox_messages b

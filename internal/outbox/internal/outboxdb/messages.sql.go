@@ -860,11 +860,15 @@ const messagesPromoteKeys = `-- name: MessagesPromoteKeys :execrows
 UPDATE outbox_messages m
 SET parked = false
 WHERE m.id IN (
-    SELECT DISTINCT ON (w.ordering_key) w.id
-    FROM outbox_messages w
-    WHERE w.destination = $1::uuid AND w.ordering_key = ANY ($2::text[])
-      AND w.status = 'pending' AND w.parked
-    ORDER BY w.ordering_key, w.id
+    SELECT f.id
+    FROM unnest($1::text[]) AS k (key)
+    CROSS JOIN LATERAL (
+        SELECT w.id FROM outbox_messages w
+        WHERE w.destination = $2::uuid AND w.ordering_key = k.key
+          AND w.status = 'pending' AND w.parked
+        ORDER BY w.id
+        LIMIT 1
+    ) f
 )
 AND NOT EXISTS (
     SELECT 1 FROM outbox_messages b
@@ -879,8 +883,8 @@ AND NOT EXISTS (
 // promotion, which could not see the park yet, let nothing go: the message
 // would wait for the job's end. One probe of outbox_messages_ordering_idx
 // per key.
-func (q *Queries) MessagesPromoteKeys(ctx context.Context, destination uuid.UUID, keys []string) (int64, error) {
-	result, err := q.db.Exec(ctx, messagesPromoteKeys, destination, keys)
+func (q *Queries) MessagesPromoteKeys(ctx context.Context, keys []string, destination uuid.UUID) (int64, error) {
+	result, err := q.db.Exec(ctx, messagesPromoteKeys, keys, destination)
 	if err != nil {
 		return 0, err
 	}
