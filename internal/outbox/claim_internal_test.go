@@ -30,9 +30,7 @@ func TestClaimPartitionsRowsBetweenConcurrentClaimers(t *testing.T) {
 	// a race between two (a lease taken over from a relay declared dead)
 	// from sending a message twice.
 	lease := uuid.New()
-	var dest uuid.UUID
-	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO webhook_endpoints (url, secret, event_types, lease_token)
-		VALUES ('http://127.0.0.1:1/', 'whsec_AAAA', '{order.placed}', $1) RETURNING id`, lease).Scan(&dest))
+	dest := testEndpoint(t, pool, &lease)
 	Seed(t, pool, dest, 5000, "")
 
 	const claimers = 4
@@ -338,9 +336,7 @@ func TestClaimGenericPlanStaysOnIndexesWithOneDestination(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	token := uuid.New()
-	var dest uuid.UUID
-	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO webhook_endpoints (url, secret, event_types, lease_token)
-		VALUES ('http://127.0.0.1:1/', 'whsec_AAAA', '{order.placed}', $1) RETURNING id`, token).Scan(&dest))
+	dest := testEndpoint(t, pool, &token)
 	Seed(t, pool, dest, 20000, "")
 	_, err = pool.Exec(ctx, "ANALYZE")
 	require.NoError(t, err)
@@ -386,9 +382,7 @@ func TestClaimDoesNotCompileForABacklog(t *testing.T) {
 	}
 
 	lease := uuid.New()
-	var dest uuid.UUID
-	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO webhook_endpoints (url, secret, event_types, lease_token)
-		VALUES ('http://127.0.0.1:1/', 'whsec_AAAA', '{order.placed}', $1) RETURNING id`, lease).Scan(&dest))
+	dest := testEndpoint(t, pool, &lease)
 	Seed(t, pool, dest, 300_000, "")
 	_, err = pool.Exec(ctx, `ANALYZE outbox_messages`) // as autovacuum would
 	require.NoError(t, err)
@@ -426,9 +420,7 @@ func TestMessagesFailedByAReleaseArePrunedWithTheFailed(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.Pool(t)
 	ctx := context.Background()
-	var dest uuid.UUID
-	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO webhook_endpoints (url, secret, event_types)
-		VALUES ('http://127.0.0.1:1/', 'whsec_AAAA', '{order.placed}') RETURNING id`).Scan(&dest))
+	dest := testEndpoint(t, pool, nil)
 	ids := Seed(t, pool, dest, 2, "")
 	dead, stale := ids[0], ids[1]
 	const maxAttempts = 3
@@ -492,9 +484,7 @@ func TestMessagesReleaseByTokenReleasesOnlyTheJobsClaims(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.Pool(t)
 	ctx := context.Background()
-	var dest uuid.UUID
-	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO webhook_endpoints (url, secret, event_types)
-		VALUES ('http://127.0.0.1:1/', 'whsec_AAAA', '{order.placed}') RETURNING id`).Scan(&dest))
+	dest := testEndpoint(t, pool, nil)
 	ids := Seed(t, pool, dest, 3, "")
 	mine, other := uuid.New(), uuid.New()
 	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET status = 'claimed', attempts = 1, claimed_at = now(), claimed_by = gen_random_uuid(),
@@ -527,9 +517,7 @@ func TestAClaimBesideARecordingStrandsNothing(t *testing.T) {
 	pool := dbtest.Pool(t)
 	ctx := context.Background()
 	lease := uuid.New()
-	var dest uuid.UUID
-	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO webhook_endpoints (url, secret, event_types, lease_token)
-		VALUES ('http://127.0.0.1:1/', 'whsec_AAAA', '{order.placed}', $1) RETURNING id`, lease).Scan(&dest))
+	dest := testEndpoint(t, pool, &lease)
 	ids := Seed(t, pool, dest, 2, "order-1")
 	ahead, next := ids[0], ids[1]
 	claim := func(db interface {
@@ -568,4 +556,14 @@ func TestAClaimBesideARecordingStrandsNothing(t *testing.T) {
 	rows := claim(pool, 10)
 	require.Len(t, rows, 1)
 	require.Equal(t, next, rows[0].ID, "and the next claim sends it")
+}
+
+// testEndpoint registers an endpoint for order.placed that nothing
+// listens on, its lease held by lease (none if nil), and returns its id.
+func testEndpoint(t *testing.T, pool *pgxpool.Pool, lease *uuid.UUID) uuid.UUID {
+	t.Helper()
+	var id uuid.UUID
+	require.NoError(t, pool.QueryRow(context.Background(), `INSERT INTO webhook_endpoints (url, secret, event_types, lease_token)
+		VALUES ('http://127.0.0.1:1/', 'whsec_AAAA', '{order.placed}', $1) RETURNING id`, lease).Scan(&id))
+	return id
 }
