@@ -21,7 +21,8 @@ import (
 // until the outbox is empty. With send set, each claimed batch is also POSTed,
 // inFlight requests at a time per connection, before it is marked: the raw
 // HTTP loop, with the relay's HTTP client and signing but no River, no
-// lease, no history.
+// lease, no history; or, with a broker's transport, the raw outbox loop of
+// that broker.
 func rawDrain(ctx context.Context, url string, n, conns int, send outbox.Transport, inFlight int) (float64, error) {
 	db := &database{url: url}
 	pool, err := db.pool(ctx, int32(conns))
@@ -80,6 +81,8 @@ func rawDrain(ctx context.Context, url string, n, conns int, send outbox.Transpo
 					// webhook-id and the body's id are the event's, as the relay sends them.
 					d.Body = outbox.Message{ID: d.MessageID, EventID: d.EventID, Type: d.Type,
 						CreatedAt: created, EventCreatedAt: created, Payload: payload}.Body()
+					// What a broker publishes instead: the payload, its time.
+					d.Data, d.CreatedAt = payload, created
 					batch = append(batch, d)
 				}
 				rows.Close()
@@ -97,8 +100,8 @@ func rawDrain(ctx context.Context, url string, n, conns int, send outbox.Transpo
 						sem <- struct{}{}
 						sends.Go(func() {
 							defer func() { <-sem }()
-							if res := send.Deliver(ctx, d); res.Err != nil || res.StatusCode/100 != 2 {
-								fail(fmt.Errorf("raw HTTP loop: %d %v", res.StatusCode, res.Err))
+							if res := send.Deliver(ctx, d); res.Err != nil || !res.Acked && res.StatusCode/100 != 2 {
+								fail(fmt.Errorf("raw loop, sending: %d %v", res.StatusCode, res.Err))
 							}
 						})
 					}
