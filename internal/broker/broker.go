@@ -17,7 +17,13 @@
 package broker
 
 import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
 	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/orders/internal/outbox"
 )
@@ -49,6 +55,12 @@ type Config struct {
 // first publish, so a broker that is down at start delays nothing but its
 // own destinations. close closes them all.
 func Transports(cfg Config) (ts map[string]outbox.Transport, close func(), err error) {
+	if err := CheckNATSURL(cfg.NATSURL); err != nil {
+		return nil, nil, fmt.Errorf("NATS: %w", err)
+	}
+	if err := CheckAMQPURL(cfg.AMQPURL); err != nil {
+		return nil, nil, fmt.Errorf("RabbitMQ: %w", err)
+	}
 	ts = map[string]outbox.Transport{}
 	var closers []func()
 	if cfg.NATSURL != "" {
@@ -71,6 +83,52 @@ func Transports(cfg Config) (ts map[string]outbox.Transport, close func(), err e
 			c()
 		}
 	}, nil
+}
+
+// errBadURL replaces an error that would quote a broker URL.
+var errBadURL = errors.New("the URL does not parse (it is not shown: it may hold a password; " +
+	"percent-encode special characters in its user and password)")
+
+// hideURL keeps a broker URL out of an error: url.Parse's errors quote the
+// whole string, password included, and a delivery's error is stored in the
+// attempt history and logged.
+func hideURL(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return errBadURL
+	}
+	return err
+}
+
+// CheckNATSURL reports whether raw, a comma-separated list of NATS server
+// URLs as NATSURL holds it, parses, without quoting it. Empty is fine: no
+// NATS configured.
+func CheckNATSURL(raw string) error {
+	if raw == "" {
+		return nil
+	}
+	for _, u := range strings.Split(raw, ",") {
+		u = strings.TrimSpace(u)
+		if !strings.Contains(u, "://") {
+			u = "nats://" + u // as nats.Connect reads a bare host:port
+		}
+		if _, err := url.Parse(u); err != nil {
+			return errBadURL
+		}
+	}
+	return nil
+}
+
+// CheckAMQPURL reports whether raw, an AMQPURL, is a RabbitMQ URL, without
+// quoting it. Empty is fine: no RabbitMQ configured.
+func CheckAMQPURL(raw string) error {
+	if raw == "" {
+		return nil
+	}
+	if _, err := amqp.ParseURI(raw); err != nil {
+		return hideURL(err)
+	}
+	return nil
 }
 
 // attribute is one CloudEvents context attribute of a delivery.

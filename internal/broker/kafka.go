@@ -33,6 +33,13 @@ func NewKafka(cfg Config, source string) (*Kafka, error) {
 		// The relay sends one message at a time per key, as soon as it is
 		// claimed: there is nothing to batch by waiting.
 		kgo.ProducerLinger(0),
+		// A produce waits no longer than its delivery: without this the
+		// idempotent producer waits for a hanging broker's answer past any
+		// deadline, and the relay's request slot with it. A cancelled
+		// produce may still have been written; the relay sends it again,
+		// and the consumer's inbox drops the second copy, as for any
+		// at-least-once delivery.
+		kgo.AllowIdempotentProduceCancellation(),
 	}
 	if cfg.KafkaTLS {
 		opts = append(opts, kgo.DialTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12}))

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -21,30 +20,35 @@ import (
 type NATS struct {
 	url, source string
 
-	mu sync.Mutex
-	nc *nats.Conn
-	js jetstream.JetStream
+	mu     sync.Mutex
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	closed bool
 }
 
 // NewNATS returns a transport to the NATS servers at url. It connects at
 // the first publish.
 func NewNATS(url, source string) *NATS { return &NATS{url: url, source: source} }
 
+// errNATSClosed is a publish after Close.
+var errNATSClosed = errors.New("the NATS transport is closed")
+
 // conn returns the JetStream context, connecting if there is none. A
-// connection reconnects by itself once made; a closed one is replaced.
-func (t *NATS) conn(ctx context.Context) (jetstream.JetStream, error) {
+// connection reconnects by itself once made; a closed one is replaced. The
+// connection's options outlive this call (its reconnects use them), so
+// its timeout is a fixed one, not what is left of this publish's.
+func (t *NATS) conn() (jetstream.JetStream, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.closed {
+		return nil, errNATSClosed
+	}
 	if t.nc != nil && !t.nc.IsClosed() {
 		return t.js, nil
 	}
-	timeout := 5 * time.Second
-	if dl, ok := ctx.Deadline(); ok {
-		timeout = min(timeout, time.Until(dl))
-	}
-	nc, err := nats.Connect(t.url, nats.Name("outbox-relay"), nats.Timeout(timeout), nats.MaxReconnects(-1))
+	nc, err := nats.Connect(t.url, nats.Name("outbox-relay"), nats.Timeout(dialTimeout), nats.MaxReconnects(-1))
 	if err != nil {
-		return nil, fmt.Errorf("connecting to NATS: %w", err)
+		return nil, fmt.Errorf("connecting to NATS: %w", hideURL(err))
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -58,7 +62,7 @@ func (t *NATS) conn(ctx context.Context) (jetstream.JetStream, error) {
 // Deliver implements outbox.Transport.
 func (t *NATS) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result {
 	dest := d.Target()
-	js, err := t.conn(ctx)
+	js, err := t.conn()
 	if err != nil {
 		return outbox.Result{Err: err}
 	}
@@ -82,10 +86,11 @@ func (t *NATS) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result {
 	return outbox.Result{Acked: true}
 }
 
-// Close closes the connection, if any.
+// Close closes the connection, if any, and makes every later publish fail.
 func (t *NATS) Close() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.closed = true
 	if t.nc != nil {
 		t.nc.Close()
 	}

@@ -26,7 +26,8 @@ type RabbitMQ struct {
 	// idle holds channels in confirm mode between publishes. A channel
 	// publishes one message at a time, so a return (unroutable) is known to
 	// belong to the publish whose confirm follows it.
-	idle []*confirmChannel
+	idle   []*confirmChannel
+	closed bool
 }
 
 type confirmChannel struct {
@@ -39,57 +40,112 @@ type confirmChannel struct {
 // connects at the first publish.
 func NewRabbitMQ(url, source string) *RabbitMQ { return &RabbitMQ{url: url, source: source} }
 
-// maxIdleChannels bounds the channels kept open between publishes.
-const maxIdleChannels = 64
+const (
+	// maxIdleChannels bounds the channels kept open between publishes.
+	maxIdleChannels = 64
+	// dialTimeout bounds a dial and its AMQP handshake.
+	dialTimeout = 5 * time.Second
+	// closeTimeout is how long Close waits for the broker's goodbye.
+	closeTimeout = 2 * time.Second
+)
+
+// errRabbitMQClosed is a publish after Close.
+var errRabbitMQClosed = errors.New("the RabbitMQ transport is closed")
 
 // channel returns an idle channel or opens one, dialing if the connection
-// is gone.
-func (t *RabbitMQ) channel() (*confirmChannel, error) {
+// is gone. Opening a channel is a round trip that a broker may never
+// answer (one under a memory or disk alarm stops reading a publishing
+// connection, and keeps sending heartbeats): it is waited for no longer
+// than ctx, and a channel that opens later is kept for the next publish.
+func (t *RabbitMQ) channel(ctx context.Context) (*confirmChannel, error) {
+	c, conn, err := t.idleOrConn()
+	if c != nil || err != nil {
+		return c, err
+	}
+	type result struct {
+		c   *confirmChannel
+		err error
+	}
+	opened := make(chan result, 1)
+	go func() {
+		c, err := openChannel(conn)
+		opened <- result{c, err}
+	}()
+	select {
+	case r := <-opened:
+		return r.c, r.err
+	case <-ctx.Done():
+		go func() {
+			if r := <-opened; r.c != nil {
+				t.release(r.c)
+			}
+		}()
+		return nil, fmt.Errorf("opening a RabbitMQ channel: %w", ctx.Err())
+	}
+}
+
+// idleOrConn returns an idle channel, or else the connection to open one
+// on, dialing if there is none. Dialing holds the lock, so that one dial
+// serves every waiting publish; it is bounded by dialTimeout.
+func (t *RabbitMQ) idleOrConn() (*confirmChannel, *amqp.Connection, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.closed {
+		return nil, nil, errRabbitMQClosed
+	}
 	for len(t.idle) > 0 {
 		c := t.idle[len(t.idle)-1]
 		t.idle = t.idle[:len(t.idle)-1]
 		if !c.ch.IsClosed() {
-			return c, nil
+			return c, nil, nil
 		}
 	}
 	if t.conn == nil || t.conn.IsClosed() {
-		conn, err := amqp.DialConfig(t.url, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second),
+		conn, err := amqp.DialConfig(t.url, amqp.Config{Dial: amqp.DefaultDial(dialTimeout),
 			Properties: amqp.Table{"connection_name": "outbox-relay"}})
 		if err != nil {
-			return nil, fmt.Errorf("connecting to RabbitMQ: %w", err)
+			return nil, nil, fmt.Errorf("connecting to RabbitMQ: %w", hideURL(err))
 		}
 		t.conn = conn
 	}
-	ch, err := t.conn.Channel()
+	return nil, t.conn, nil
+}
+
+// openChannel opens a channel in confirm mode on conn.
+func openChannel(conn *amqp.Connection) (*confirmChannel, error) {
+	ch, err := conn.Channel()
 	if err != nil {
 		return nil, fmt.Errorf("opening a RabbitMQ channel: %w", err)
 	}
 	if err := ch.Confirm(false); err != nil {
-		_ = ch.Close()
+		discard(ch)
 		return nil, fmt.Errorf("putting the RabbitMQ channel in confirm mode: %w", err)
 	}
-	c := &confirmChannel{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 1)),
-		closed: ch.NotifyClose(make(chan *amqp.Error, 1))}
-	return c, nil
+	return &confirmChannel{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 1)),
+		closed: ch.NotifyClose(make(chan *amqp.Error, 1))}, nil
 }
 
 // release keeps a healthy channel for the next publish.
 func (t *RabbitMQ) release(c *confirmChannel) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if c.ch.IsClosed() || len(t.idle) >= maxIdleChannels {
-		_ = c.ch.Close()
+	if t.closed || c.ch.IsClosed() || len(t.idle) >= maxIdleChannels {
+		discard(c.ch)
 		return
 	}
 	t.idle = append(t.idle, c)
 }
 
+// discard closes a channel without waiting: closing is a round trip too,
+// which a broker that stopped answering leaves waiting until the
+// connection's heartbeats give up on it (30 s), and no publish, nor the
+// lock, may wait for that.
+func discard(ch *amqp.Channel) { go ch.Close() } //nolint:errcheck
+
 // Deliver implements outbox.Transport.
 func (t *RabbitMQ) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result {
 	dest := d.Target()
-	c, err := t.channel()
+	c, err := t.channel(ctx)
 	if err != nil {
 		return outbox.Result{Err: err}
 	}
@@ -109,14 +165,14 @@ func (t *RabbitMQ) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result
 	}
 	dc, err := c.ch.PublishWithDeferredConfirmWithContext(ctx, dest.Exchange, dest.RoutingKey, true, false, pub)
 	if err != nil {
-		_ = c.ch.Close()
+		discard(c.ch)
 		return outbox.Result{Err: fmt.Errorf("publishing to RabbitMQ: %w", err)}
 	}
 	acked, err := dc.WaitContext(ctx)
 	if err != nil {
 		// The confirm may still come: this channel's next confirm would be
 		// this message's, so it is not reused.
-		_ = c.ch.Close()
+		discard(c.ch)
 		return outbox.Result{Err: fmt.Errorf("waiting for RabbitMQ's confirm: %w", err)}
 	}
 	select {
@@ -140,19 +196,21 @@ func (t *RabbitMQ) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result
 			}
 		default:
 		}
-		_ = c.ch.Close()
+		discard(c.ch)
 		return outbox.Result{Err: fmt.Errorf("publishing to RabbitMQ exchange %q: %w", dest.Exchange, reason)}
 	}
 	t.release(c)
 	return outbox.Result{Acked: true}
 }
 
-// Close closes the connection and its channels.
+// Close closes the connection and its channels, giving the broker
+// closeTimeout to answer, and makes every later publish fail.
 func (t *RabbitMQ) Close() {
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.idle = nil
-	if t.conn != nil {
-		_ = t.conn.Close()
+	conn := t.conn
+	t.conn, t.idle, t.closed = nil, nil, true
+	t.mu.Unlock()
+	if conn != nil {
+		_ = conn.CloseDeadline(time.Now().Add(closeTimeout))
 	}
 }

@@ -180,6 +180,12 @@ func validateSettings(env *process.Env, getenv func(string) string, c config) {
 	if (c.brokers.KafkaUser == "") != (c.brokers.KafkaPassword == "") {
 		env.Fail("OUTBOX_KAFKA_PASSWORD", errors.New("set OUTBOX_KAFKA_USER and OUTBOX_KAFKA_PASSWORD together"))
 	}
+	if err := broker.CheckNATSURL(c.brokers.NATSURL); err != nil {
+		env.Fail("OUTBOX_NATS_URL", err)
+	}
+	if err := broker.CheckAMQPURL(c.brokers.AMQPURL); err != nil {
+		env.Fail("OUTBOX_AMQP_URL", err)
+	}
 	if c.brokers.Source == "" {
 		env.Fail("OUTBOX_EVENT_SOURCE", errors.New("must not be empty: it is every broker event's CloudEvents source"))
 	}

@@ -1,0 +1,217 @@
+package broker_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outboxkit/orders/internal/broker"
+	"github.com/outboxkit/orders/internal/outbox"
+)
+
+// freezer is a TCP proxy in front of a real broker that can stop passing
+// bytes on while keeping every connection open: a broker that accepts and
+// then never answers (a RabbitMQ memory alarm stops reading a publishing
+// connection; a hung server; a network that drops without a reset).
+type freezer struct {
+	ln     net.Listener
+	mu     sync.Mutex
+	frozen bool
+	thawed *sync.Cond
+	conns  []net.Conn
+}
+
+func newFreezer(t *testing.T, target string) *freezer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	f := &freezer{ln: ln}
+	f.thawed = sync.NewCond(&f.mu)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			f.mu.Lock()
+			f.conns = append(f.conns, c, up)
+			f.mu.Unlock()
+			go f.pipe(c, up)
+			go f.pipe(up, c)
+		}
+	}()
+	t.Cleanup(func() {
+		f.freeze(false)
+		ln.Close()
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, c := range f.conns {
+			c.Close()
+		}
+	})
+	return f
+}
+
+// pipe copies from src to dst, holding what it read while frozen.
+func (f *freezer) pipe(src, dst net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		f.mu.Lock()
+		for f.frozen {
+			f.thawed.Wait()
+		}
+		f.mu.Unlock()
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			dst.Close()
+			return
+		}
+	}
+}
+
+func (f *freezer) freeze(on bool) {
+	f.mu.Lock()
+	f.frozen = on
+	f.mu.Unlock()
+	f.thawed.Broadcast()
+}
+
+// within runs fn and reports an error if it has not returned after d (safe
+// from any goroutine, so fn must not call require).
+func within(t *testing.T, d time.Duration, what string, fn func()) bool {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fn()
+	}()
+	select {
+	case <-done:
+		return true
+	case <-time.After(d):
+		t.Errorf("%s: still waiting after %s", what, d)
+		return false
+	}
+}
+
+// A RabbitMQ broker that stops answering holds a publish no longer than
+// its deadline: neither the publish that timed out, nor the ones after it
+// (a channel to open), nor Close, waits for the broker.
+func TestRabbitMQThatStopsAnsweringHoldsNoPublishPastItsDeadline(t *testing.T) {
+	t.Parallel()
+	_, exchange, key, _ := queue(t)
+	u, err := url.Parse(amqpURL())
+	require.NoError(t, err)
+	f := newFreezer(t, u.Host)
+	u.Host = f.ln.Addr().String()
+	tr := broker.NewRabbitMQ(u.String(), source)
+	dest := "rabbitmq:" + exchange + "/" + key
+	require.True(t, tr.Deliver(ctxT(t), delivery(t, dest, "")).Acked, "through the proxy while it passes bytes on")
+
+	f.freeze(true)
+	d := delivery(t, dest, "")
+	// One publish on the idle channel, the others needing a channel of
+	// their own: each ends at its deadline with a failure.
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			within(t, 4*time.Second, "a publish to a broker that stopped answering", func() {
+				res := tr.Deliver(ctx, outbox.Delivery{EventID: d.EventID, MessageID: d.MessageID, Type: d.Type,
+					URL: dest, Data: d.Data, CreatedAt: d.CreatedAt})
+				assert.False(t, res.Acked)
+				assert.ErrorIs(t, res.Err, context.DeadlineExceeded)
+			})
+		})
+	}
+	wg.Wait()
+	require.True(t, within(t, 4*time.Second, "Close", tr.Close))
+	res := tr.Deliver(ctxT(t), delivery(t, dest, ""))
+	require.ErrorContains(t, res.Err, "closed", "a closed transport publishes nothing, and dials nothing")
+}
+
+// A Kafka broker that takes a produce and never answers holds it no longer
+// than its deadline: the idempotent producer would otherwise wait for the
+// answer whatever the context says.
+func TestKafkaThatStopsAnsweringHoldsNoProducePastItsDeadline(t *testing.T) {
+	t.Parallel()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders"))
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) }) // before the cluster closes
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		c.SleepControl(func() { <-release })
+		return nil, nil, false
+	})
+	tr, err := broker.NewKafka(broker.Config{KafkaBrokers: c.ListenAddrs()}, source)
+	require.NoError(t, err)
+	t.Cleanup(tr.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	var res outbox.Result
+	d := delivery(t, "kafka:orders", "order-7")
+	require.True(t, within(t, 5*time.Second, "a produce to a broker that stopped answering", func() {
+		res = tr.Deliver(ctx, d)
+	}))
+	require.False(t, res.Acked)
+	require.Error(t, res.Err)
+}
+
+// A broker URL holds credentials: no error quotes it, neither at start
+// nor in a delivery's error (stored in the attempt history and logged).
+func TestBrokerURLsStayOutOfErrors(t *testing.T) {
+	t.Parallel()
+	const secret = "s3cr%zz"
+	natsBad, amqpBad := "nats://relay:"+secret+"@127.0.0.1:4222", "amqp://relay:"+secret+"@127.0.0.1:5672/"
+	for name, err := range map[string]error{
+		"CheckNATSURL": broker.CheckNATSURL(natsBad),
+		"CheckAMQPURL": broker.CheckAMQPURL(amqpBad),
+		"NATS publish": broker.NewNATS(natsBad, source).Deliver(ctxT(t), delivery(t, "nats:orders", "")).Err,
+		"RabbitMQ publish": broker.NewRabbitMQ(amqpBad, source).Deliver(ctxT(t),
+			delivery(t, "rabbitmq:orders/order.placed", "")).Err,
+	} {
+		require.ErrorContains(t, err, "does not parse", name)
+		require.NotContains(t, err.Error(), "s3cr", name)
+	}
+	_, _, err := broker.Transports(broker.Config{AMQPURL: amqpBad, Source: source})
+	require.Error(t, err)
+	require.NotContains(t, err.Error(), "s3cr")
+	require.NoError(t, broker.CheckNATSURL("127.0.0.1:4222, tls://a.example:4222"), "bare host:port and lists, as nats.Connect takes them")
+	require.NoError(t, broker.CheckAMQPURL(amqpURL()))
+	require.NoError(t, errors.Join(broker.CheckNATSURL(""), broker.CheckAMQPURL("")), "unset: no broker of that kind")
+}
+
+// Close is final: a NATS transport closed while publishes still come makes
+// no new connection for them.
+func TestNATSClosedPublishesNothing(t *testing.T) {
+	t.Parallel()
+	_, subject := stream(t)
+	tr := broker.NewNATS(natsURL(), source)
+	require.True(t, tr.Deliver(ctxT(t), delivery(t, "nats:"+subject, "")).Acked)
+	tr.Close()
+	res := tr.Deliver(ctxT(t), delivery(t, "nats:"+subject, ""))
+	require.False(t, res.Acked)
+	require.ErrorContains(t, res.Err, "closed")
+}
