@@ -14,13 +14,20 @@ import (
 	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
 )
 
-// ErrInvalidReplay is returned for a replay that cannot run: an empty or
-// reversed time range, or a batch size out of bounds.
+// ErrInvalidReplay is returned for a replay that cannot run: a missing,
+// empty or reversed time range, a batch size out of bounds, or an event
+// type that is not text.
 var ErrInvalidReplay = errors.New("outbox: invalid replay")
 
 // MaxReplayBatch bounds the events one Replay call reads: each call is one
 // short transaction, whatever the range.
 const MaxReplayBatch = 1000
+
+// replayScan bounds the events of the range, of any type, one call looks
+// at, as a multiple of its batch: a call replaying a type that is rare in
+// the range ends after that many and returns a cursor, with few or none
+// read.
+const replayScan = 10
 
 // Replay asks for the events written in [From, To) to be sent again to one
 // endpoint.
@@ -45,18 +52,48 @@ type ReplayResult struct {
 	Read     int `json:"read"`
 	Replayed int `json:"replayed"`
 	// Next is the cursor for the following call (Replay.After), nil when
-	// the range is done.
+	// the range is done. A call may read none of the range's events and
+	// still return one: it looked at as many as it may without finding its
+	// types.
 	Next *uuid.UUID `json:"next,omitempty"`
 }
 
 func (r Replay) check() error {
-	if r.From.IsZero() || r.To.IsZero() || !r.From.Before(r.To) {
+	if r.From.IsZero() || r.To.IsZero() {
+		return fmt.Errorf("%w: from and to are both required", ErrInvalidReplay)
+	}
+	if !r.From.Before(r.To) {
 		return fmt.Errorf("%w: from must be before to", ErrInvalidReplay)
 	}
 	if r.Limit < 0 || r.Limit > MaxReplayBatch {
 		return fmt.Errorf("%w: limit must be from 1 to %d", ErrInvalidReplay, MaxReplayBatch)
 	}
+	for _, t := range r.EventTypes {
+		if !isText(t) {
+			return fmt.Errorf("%w: an event type must be UTF-8 text without NUL", ErrInvalidReplay)
+		}
+	}
 	return nil
+}
+
+// Event ids carry their time in milliseconds since 1970 in 48 bits: the
+// times an id can bound.
+var (
+	idTimeMin = time.Unix(0, 0)
+	idTimeMax = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
+)
+
+// idRange is [From, To) within the times an event id can hold, so that a
+// range reaching before 1970 means from the first event, not none.
+func (r Replay) idRange() (from, to time.Time) {
+	from, to = r.From, r.To
+	if from.Before(idTimeMin) {
+		from = idTimeMin
+	}
+	if to.After(idTimeMax) {
+		to = idTimeMax
+	}
+	return from, to
 }
 
 // ReplayEvents re-sends retained events to an endpoint, under their original
@@ -72,36 +109,47 @@ func (a *Admin) ReplayEvents(ctx context.Context, endpoint uuid.UUID, r Replay) 
 	if err := r.check(); err != nil {
 		return ReplayResult{}, err
 	}
-	var row outboxdb.EndpointReplayRow
-	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
-		q := outboxdb.New(tx)
-		if _, err := q.EndpointGet(ctx, endpoint); err != nil {
-			return notFound("getting endpoint", err)
-		}
-		// The prune waits while events are read and given messages.
-		if err := q.EventsLockReplay(ctx); err != nil {
-			return fmt.Errorf("locking events: %w", err)
-		}
-		var err error
-		row, err = q.EndpointReplay(ctx, outboxdb.EndpointReplayParams{
-			Endpoint: endpoint, FromTime: r.From, ToTime: r.To, After: r.After,
-			Types: r.EventTypes, BatchSize: int32(cmp.Or(r.Limit, MaxReplayBatch)),
-		})
-		if err != nil {
-			return fmt.Errorf("replaying events: %w", err)
-		}
-		return nil
+	var res ReplayResult
+	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) (err error) {
+		res, err = replayBatch(ctx, tx, endpoint, r)
+		return err
 	})
 	if err != nil {
 		return ReplayResult{}, err
 	}
-	res := ReplayResult{Read: int(row.Read), Replayed: int(row.Replayed)}
-	if row.Read == int64(cmp.Or(r.Limit, MaxReplayBatch)) {
-		res.Next = &row.LastID
-	}
 	a.logger.InfoContext(ctx, "events replayed", slog.String("endpoint_id", endpoint.String()),
 		slog.Time("from", r.From), slog.Time("to", r.To), slog.Int("read", res.Read), slog.Int("replayed", res.Replayed),
 		slog.Bool("more", res.Next != nil))
+	return res, nil
+}
+
+// replayBatch is one ReplayEvents call's work, in its transaction.
+func replayBatch(ctx context.Context, tx pgx.Tx, endpoint uuid.UUID, r Replay) (ReplayResult, error) {
+	q := outboxdb.New(tx)
+	if _, err := q.EndpointGet(ctx, endpoint); err != nil {
+		return ReplayResult{}, notFound("getting endpoint", err)
+	}
+	// The prune waits while events are read and given messages.
+	if err := q.EventsLockReplay(ctx); err != nil {
+		return ReplayResult{}, fmt.Errorf("locking events: %w", err)
+	}
+	// Another replay of the endpoint waits until this one has committed.
+	if err := q.EndpointLockReplay(ctx, endpoint); err != nil {
+		return ReplayResult{}, fmt.Errorf("locking the endpoint's replays: %w", err)
+	}
+	from, to := r.idRange()
+	limit := cmp.Or(r.Limit, MaxReplayBatch)
+	row, err := q.EndpointReplay(ctx, outboxdb.EndpointReplayParams{
+		Endpoint: endpoint, FromTime: from, ToTime: to, After: r.After,
+		Types: r.EventTypes, BatchSize: int32(limit), ScanLimit: int32(replayScan * limit),
+	})
+	if err != nil {
+		return ReplayResult{}, fmt.Errorf("replaying events: %w", err)
+	}
+	res := ReplayResult{Read: int(row.Read), Replayed: int(row.Replayed)}
+	if row.Next != uuid.Nil {
+		res.Next = &row.Next
+	}
 	return res, nil
 }
 
@@ -115,8 +163,9 @@ func (a *Admin) ReplayCount(ctx context.Context, endpoint uuid.UUID, r Replay) (
 	if _, err := q.EndpointGet(ctx, endpoint); err != nil {
 		return 0, notFound("getting endpoint", err)
 	}
+	from, to := r.idRange()
 	n, err := q.EndpointReplayCount(ctx, outboxdb.EndpointReplayCountParams{
-		Endpoint: endpoint, FromTime: r.From, ToTime: r.To, Types: r.EventTypes,
+		Endpoint: endpoint, FromTime: from, ToTime: to, Types: r.EventTypes,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("counting events to replay: %w", err)

@@ -118,6 +118,9 @@ func TestReplayRefusesBadInputAndWritesNothing(t *testing.T) {
 		"reversed":      {From: now, To: now.Add(-time.Hour)},
 		"empty":         {From: now, To: now},
 		"limit too big": {From: now.Add(-time.Hour), To: now, Limit: outbox.MaxReplayBatch + 1},
+		"no from":       {To: now},
+		"NUL in a type": {From: now.Add(-time.Hour), To: now, EventTypes: []string{"order.placed\x00"}},
+		"not UTF-8":     {From: now.Add(-time.Hour), To: now, EventTypes: []string{"order.\xff"}},
 	} {
 		_, err := f.admin.ReplayEvents(ctx, ep.ID, r)
 		require.ErrorIs(t, err, outbox.ErrInvalidReplay, name)
@@ -128,6 +131,53 @@ func TestReplayRefusesBadInputAndWritesNothing(t *testing.T) {
 	require.ErrorIs(t, err, outbox.ErrNotFound)
 	events, messages := countRows(t, f.pool)
 	require.Equal(t, [2]int{1, 1}, [2]int{events, messages}, "the event and its one message: a refused replay writes nothing")
+}
+
+// A range reaching back before 1970, where no event id can lie, means from
+// the first event: it is not an empty range.
+func TestReplayFromBeforeTheEpochStartsAtTheFirstEvent(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	f.publish(t, outbox.Event{Type: "order.placed", Data: 1})
+	ep := f.endpoint(t, newReceiver(t), "order.placed") // subscribed after it: nothing waits for it yet
+	r := outbox.Replay{From: time.Date(1969, 12, 31, 0, 0, 0, 0, time.UTC), To: time.Now().Add(time.Hour)}
+	n, err := f.admin.ReplayCount(ctx, ep.ID, r)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	res, err := f.admin.ReplayEvents(ctx, ep.ID, r)
+	require.NoError(t, err)
+	require.Equal(t, outbox.ReplayResult{Read: 1, Replayed: 1}, res)
+}
+
+// A replay of a type that is rare in its range looks at a bounded number of
+// the range's events per call (ten times its batch), returning a cursor even
+// when it found none of its type, so no call walks the whole range.
+func TestReplayScansABoundedShareOfTheRangePerCall(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	from := time.Now()
+	for i := range 25 {
+		f.publish(t, outbox.Event{Type: "customer.created", Data: i})
+	}
+	placed := f.publish(t, outbox.Event{Type: "order.placed", Data: 25})
+	ep := f.endpoint(t, newReceiver(t), "order.placed")
+	r := outbox.Replay{From: from, To: time.Now().Add(time.Second), Limit: 1}
+	var reads []int
+	for {
+		res, err := f.admin.ReplayEvents(ctx, ep.ID, r)
+		require.NoError(t, err)
+		reads = append(reads, res.Read)
+		if res.Next == nil {
+			break
+		}
+		r.After = res.Next
+	}
+	require.Equal(t, []int{0, 0, 1, 0}, reads, "10 events looked at, 10, then 6 with the one of its type, then none left")
+	messages := f.deliveries(t, placed)
+	require.Len(t, messages, 1, "the one event of its type replayed")
+	require.Equal(t, outbox.StatusPending, f.status(t, messages[0]))
 }
 
 // PATCH changes an endpoint in place: same id and secret, its waiting

@@ -91,22 +91,31 @@ RETURNING *;
 -- never sends an event twice at once. Replayed messages are due now, in
 -- event order; they keep that order among themselves per ordering key, not
 -- against messages of the key queued before. Returns how many events the
--- batch read and replayed, and the last one read (the nil uuid when none):
--- the next batch's cursor.
+-- batch read and replayed, and the cursor to go on from (the nil uuid when
+-- the range is done): the last event read when the batch is full, else the
+-- last one scanned when the scan is.
+-- A batch scans at most @scan_limit events of the range, of any type, so a
+-- replay of a type that is rare in a long range is many short statements,
+-- not one that walks the whole range while the prune waits.
 -- The caller holds EventsLockReplay, so the prune cannot delete an event
 -- under it.
 WITH ep AS (
     SELECT e.id, e.event_types FROM webhook_endpoints e WHERE e.id = @endpoint::uuid
-), batch AS (
+), scanned AS (
     SELECT ev.id, ev.type, ev.ordering_key
-    FROM outbox_events ev, ep
+    FROM outbox_events ev
     WHERE ev.id >= outbox_uuid_at(@from_time::timestamptz) AND ev.id < outbox_uuid_at(@to_time::timestamptz)
       AND ev.created_at >= @from_time::timestamptz AND ev.created_at < @to_time::timestamptz
       AND (sqlc.narg(after)::uuid IS NULL OR ev.id > sqlc.narg(after)::uuid)
-      AND ev.type = ANY (ep.event_types)
-      AND (COALESCE(cardinality(@types::text[]), 0) = 0 OR ev.type = ANY (@types::text[]))
     ORDER BY ev.id
-    LIMIT @batch_size
+    LIMIT @scan_limit::integer
+), batch AS (
+    SELECT s.id, s.type, s.ordering_key
+    FROM scanned s, ep
+    WHERE s.type = ANY (ep.event_types)
+      AND (COALESCE(cardinality(@types::text[]), 0) = 0 OR s.type = ANY (@types::text[]))
+    ORDER BY s.id
+    LIMIT @batch_size::integer
 ), fresh AS (
     SELECT b.id, b.type, b.ordering_key FROM batch b
     WHERE NOT EXISTS (
@@ -123,7 +132,10 @@ WITH ep AS (
 )
 SELECT (SELECT count(*) FROM batch)    AS read,
        (SELECT count(*) FROM replayed) AS replayed,
-       COALESCE((SELECT b.id FROM batch b ORDER BY b.id DESC LIMIT 1), '00000000-0000-0000-0000-000000000000')::uuid AS last_id;
+       COALESCE(CASE
+           WHEN (SELECT count(*) FROM batch) = @batch_size::integer THEN (SELECT b.id FROM batch b ORDER BY b.id DESC LIMIT 1)
+           WHEN (SELECT count(*) FROM scanned) = @scan_limit::integer THEN (SELECT s.id FROM scanned s ORDER BY s.id DESC LIMIT 1)
+       END, '00000000-0000-0000-0000-000000000000')::uuid AS next;
 
 -- name: EndpointReplayCount :one
 -- How many events a replay of [@from, @to) would read for the endpoint:
@@ -143,6 +155,14 @@ WHERE e.id = @endpoint::uuid
 -- for one another. Its own statement, so the next one's snapshot is taken
 -- with the lock held.
 SELECT pg_advisory_xact_lock_shared(1869574764, 0);
+
+-- name: EndpointLockReplay :exec
+-- Taken by a replay's transaction, after EventsLockReplay and before it
+-- looks for the endpoint's unfinished messages: replays of one endpoint
+-- run one at a time, so each sees the copies the one before it made (two
+-- at once would each miss the other's uncommitted rows and both insert).
+-- Its own statement, for the same reason as EventsLockReplay.
+SELECT pg_advisory_xact_lock(1869574765, hashtext(CAST(@endpoint::uuid AS text)));
 
 -- name: EventsLockPrune :exec
 SELECT pg_advisory_xact_lock(1869574764, 0);

@@ -160,51 +160,74 @@ func (q *Queries) EndpointList(ctx context.Context) ([]WebhookEndpoint, error) {
 	return items, nil
 }
 
+const endpointLockReplay = `-- name: EndpointLockReplay :exec
+SELECT pg_advisory_xact_lock(1869574765, hashtext(CAST($1::uuid AS text)))
+`
+
+// Taken by a replay's transaction, after EventsLockReplay and before it
+// looks for the endpoint's unfinished messages: replays of one endpoint
+// run one at a time, so each sees the copies the one before it made (two
+// at once would each miss the other's uncommitted rows and both insert).
+// Its own statement, for the same reason as EventsLockReplay.
+func (q *Queries) EndpointLockReplay(ctx context.Context, endpoint uuid.UUID) error {
+	_, err := q.db.Exec(ctx, endpointLockReplay, endpoint)
+	return err
+}
+
 const endpointReplay = `-- name: EndpointReplay :one
 WITH ep AS (
-    SELECT e.id, e.event_types FROM webhook_endpoints e WHERE e.id = $1::uuid
-), batch AS (
+    SELECT e.id, e.event_types FROM webhook_endpoints e WHERE e.id = $3::uuid
+), scanned AS (
     SELECT ev.id, ev.type, ev.ordering_key
-    FROM outbox_events ev, ep
-    WHERE ev.id >= outbox_uuid_at($2::timestamptz) AND ev.id < outbox_uuid_at($3::timestamptz)
-      AND ev.created_at >= $2::timestamptz AND ev.created_at < $3::timestamptz
-      AND ($4::uuid IS NULL OR ev.id > $4::uuid)
-      AND ev.type = ANY (ep.event_types)
-      AND (COALESCE(cardinality($5::text[]), 0) = 0 OR ev.type = ANY ($5::text[]))
+    FROM outbox_events ev
+    WHERE ev.id >= outbox_uuid_at($4::timestamptz) AND ev.id < outbox_uuid_at($5::timestamptz)
+      AND ev.created_at >= $4::timestamptz AND ev.created_at < $5::timestamptz
+      AND ($6::uuid IS NULL OR ev.id > $6::uuid)
     ORDER BY ev.id
-    LIMIT $6
+    LIMIT $2::integer
+), batch AS (
+    SELECT s.id, s.type, s.ordering_key
+    FROM scanned s, ep
+    WHERE s.type = ANY (ep.event_types)
+      AND (COALESCE(cardinality($7::text[]), 0) = 0 OR s.type = ANY ($7::text[]))
+    ORDER BY s.id
+    LIMIT $1::integer
 ), fresh AS (
     SELECT b.id, b.type, b.ordering_key FROM batch b
     WHERE NOT EXISTS (
         SELECT 1 FROM outbox_messages m
         WHERE m.id BETWEEN outbox_uuid_floor(b.id) AND outbox_uuid_ceil(b.id)
-          AND m.event_id = b.id AND m.destination = $1::uuid
+          AND m.event_id = b.id AND m.destination = $3::uuid
           AND m.status IN ('pending', 'claimed', 'failed')
         OFFSET 0)
 ), replayed AS (
     INSERT INTO outbox_messages (id, event_id, type, destination, ordering_key, next_attempt_at, created_at)
-    SELECT outbox_uuid_sibling(f.id), f.id, f.type, $1::uuid, f.ordering_key, now(), now()
+    SELECT outbox_uuid_sibling(f.id), f.id, f.type, $3::uuid, f.ordering_key, now(), now()
     FROM fresh f
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM batch)    AS read,
        (SELECT count(*) FROM replayed) AS replayed,
-       COALESCE((SELECT b.id FROM batch b ORDER BY b.id DESC LIMIT 1), '00000000-0000-0000-0000-000000000000')::uuid AS last_id
+       COALESCE(CASE
+           WHEN (SELECT count(*) FROM batch) = $1::integer THEN (SELECT b.id FROM batch b ORDER BY b.id DESC LIMIT 1)
+           WHEN (SELECT count(*) FROM scanned) = $2::integer THEN (SELECT s.id FROM scanned s ORDER BY s.id DESC LIMIT 1)
+       END, '00000000-0000-0000-0000-000000000000')::uuid AS next
 `
 
 type EndpointReplayParams struct {
+	BatchSize int32
+	ScanLimit int32
 	Endpoint  uuid.UUID
 	FromTime  time.Time
 	ToTime    time.Time
 	After     *uuid.UUID
 	Types     []string
-	BatchSize int32
 }
 
 type EndpointReplayRow struct {
 	Read     int64
 	Replayed int64
-	LastID   uuid.UUID
+	Next     uuid.UUID
 }
 
 // One bounded batch of a replay: the events written in [@from, @to) after
@@ -215,21 +238,26 @@ type EndpointReplayRow struct {
 // never sends an event twice at once. Replayed messages are due now, in
 // event order; they keep that order among themselves per ordering key, not
 // against messages of the key queued before. Returns how many events the
-// batch read and replayed, and the last one read (the nil uuid when none):
-// the next batch's cursor.
+// batch read and replayed, and the cursor to go on from (the nil uuid when
+// the range is done): the last event read when the batch is full, else the
+// last one scanned when the scan is.
+// A batch scans at most @scan_limit events of the range, of any type, so a
+// replay of a type that is rare in a long range is many short statements,
+// not one that walks the whole range while the prune waits.
 // The caller holds EventsLockReplay, so the prune cannot delete an event
 // under it.
 func (q *Queries) EndpointReplay(ctx context.Context, arg EndpointReplayParams) (EndpointReplayRow, error) {
 	row := q.db.QueryRow(ctx, endpointReplay,
+		arg.BatchSize,
+		arg.ScanLimit,
 		arg.Endpoint,
 		arg.FromTime,
 		arg.ToTime,
 		arg.After,
 		arg.Types,
-		arg.BatchSize,
 	)
 	var i EndpointReplayRow
-	err := row.Scan(&i.Read, &i.Replayed, &i.LastID)
+	err := row.Scan(&i.Read, &i.Replayed, &i.Next)
 	return i, err
 }
 

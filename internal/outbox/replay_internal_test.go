@@ -1,0 +1,101 @@
+package outbox
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/orders/internal/dbtest"
+	"github.com/outboxkit/orders/internal/netguard"
+)
+
+// Two replays of one endpoint at once make one copy of an event, not two:
+// the second waits for the first to commit, and then sees its copy
+// waiting. Each alone checks for a waiting copy, but neither can see the
+// other's before it commits.
+func TestConcurrentReplaysOfOneEndpointMakeOneCopy(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	admin := NewAdmin(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	from := time.Now()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = Enqueue(ctx, tx, Event{Type: "order.placed", Data: 1})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	ep := testEndpoint(t, pool, nil) // subscribed after the event: nothing waits for it yet
+	r := Replay{From: from, To: time.Now().Add(time.Second)}
+	// The first replay copies the event and has not committed yet.
+	first, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer first.Rollback(ctx) //nolint:errcheck
+	res, err := replayBatch(ctx, first, ep, r)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Replayed)
+
+	type result struct {
+		res ReplayResult
+		err error
+	}
+	second := make(chan result, 1)
+	go func() {
+		res, err := admin.ReplayEvents(ctx, ep, r)
+		second <- result{res, err}
+	}()
+	// The second either waits on a lock (until the first commits) or, had
+	// it nothing to wait on, ends on its own.
+	var ended *result
+	require.Eventually(t, func() bool {
+		select {
+		case r := <-second:
+			ended = &r
+			return true
+		default:
+		}
+		var waiting bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+			WHERE l.locktype = 'advisory' AND NOT l.granted AND d.datname = current_database())`).Scan(&waiting))
+		return waiting
+	}, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, first.Commit(ctx))
+	if ended == nil {
+		r := <-second
+		ended = &r
+	}
+	require.NoError(t, ended.err)
+	require.Equal(t, ReplayResult{Read: 1, Replayed: 0}, ended.res, "the second replay finds the first one's copy waiting")
+	var copies int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE destination = $1 AND status = 'pending'`, ep).Scan(&copies))
+	require.Equal(t, 1, copies, "one waiting copy of the event for the endpoint")
+}
+
+// Discarding what waits for an endpoint settles all of it, however many
+// batches that takes, parked messages too, and leaves failed ones waiting
+// for a person.
+func TestDiscardWaitingSettlesEveryBatch(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	admin := NewAdmin(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	ep := testEndpoint(t, pool, nil)
+	const n = 2*discardBatch + 7
+	Seed(t, pool, ep, n, "")
+	keyed := Seed(t, pool, ep, 3, "order-1")
+	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET parked = true WHERE id = ANY ($1)`, keyed[1:])
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE outbox_messages SET status = 'failed', attempts = 1, failed_at = now() WHERE id = $1`, keyed[0])
+	require.NoError(t, err)
+
+	discarded, err := admin.DiscardWaiting(ctx, ep)
+	require.NoError(t, err)
+	require.EqualValues(t, n+2, discarded, "every pending message, parked ones too")
+	var pending, failed int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'failed')
+		FROM outbox_messages WHERE destination = $1`, ep).Scan(&pending, &failed))
+	require.Zero(t, pending)
+	require.Equal(t, 1, failed, "a failed message waits for a retry or a skip")
+}
