@@ -582,15 +582,28 @@ func (a *Admin) EndpointAttempts(ctx context.Context, id uuid.UUID, limit int) (
 // stays registered: its pending messages, parked ones too, are settled as
 // discarded and never sent (a replay can send their events again). Messages
 // in flight finish; failed ones still wait for a retry or a skip. It returns
-// how many it discarded.
+// how many it discarded. A day's backlog is millions of rows: they are
+// settled in batches of discardBatch, each its own transaction, so the
+// relay's claims and the vacuum never wait on one long one; if ctx ends
+// midway, what was discarded stays discarded.
 func (a *Admin) DiscardWaiting(ctx context.Context, id uuid.UUID) (int64, error) {
 	if _, err := a.Endpoint(ctx, id); err != nil {
 		return 0, err
 	}
-	n, err := outboxdb.New(a.pool).OpsDiscardWaiting(ctx, "discarded by an operator", id)
-	if err != nil {
-		return 0, fmt.Errorf("discarding waiting messages: %w", err)
+	q := outboxdb.New(a.pool)
+	var discarded int64
+	for {
+		n, err := q.OpsDiscardWaiting(ctx, "discarded by an operator", id, discardBatch)
+		discarded += n
+		if err != nil {
+			a.logger.InfoContext(ctx, "waiting messages discarded", slog.String("endpoint_id", id.String()),
+				slog.Int64("discarded", discarded), slog.Bool("finished", false))
+			return discarded, fmt.Errorf("discarding waiting messages: %w", err)
+		}
+		if n < discardBatch {
+			break
+		}
 	}
-	a.logger.InfoContext(ctx, "waiting messages discarded", slog.String("endpoint_id", id.String()), slog.Int64("discarded", n))
-	return n, nil
+	a.logger.InfoContext(ctx, "waiting messages discarded", slog.String("endpoint_id", id.String()), slog.Int64("discarded", discarded))
+	return discarded, nil
 }

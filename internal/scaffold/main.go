@@ -141,6 +141,9 @@ func copyService(src, dst, newMod string, withLab bool) (int, error) {
 				}
 			case "internal/devdb/devdb.go":
 				b = localDatabase.ReplaceAll(b, []byte(`${1}"`+name+`"`))
+			case "scripts/db-backup", "scripts/db-restore":
+				// Their default is the development database, renamed above.
+				b = scriptDatabase.ReplaceAll(b, []byte(`${1}`+name+`?`))
 			}
 			if strings.HasSuffix(rel, ".go") {
 				// Renamed imports may sort differently; keep gofmt happy.
@@ -178,6 +181,10 @@ func serviceName(mod string) string {
 
 // localDatabase finds the development database's name in internal/devdb.
 var localDatabase = regexp.MustCompile(`(LocalDatabase\s*=\s*)"[^"]*"`)
+
+// scriptDatabase finds the development database's name in the default
+// DATABASE_URL of the backup and restore scripts.
+var scriptDatabase = regexp.MustCompile(`(127\.0\.0\.1:5432/)[a-z0-9_]+\?`)
 
 // readmeTemplate is a copied service's README until its team writes one.
 const readmeTemplate = `# NAME

@@ -176,6 +176,11 @@ func TestCopyAndAddAModule(t *testing.T) {
 	if devdb, err := os.ReadFile(filepath.Join(dst, "internal", "devdb", "devdb.go")); err != nil || !bytes.Contains(devdb, []byte(`LocalDatabase = "shop"`)) {
 		t.Fatalf("the copy's development database is not named after it (%v)", err)
 	}
+	for _, script := range []string{"db-backup", "db-restore"} {
+		if b, err := os.ReadFile(filepath.Join(dst, "scripts", script)); err != nil || !bytes.Contains(b, []byte("127.0.0.1:5432/shop?")) {
+			t.Fatalf("the copy's scripts/%s does not default to its development database (%v)", script, err)
+		}
+	}
 
 	// Nothing still names the old module path.
 	err = filepath.WalkDir(dst, func(path string, d os.DirEntry, err error) error {

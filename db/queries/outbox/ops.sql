@@ -180,16 +180,20 @@ ORDER BY x.finished_at DESC
 LIMIT @max_rows::integer;
 
 -- name: OpsDiscardWaiting :execrows
--- A person gives up on what waits for an endpoint that stays: its pending
--- messages, parked ones too, are settled as discarded with @reason and are
--- never sent. Messages in flight finish as they will; failed ones keep
--- waiting for a retry or a skip. The outer status check is re-read after a
--- concurrent claim, so a message claimed meanwhile is left to its claim.
+-- A person gives up on what waits for an endpoint that stays: up to
+-- @batch_size of its pending messages, parked ones too, are settled as
+-- discarded with @reason and are never sent; the caller loops. Messages in
+-- flight finish as they will; failed ones keep waiting for a retry or a
+-- skip. The outer status check is re-read after a concurrent claim, so a
+-- message claimed meanwhile is left to its claim.
 UPDATE outbox_messages
 SET status = 'discarded', discarded_at = now(), last_error = @reason::text, parked = false
 WHERE status = 'pending' AND id IN (
-    SELECT p.id FROM outbox_messages p WHERE p.destination = @destination AND p.status = 'pending' AND NOT p.parked
-    UNION ALL
-    SELECT w.id FROM outbox_messages w
-    WHERE w.destination = @destination AND w.ordering_key IS NOT NULL AND w.status = 'pending' AND w.parked
+    SELECT u.id FROM (
+        SELECT p.id FROM outbox_messages p WHERE p.destination = @destination AND p.status = 'pending' AND NOT p.parked
+        UNION ALL
+        SELECT w.id FROM outbox_messages w
+        WHERE w.destination = @destination AND w.ordering_key IS NOT NULL AND w.status = 'pending' AND w.parked
+    ) u
+    LIMIT @batch_size
 );

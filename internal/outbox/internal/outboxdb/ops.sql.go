@@ -242,20 +242,24 @@ const opsDiscardWaiting = `-- name: OpsDiscardWaiting :execrows
 UPDATE outbox_messages
 SET status = 'discarded', discarded_at = now(), last_error = $1::text, parked = false
 WHERE status = 'pending' AND id IN (
-    SELECT p.id FROM outbox_messages p WHERE p.destination = $2 AND p.status = 'pending' AND NOT p.parked
-    UNION ALL
-    SELECT w.id FROM outbox_messages w
-    WHERE w.destination = $2 AND w.ordering_key IS NOT NULL AND w.status = 'pending' AND w.parked
+    SELECT u.id FROM (
+        SELECT p.id FROM outbox_messages p WHERE p.destination = $2 AND p.status = 'pending' AND NOT p.parked
+        UNION ALL
+        SELECT w.id FROM outbox_messages w
+        WHERE w.destination = $2 AND w.ordering_key IS NOT NULL AND w.status = 'pending' AND w.parked
+    ) u
+    LIMIT $3
 )
 `
 
-// A person gives up on what waits for an endpoint that stays: its pending
-// messages, parked ones too, are settled as discarded with @reason and are
-// never sent. Messages in flight finish as they will; failed ones keep
-// waiting for a retry or a skip. The outer status check is re-read after a
-// concurrent claim, so a message claimed meanwhile is left to its claim.
-func (q *Queries) OpsDiscardWaiting(ctx context.Context, reason string, destination uuid.UUID) (int64, error) {
-	result, err := q.db.Exec(ctx, opsDiscardWaiting, reason, destination)
+// A person gives up on what waits for an endpoint that stays: up to
+// @batch_size of its pending messages, parked ones too, are settled as
+// discarded with @reason and are never sent; the caller loops. Messages in
+// flight finish as they will; failed ones keep waiting for a retry or a
+// skip. The outer status check is re-read after a concurrent claim, so a
+// message claimed meanwhile is left to its claim.
+func (q *Queries) OpsDiscardWaiting(ctx context.Context, reason string, destination uuid.UUID, batchSize int32) (int64, error) {
+	result, err := q.db.Exec(ctx, opsDiscardWaiting, reason, destination, batchSize)
 	if err != nil {
 		return 0, err
 	}
