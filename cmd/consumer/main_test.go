@@ -18,6 +18,7 @@ import (
 	"github.com/outboxkit/orders/internal/proctest"
 
 	"github.com/outboxkit/orders/internal/dbtest"
+	"github.com/outboxkit/orders/internal/outbox"
 	"github.com/outboxkit/orders/internal/webhook"
 )
 
@@ -42,7 +43,9 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"inbox retention", map[string]string{"DATABASE_URL": closedDB, "WEBHOOK_SECRETS": good, "CONSUMER_INBOX_RETENTION": "a month"},
 			[]string{"CONSUMER_INBOX_RETENTION"}},
 		{"inbox retention shorter than the retries", map[string]string{"DATABASE_URL": closedDB, "WEBHOOK_SECRETS": good, "CONSUMER_INBOX_RETENTION": "1h"},
-			[]string{"CONSUMER_INBOX_RETENTION", "at least 28h0m0s"}},
+			[]string{"CONSUMER_INBOX_RETENTION", "at least 31h0m0s"}},
+		{"inbox retention shorter than the jittered retries", map[string]string{"DATABASE_URL": closedDB, "WEBHOOK_SECRETS": good, "CONSUMER_INBOX_RETENTION": "29h"},
+			[]string{"CONSUMER_INBOX_RETENTION"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -71,6 +74,17 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 
 // TestServe runs the command against its own database and drives it over
 // HTTP as the relay would: a delivery, its redelivery, a forgery.
+// The required inbox retention outlasts the sender's default retries at
+// their longest: every wait of the schedule 10 % late (its jitter).
+func TestMinInboxRetentionOutlastsTheSendersRetries(t *testing.T) {
+	t.Parallel()
+	var span time.Duration
+	for _, d := range outbox.DefaultRetrySchedule {
+		span += d + d/10
+	}
+	require.Greater(t, minInboxRetention, span)
+}
+
 func TestServe(t *testing.T) {
 	t.Parallel()
 	oldSecret, err := webhook.NewSecret()

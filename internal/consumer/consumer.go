@@ -329,7 +329,8 @@ const inboxPruneBatch = 5000
 // and returns how many. A delivery of a forgotten id would be applied
 // again, so before must lie beyond everything the sender may still send
 // again: its retries (the order service gives up after 27.6 hours at its
-// defaults) and its replays, which re-send events it still keeps
+// defaults, up to 30.4 with their jitter, and a paused endpoint waits
+// longer) and its replays, which re-send events it still keeps
 // (OUTBOX_RETENTION, 7 days by default) under their original ids. The
 // ledger keeps its entries; only the dedup record goes.
 func (c *Consumer) PruneInbox(ctx context.Context, before time.Time) (int64, error) {
