@@ -11,6 +11,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"reflect"
 	"strings"
 	"unicode/utf8"
 )
@@ -61,8 +62,10 @@ func Write(w http.ResponseWriter, status int, v any) {
 }
 
 // Decode reads exactly one JSON value into dst from a body of at most
-// MaxBody bytes, refusing unknown fields, trailing data and content types
-// that say the body is something else. Its errors are *Problem values with a
+// MaxBody bytes, refusing unknown fields (names match exactly, not ignoring
+// case as encoding/json does), a name given twice in one object, escaped
+// lone surrogates, trailing data and content types that say the body is
+// something else. Its errors are *Problem values with a
 // detail a client can act on.
 //
 // No content type, application/json and any +json type are read as JSON.
@@ -103,7 +106,10 @@ func Decode(w http.ResponseWriter, r *http.Request, dst any) error {
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return NewProblem(http.StatusBadRequest, "request body must hold a single JSON value")
 	}
-	return nil
+	if err := strictNames(body, reflect.TypeOf(dst)); err != nil {
+		return err
+	}
+	return loneSurrogate(body)
 }
 
 const formType = "application/x-www-form-urlencoded"

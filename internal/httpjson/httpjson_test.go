@@ -1,6 +1,7 @@
 package httpjson_test
 
 import (
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -34,7 +35,9 @@ func TestDecodeReadsFormBodiesAsJSONOnlyFromNonBrowsers(t *testing.T) {
 			for k, v := range tc.headers {
 				r.Header.Set(k, v)
 			}
-			var dst struct{ A int }
+			var dst struct {
+				A int `json:"a"`
+			}
 			err := httpjson.Decode(httptest.NewRecorder(), r, &dst)
 			if tc.status == 0 {
 				require.NoError(t, err)
@@ -47,5 +50,57 @@ func TestDecodeReadsFormBodiesAsJSONOnlyFromNonBrowsers(t *testing.T) {
 			require.Contains(t, p.Detail, "from a browser")
 			require.Zero(t, dst.A, "nothing is decoded from a refused body")
 		})
+	}
+}
+
+// Decode takes a body as the client wrote it or not at all: encoding/json
+// alone would match names ignoring case, let the second of two equal names
+// win and store U+FFFD for an escaped lone surrogate, each a value the
+// client (or a proxy reading the same body) did not mean.
+func TestDecodeRefusesWhatEncodingJSONWouldBend(t *testing.T) {
+	t.Parallel()
+	type line struct {
+		SKU string `json:"sku"`
+	}
+	type spec struct {
+		Kind string `json:"kind,omitempty"`
+	}
+	type request struct {
+		spec
+		Customer string          `json:"customer_id"`
+		Lines    []line          `json:"lines"`
+		Data     json.RawMessage `json:"data"`
+		Ignored  string          `json:"-"`
+	}
+	for _, tc := range []struct {
+		body   string
+		status int // 0: decoded
+		detail string
+	}{
+		{`{"customer_id":"c-1","lines":[{"sku":"A"}],"kind":"nats","data":{"Any":1,"any":2}}`, 0, ""},
+		{`{"customer_id":"\ud83d\ude00 and \u00e9"}`, 0, ""},
+		{`{"Customer_ID":"c-1"}`, http.StatusUnprocessableEntity, `unknown field "Customer_ID"`},
+		{`{"lines":[{"SKU":"A"}]}`, http.StatusUnprocessableEntity, `unknown field "lines[0].SKU"`},
+		{`{"Kind":"nats"}`, http.StatusUnprocessableEntity, `unknown field "Kind"`},
+		{`{"Ignored":"x"}`, http.StatusUnprocessableEntity, `unknown field "Ignored"`},
+		{`{"customer_id":"a","customer_id":"b"}`, http.StatusBadRequest, `"customer_id" is given twice`},
+		{`{"lines":[{"sku":"A","sku":"B"}]}`, http.StatusBadRequest, `"lines[0].sku" is given twice`},
+		{`{"data":{"a":1,"a":2}}`, http.StatusBadRequest, `"data.a" is given twice`},
+		{`{"customer_id":"\ud800"}`, http.StatusBadRequest, `half a UTF-16 surrogate pair`},
+		{`{"customer_id":"\udc00\ud800x"}`, http.StatusBadRequest, `half a UTF-16 surrogate pair`},
+		{`{"customer_id":"\\ud800"}`, 0, ""}, // an escaped backslash, then text
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(tc.body))
+		r.Header.Set("Content-Type", "application/json")
+		var dst request
+		err := httpjson.Decode(httptest.NewRecorder(), r, &dst)
+		if tc.status == 0 {
+			require.NoError(t, err, tc.body)
+			continue
+		}
+		var p *httpjson.Problem
+		require.ErrorAs(t, err, &p, tc.body)
+		require.Equal(t, tc.status, p.Status, tc.body)
+		require.Contains(t, p.Detail, tc.detail, tc.body)
 	}
 }
