@@ -41,6 +41,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -468,11 +469,18 @@ func (h *Handler) handleLogout(w http.ResponseWriter, r *http.Request) {
 func returnPath(r *http.Request) string {
 	p := r.PostForm.Get("return")
 	u, err := url.Parse(p)
-	if err != nil || u.Scheme != "" || u.Host != "" || strings.ContainsAny(p, "\\") || strings.HasPrefix(p, "//") ||
-		(u.Path != Prefix && !strings.HasPrefix(u.Path, Prefix+"/")) {
+	if err != nil || u.Scheme != "" || u.Host != "" || u.Opaque != "" || !strings.HasPrefix(p, "/") {
 		return Prefix
 	}
-	return u.Path
+	// Judged as the redirect will send it: cleaned (http.Redirect cleans
+	// it, and /ops/../x is not a page of ours) and with what the escapes
+	// stand for (%5C is a backslash, which browsers read as a slash).
+	clean := path.Clean(u.Path)
+	if strings.ContainsAny(clean, "\\\t\r\n") || strings.HasPrefix(clean, "//") ||
+		(clean != Prefix && !strings.HasPrefix(clean, Prefix+"/")) {
+		return Prefix
+	}
+	return (&url.URL{Path: clean}).EscapedPath()
 }
 
 // done redirects after an action, with a notice for the next page. counts

@@ -579,7 +579,8 @@ func TestRetryIsConfirmedThenMovesFailedToPending(t *testing.T) {
 	e.fail(t, e.enqueue(t, "order.placed", map[string]int{"n": 2})[0])
 	var other uuid.UUID
 	require.NoError(t, e.pool.QueryRow(context.Background(), `SELECT id FROM outbox_messages WHERE status = 'failed'`).Scan(&other))
-	for _, ret := range []string{"https://evil.example/", "//evil.example/ops", "/elsewhere", `/\evil.example`} {
+	for _, ret := range []string{"https://evil.example/", "//evil.example/ops", "/elsewhere", `/\evil.example`,
+		"/ops/../%5Cevil.example", "/ops/../%09/evil.example", "/ops/../orders", "/ops/..//evil.example", "ops/x"} {
 		e.exec(t, `UPDATE outbox_messages SET status = 'failed', failed_at = now() WHERE id = $1`, other)
 		res = post(t, c, e.srv.URL+"/ops/messages/"+other.String()+"/retry", url.Values{"csrf": {csrf}, "confirm": {"yes"}, "return": {ret}})
 		require.Equal(t, http.StatusSeeOther, res.StatusCode)

@@ -215,6 +215,11 @@ func (a *Admin) checkChange(ctx context.Context, c EndpointChange) ([]string, er
 // broker destination names no server, so there is nothing for the guard to
 // check: the brokers are the worker's configuration.
 func (a *Admin) checkDestination(ctx context.Context, rawURL string) error {
+	if !isText(rawURL) {
+		// PostgreSQL stores neither: a NUL in a subject or routing key, or
+		// bytes that are not UTF-8 in a URL's path, would fail the write.
+		return fmt.Errorf("%w: a destination must be UTF-8 text without NUL", ErrInvalidEndpoint)
+	}
 	d, err := ParseDestination(rawURL)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidEndpoint, err)
@@ -487,6 +492,8 @@ func (a *Admin) messagesByKey(ctx context.Context, key string, p outboxdb.Messag
 	if p.CreatedTo != nil {
 		to = *p.CreatedTo
 	}
+	// Within the times an event id can hold, as a replay's range (idRange).
+	from, to = Replay{From: from, To: to}.idRange()
 	rows, err := outboxdb.New(a.pool).MessageListByKey(ctx, outboxdb.MessageListByKeyParams{OrderingKey: &key,
 		EventsFrom: from, EventsTo: to, EventID: p.EventID, Status: p.Status, Type: p.Type, Destination: p.Destination,
 		BeforeID: p.BeforeID, MaxRows: p.MaxRows})

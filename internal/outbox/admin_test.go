@@ -62,3 +62,37 @@ func TestMessagesFilterAndPaginate(t *testing.T) {
 	_, _, err = f.admin.Messages(ctx, outbox.MessageFilter{Status: "lost"})
 	require.ErrorIs(t, err, outbox.ErrInvalidStatus)
 }
+
+// A destination PostgreSQL cannot store as text (a NUL in a subject or a
+// routing key, bytes that are not UTF-8 in a URL's path) is refused as
+// invalid, not answered with a database error, and writes nothing.
+func TestDestinationsThatAreNotTextAreRefused(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	ep := f.endpoint(t, newReceiver(t), "order.placed")
+	for _, u := range []string{"nats:orders.a\x00b", "rabbitmq:orders/order.placed\x00", "http://127.0.0.1:9/\xff"} {
+		_, err := f.admin.CreateEndpoint(ctx, u, []string{"order.placed"})
+		require.ErrorIs(t, err, outbox.ErrInvalidEndpoint, "%q", u)
+		_, err = f.admin.UpdateEndpoint(ctx, ep.ID, outbox.EndpointChange{URL: &u})
+		require.ErrorIs(t, err, outbox.ErrInvalidEndpoint, "%q", u)
+	}
+	eps, err := f.admin.Endpoints(ctx)
+	require.NoError(t, err)
+	require.Len(t, eps, 1, "nothing written")
+	require.Equal(t, ep.URL, eps[0].URL, "nothing changed")
+}
+
+// An ordering key's messages found from a time before 1970, where no event
+// id can lie, are all of its messages, not none.
+func TestMessagesOfAKeyFromBeforeTheEpoch(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	f.endpoint(t, newReceiver(t), "order.placed")
+	f.publish(t, outbox.Event{Type: "order.placed", Data: 1, OrderingKey: "order-1"})
+	from := time.Date(1969, 12, 31, 0, 0, 0, 0, time.UTC)
+	msgs, _, err := f.admin.Messages(ctx, outbox.MessageFilter{OrderingKey: "order-1", CreatedFrom: &from})
+	require.NoError(t, err)
+	require.Len(t, msgs, 1)
+}
