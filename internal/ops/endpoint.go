@@ -194,13 +194,42 @@ func (h *Handler) handleRotateSecret(w http.ResponseWriter, r *http.Request) {
 		if ep.Kind != outbox.KindWebhook {
 			question = "This is a broker destination: its messages are not signed, so a new secret changes nothing it receives. Rotate it anyway?"
 		}
+		// The rotation it confirms: a second submission of this page finds
+		// the secret rotated since, and rotates nothing.
+		seen := ""
+		if ep.PreviousSecretExpiresAt != nil {
+			seen = ep.PreviousSecretExpiresAt.Format(time.RFC3339Nano)
+		}
 		h.render(w, r, http.StatusOK, "confirm", confirmPage{
 			Layout: h.layout(r, "Rotate signing secret?"), Question: question,
 			Details: []fact{{"Endpoint", ep.URL}}, Action: r.URL.Path, Return: returnPath(r), Button: "Rotate secret", Danger: true,
+			Hidden: []fact{{"seen_rotation", seen}},
 		})
 		return
 	}
-	rotated, err := h.admin.RotateSecret(r.Context(), ep.ID, rotationOverlap)
+	var rotated outbox.Endpoint
+	var err error
+	if seen, ok := r.PostForm["seen_rotation"]; ok {
+		// From the confirmation page: rotate only the secret it showed.
+		ep.PreviousSecretExpiresAt = nil
+		if seen[0] != "" {
+			at, perr := time.Parse(time.RFC3339Nano, seen[0])
+			if perr != nil {
+				h.renderError(w, r, http.StatusBadRequest, "Cannot rotate", "The confirmation's form is damaged: open the endpoint page again.")
+				return
+			}
+			ep.PreviousSecretExpiresAt = &at
+		}
+		rotated, err = h.admin.RotateSecretAsSeen(r.Context(), ep, rotationOverlap)
+	} else {
+		rotated, err = h.admin.RotateSecret(r.Context(), ep.ID, rotationOverlap)
+	}
+	if errors.Is(err, outbox.ErrConflict) {
+		h.renderError(w, r, http.StatusConflict, "Already rotated",
+			"The secret was rotated since this confirmation was shown (was it submitted twice?), so nothing was rotated now: "+
+				"the new secret is the one shown after the first submission. Open the endpoint page to rotate again.")
+		return
+	}
 	if err != nil {
 		h.actionError(w, r, err)
 		return

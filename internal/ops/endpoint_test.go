@@ -177,6 +177,26 @@ func TestEndpointActionsFromThePage(t *testing.T) {
 	require.Equal(t, int64(1), e.count(t, `SELECT count(*) FROM webhook_endpoints
 		WHERE id = $1 AND previous_secret IS NOT NULL AND previous_secret_expires_at > now() + interval '23 hours'`, ep.ID))
 
+	// The confirmation submitted twice (a double click, a reload of the
+	// page showing the secret) rotates once: the secret the first showed
+	// stays current, and the one before it keeps signing for the overlap.
+	var before string
+	require.NoError(t, e.pool.QueryRow(ctx, `SELECT secret FROM webhook_endpoints WHERE id = $1`, ep.ID).Scan(&before))
+	_, body = postPage(t, c, base+"/rotate-secret", url.Values{"csrf": {csrf}})
+	confirm := hiddenFields(body)
+	require.Contains(t, confirm, "seen_rotation")
+	res, body = postPage(t, c, base+"/rotate-secret", confirm)
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	shown := secretOn(body)
+	require.NotNil(t, shown, body)
+	res, body = postPage(t, c, base+"/rotate-secret", confirm)
+	require.Equal(t, http.StatusConflict, res.StatusCode)
+	require.Contains(t, body, "Already rotated")
+	var current, previous string
+	require.NoError(t, e.pool.QueryRow(ctx, `SELECT secret, previous_secret FROM webhook_endpoints WHERE id = $1`, ep.ID).Scan(&current, &previous))
+	require.Equal(t, before, previous, "the secret the receiver used still signs")
+	require.NotEqual(t, before, current)
+
 	// Discard what waits: pending and parked go, the failed one and the
 	// one in flight stay.
 	ids := e.enqueueKeyed(t, "order.placed", "k", 1)

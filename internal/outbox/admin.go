@@ -57,6 +57,9 @@ type Endpoint struct {
 	// ThrottledUntil, while healthy, is the end of a wait the receiver asked
 	// for with Retry-After.
 	ThrottledUntil *time.Time `json:"throttled_until,omitempty"`
+	// PreviousSecretExpiresAt, once the secret was rotated, is when the
+	// previous secret stops (or stopped) signing beside the current one.
+	PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at,omitempty"`
 }
 
 // Message is one delivery of an event to one endpoint (an outbox_messages
@@ -354,6 +357,20 @@ func (a *Admin) SetEndpointEnabled(ctx context.Context, id uuid.UUID, enabled bo
 // overlap the relay signs with both the new and the previous secret, so the
 // receiver can switch at its own pace without rejecting a delivery.
 func (a *Admin) RotateSecret(ctx context.Context, id uuid.UUID, overlap time.Duration) (Endpoint, error) {
+	return a.rotateSecret(ctx, id, overlap, nil)
+}
+
+// RotateSecretAsSeen is RotateSecret for a person who confirmed it looking
+// at seen: it rotates only if nobody rotated the secret since seen was read,
+// and otherwise returns ErrConflict and changes nothing. A confirmation
+// submitted twice (a double click, a reload of the page that showed the new
+// secret) rotates once, instead of replacing the shown secret unseen and
+// ending the overlap of the one the receiver still uses.
+func (a *Admin) RotateSecretAsSeen(ctx context.Context, seen Endpoint, overlap time.Duration) (Endpoint, error) {
+	return a.rotateSecret(ctx, seen.ID, overlap, &seen)
+}
+
+func (a *Admin) rotateSecret(ctx context.Context, id uuid.UUID, overlap time.Duration, seen *Endpoint) (Endpoint, error) {
 	if overlap < 0 || overlap > 30*24*time.Hour {
 		return Endpoint{}, fmt.Errorf("%w: overlap must be from 0 to 720h, got %s", ErrInvalidEndpoint, overlap)
 	}
@@ -365,7 +382,17 @@ func (a *Admin) RotateSecret(ctx context.Context, id uuid.UUID, overlap time.Dur
 	if err != nil {
 		return Endpoint{}, err
 	}
-	row, err := outboxdb.New(a.pool).EndpointRotateSecret(ctx, overlap.Seconds(), stored, id)
+	p := outboxdb.EndpointRotateSecretParams{OverlapSeconds: overlap.Seconds(), Secret: stored, ID: id}
+	if seen != nil {
+		p.Guarded, p.SeenPreviousExpiresAt = true, seen.PreviousSecretExpiresAt
+	}
+	q := outboxdb.New(a.pool)
+	row, err := q.EndpointRotateSecret(ctx, p)
+	if errors.Is(err, pgx.ErrNoRows) && seen != nil {
+		if _, err := q.EndpointGet(ctx, id); err == nil {
+			return Endpoint{}, fmt.Errorf("rotating endpoint secret: %w: it was rotated since it was read", ErrConflict)
+		}
+	}
 	if err != nil {
 		return Endpoint{}, notFound("rotating endpoint secret", err)
 	}
@@ -645,7 +672,8 @@ func notFound(action string, err error) error {
 func toEndpoint(r outboxdb.WebhookEndpoint) Endpoint {
 	d, _ := ParseDestination(r.Url)
 	ep := Endpoint{ID: r.ID, Kind: d.Kind, URL: r.Url, EventTypes: r.EventTypes, Enabled: r.Enabled, CreatedAt: r.CreatedAt,
-		State: r.Health, StateSince: r.HealthChangedAt, ConsecutiveFailures: int(r.ConsecutiveFailures)}
+		State: r.Health, StateSince: r.HealthChangedAt, ConsecutiveFailures: int(r.ConsecutiveFailures),
+		PreviousSecretExpiresAt: r.PreviousSecretExpiresAt}
 	if r.HealthReason != nil {
 		ep.StateReason = *r.HealthReason
 	}

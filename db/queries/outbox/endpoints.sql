@@ -27,13 +27,18 @@ RETURNING *;
 
 -- name: EndpointRotateSecret :one
 -- Replaces the signing secret, keeping the old one valid for @overlap_seconds:
--- until then every delivery carries a signature with each.
+-- until then every delivery carries a signature with each. When @guarded,
+-- only if the last rotation is still the one the caller saw
+-- (@seen_previous_expires_at, NULL for none): a second submission of one
+-- confirmation would otherwise make the secret it just showed the
+-- "previous" one and drop the one the receiver still uses.
 UPDATE webhook_endpoints
 SET previous_secret = secret,
     previous_secret_expires_at = now() + make_interval(secs => @overlap_seconds::float8),
     secret = @secret,
     updated_at = now()
 WHERE id = @id
+  AND (NOT @guarded::boolean OR previous_secret_expires_at IS NOT DISTINCT FROM sqlc.narg(seen_previous_expires_at)::timestamptz)
 RETURNING *;
 
 -- name: EndpointSecretsBatch :many

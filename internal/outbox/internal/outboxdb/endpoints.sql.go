@@ -299,13 +299,32 @@ SET previous_secret = secret,
     secret = $2,
     updated_at = now()
 WHERE id = $3
+  AND (NOT $4::boolean OR previous_secret_expires_at IS NOT DISTINCT FROM $5::timestamptz)
 RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error
 `
 
+type EndpointRotateSecretParams struct {
+	OverlapSeconds        float64
+	Secret                string
+	ID                    uuid.UUID
+	Guarded               bool
+	SeenPreviousExpiresAt *time.Time
+}
+
 // Replaces the signing secret, keeping the old one valid for @overlap_seconds:
-// until then every delivery carries a signature with each.
-func (q *Queries) EndpointRotateSecret(ctx context.Context, overlapSeconds float64, secret string, iD uuid.UUID) (WebhookEndpoint, error) {
-	row := q.db.QueryRow(ctx, endpointRotateSecret, overlapSeconds, secret, iD)
+// until then every delivery carries a signature with each. When @guarded,
+// only if the last rotation is still the one the caller saw
+// (@seen_previous_expires_at, NULL for none): a second submission of one
+// confirmation would otherwise make the secret it just showed the
+// "previous" one and drop the one the receiver still uses.
+func (q *Queries) EndpointRotateSecret(ctx context.Context, arg EndpointRotateSecretParams) (WebhookEndpoint, error) {
+	row := q.db.QueryRow(ctx, endpointRotateSecret,
+		arg.OverlapSeconds,
+		arg.Secret,
+		arg.ID,
+		arg.Guarded,
+		arg.SeenPreviousExpiresAt,
+	)
 	var i WebhookEndpoint
 	err := row.Scan(
 		&i.ID,
