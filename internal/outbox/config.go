@@ -189,13 +189,19 @@ func (c RelayConfig) Validate() error {
 		// nil takes the default; an empty schedule has no wait to give.
 		fail("RetrySchedule", "must hold at least one wait (nil for the default)")
 	}
+	// A wait is varied by ±10 %, which overflows past 29 years; no wait
+	// between two attempts needs to be a year.
+	const longestWait = 365 * 24 * time.Hour
 	for i, d := range c.RetrySchedule {
-		if d <= 0 {
-			fail("RetrySchedule", "entry %d must be positive, got %s", i+1, d)
+		if d <= 0 || d > longestWait {
+			fail("RetrySchedule", "entry %d must be from 1ns to %s, got %s", i+1, longestWait, d)
 		}
 	}
 	if c.BackoffBase > 0 && c.BackoffMax < c.BackoffBase {
 		fail("BackoffMax", "%s is below the backoff base %s", c.BackoffMax, c.BackoffBase)
+	}
+	if c.BackoffMax > longestWait || c.BackoffBase > longestWait {
+		fail("BackoffMax", "the backoff's base and cap must be at most %s, got %s and %s", longestWait, c.BackoffBase, c.BackoffMax)
 	}
 	// A heartbeat is sent every fifth of the relay timeout; below a second a
 	// busy database could make live relays look dead.

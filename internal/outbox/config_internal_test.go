@@ -33,3 +33,15 @@ func TestAnEmptyRetryScheduleIsRefused(t *testing.T) {
 		"RetrySchedule: must hold at least one wait (nil for the default)")
 	require.NoError(t, RelayConfig{}.Validate(), "nil takes the default")
 }
+
+// A wait longer than a year is refused at start: its ±10 % jitter
+// overflows a Duration past 29 years, into a short or negative wait.
+func TestRetryWaitsAreBounded(t *testing.T) {
+	t.Parallel()
+	long := 30 * 365 * 24 * time.Hour
+	require.ErrorContains(t, RelayConfig{RetrySchedule: []time.Duration{time.Second, long}}.Validate(),
+		"RetrySchedule: entry 2 must be from 1ns to 8760h0m0s")
+	require.ErrorContains(t, RelayConfig{BackoffBase: time.Second, BackoffMax: long}.Validate(), "BackoffMax: ")
+	require.NoError(t, RelayConfig{RetrySchedule: []time.Duration{365 * 24 * time.Hour}}.Validate())
+	require.Positive(t, jitter(365*24*time.Hour, 10), "a year's jitter does not overflow")
+}

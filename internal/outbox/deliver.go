@@ -367,7 +367,9 @@ func (s *session) run(ctx context.Context) error {
 			}
 		case res := <-s.recorded:
 			s.record(ctx, res)
-			if len(s.outcomes) >= flushSize {
+			// After a failure the next try waits for the poll: a database
+			// that is away would be retried in a tight loop.
+			if res.err == nil && len(s.outcomes) >= flushSize {
 				s.flush(ctx)
 			}
 		case <-poll.C:
@@ -605,7 +607,10 @@ func endpointWide(code int) bool {
 // is already in flight: one at a time, so outcomes are recorded in the
 // order they came. Its end arrives on s.recorded.
 func (s *session) flush(ctx context.Context) {
-	if len(s.outcomes) == 0 || s.recording {
+	// A cancelled job records what it has at its settle, on a context of
+	// its own: a flush on ctx would fail at once, and flushing again would
+	// keep the job from ever ending.
+	if len(s.outcomes) == 0 || s.recording || ctx.Err() != nil {
 		return
 	}
 	batch := s.outcomes

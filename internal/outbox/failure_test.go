@@ -582,6 +582,47 @@ func TestRelayStoppedBetweenSendAndMarkRedelivers(t *testing.T) {
 	require.Equal(t, 2, rc.count(f.event(t, id)), "delivered twice with one webhook-id: at-least-once, counted")
 }
 
+// A relay stopped past its grace period with a full batch of requests in
+// flight (here 64, one flush's worth) records them all as interrupted and
+// stops. Its cancelled job used to flush them again and again on its
+// cancelled context, every flush failing at once, and never reached its
+// settle: Stop timed out and the destination stayed leased to a live
+// relay. At the defaults it takes a busy destination and a database
+// outage longer than a job's timeout.
+func TestRelayStoppedWithAFullBatchInFlightSettlesIt(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	rc := newReceiver(t)
+	f.endpoint(t, rc, "order.placed")
+	const n = 64
+	var ids []uuid.UUID
+	for i := range n {
+		ids = append(ids, f.enqueue(t, "order.placed", i)[0])
+	}
+	hold := &holdingTransport{
+		Transport: &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
+		sent:      make(chan uuid.UUID, n), release: make(chan struct{}),
+	}
+	cfg := fastConfig()
+	cfg.DestinationConcurrency = n
+	relay, err := outbox.NewRelay(f.pool, cfg, hold, discardLogger(), nil)
+	require.NoError(t, err)
+	require.NoError(t, relay.Start(context.Background()))
+	for range n {
+		<-hold.sent
+	}
+
+	expired, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	<-expired.Done()
+	require.NoError(t, relay.Stop(expired), "the job settles its batch and ends")
+	for _, id := range ids {
+		m := f.message(t, id)
+		require.Equal(t, outbox.StatusPending, m.Status, "released at once, not left claimed")
+		require.Equal(t, "interrupted", m.History[0].Outcome, "recorded as what happened to it")
+	}
+}
+
 // A graceful stop within its grace period lets the request in flight finish
 // and records it: nothing is sent twice.
 func TestRelayStopLetsRequestsInFlightFinish(t *testing.T) {

@@ -26,8 +26,8 @@ import (
 // never makes a live relay look dead.
 
 // keepAlive heartbeats, reaps dead relays and stale claims, retries
-// unsettled writes and drops deleted endpoints' metric series, until ctx is
-// done.
+// unsettled writes (beside it) and drops deleted endpoints' metric series,
+// until ctx is done.
 func (r *Relay) keepAlive(ctx context.Context) {
 	ticker := time.NewTicker(r.cfg.heartbeatInterval())
 	defer ticker.Stop()
@@ -61,6 +61,7 @@ func (r *Relay) keepAlive(ctx context.Context) {
 			err = r.forgetDeleted(beatCtx, conn)
 		}
 		cancel()
+		r.retryUnsettledAside(ctx)
 		if err != nil && ctx.Err() == nil {
 			_ = conn.Close(context.WithoutCancel(ctx))
 			conn = nil
@@ -107,8 +108,27 @@ func (r *Relay) beat(ctx context.Context, conn *pgx.Conn) error {
 		r.logger.WarnContext(ctx, "released claims past the claim timeout", slog.Int64("count", stale),
 			slog.Duration("claim_timeout", r.cfg.ClaimTimeout))
 	}
-	r.retryUnsettled(ctx)
 	return nil
+}
+
+// retryUnsettledAside runs retryUnsettled beside the heartbeat, one run at
+// a time. Its writes go through the pool, which is the slow part when jobs
+// could not settle (saturated, or waiting on locks): a beat that waited for
+// them would leave this relay unheard past its timeout, and another would
+// declare it dead and release claims whose requests are still in flight.
+func (r *Relay) retryUnsettledAside(ctx context.Context) {
+	r.mu.Lock()
+	none := len(r.unsettled) == 0
+	r.mu.Unlock()
+	if none || !r.retrying.CompareAndSwap(false, true) {
+		return
+	}
+	r.loops.Go(func() {
+		defer r.retrying.Store(false)
+		ctx, cancel := context.WithTimeout(ctx, settleTimeout)
+		defer cancel()
+		r.retryUnsettled(ctx)
+	})
 }
 
 // forgetEvery is how many heartbeats apart the relay looks for deleted

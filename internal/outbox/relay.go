@@ -89,6 +89,8 @@ type Relay struct {
 	unsettled []func(context.Context) error
 	// unsettledWarned is when a retry of them last failed aloud.
 	unsettledWarned time.Time
+	// retrying: a retry of the unsettled writes is running (one at a time).
+	retrying atomic.Bool
 }
 
 // NewRelay returns a relay delivering through transport. metrics may be nil.

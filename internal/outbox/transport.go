@@ -3,6 +3,7 @@ package outbox
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -71,12 +72,20 @@ func (t *HTTPTransport) Deliver(ctx context.Context, d Delivery) Result {
 }
 
 // parseRetryAfter reads delay-seconds or an HTTP date; 0 when absent or bad.
+// A delay longer than a year is read as a year: the relay waits a day at
+// most (judge), and seconds past 292 years would overflow a Duration into
+// a short or negative wait.
 func parseRetryAfter(v string, now time.Time) time.Duration {
 	if v == "" {
 		return 0
 	}
-	if secs, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && secs >= 0 {
-		return time.Duration(secs) * time.Second
+	const year = 365 * 24 * time.Hour
+	secs, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+	switch {
+	case err == nil:
+		return time.Duration(min(secs, uint64(year/time.Second))) * time.Second
+	case errors.Is(err, strconv.ErrRange):
+		return year // digits only, past what 64 bits hold
 	}
 	if at, err := http.ParseTime(v); err == nil && at.After(now) {
 		return at.Sub(now)
