@@ -296,7 +296,7 @@ func TestRelayStatementsStayOnIndexesWith1000Endpoints(t *testing.T) {
 			return err
 		},
 		"prune events": func(q *outboxdb.Queries) error {
-			_, err := q.EventsPrune(ctx, time.Now(), 100)
+			_, err := q.EventsPrune(ctx, uuid.Nil, time.Now(), 100)
 			return err
 		},
 	} {

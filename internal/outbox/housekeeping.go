@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 
@@ -155,23 +156,24 @@ func (r *Relay) prune(ctx context.Context, cutoff, failedCutoff time.Time) (sett
 			break
 		}
 	}
-	for {
-		var n int64
+	for after := uuid.Nil; ; {
+		var row outboxdb.EventsPruneRow
 		err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) (err error) {
 			q := outboxdb.New(tx)
 			// Not while a replay gives old events new messages.
 			if err := q.EventsLockPrune(ctx); err != nil {
 				return err
 			}
-			n, err = q.EventsPrune(ctx, cutoff, pruneBatch)
+			row, err = q.EventsPrune(ctx, after, cutoff, pruneBatch)
 			return err
 		})
 		if err != nil {
 			return settled, failed, fmt.Errorf("pruning events: %w", err)
 		}
-		if n == 0 {
+		if row.Scanned < pruneBatch {
 			return settled, failed, nil
 		}
+		after = row.LastID
 	}
 }
 

@@ -276,7 +276,7 @@ func scenarioHistory(ctx context.Context, cfg config, rep *report) error {
 	rep.section("4. History does not slow the claim", b.String())
 
 	b.Reset()
-	fmt.Fprintf(&b, "Claims (as above) paced one every %s, first for %s alone, then while the prune job's statements (`MessagesPrune`: `DELETE` of 5,000 delivered and 5,000 discarded rows at most, cascading to `outbox_attempts`, repeated until none is left; then `EventsPrune`: 5,000 events no message refers to any more, repeated likewise) delete %s delivered rows past retention and their %s events. The prune took %s (%s rows/s).\n\n",
+	fmt.Fprintf(&b, "Claims (as above) paced one every %s, first for %s alone, then while the prune job's statements (`MessagesPrune`: `DELETE` of 5,000 delivered and 5,000 discarded rows at most, cascading to `outbox_attempts`, repeated until none is left; then `EventsPrune`: the next 5,000 old events from where the last batch stopped, deleting those no message refers to any more, until none is left) delete %s delivered rows past retention and their %s events. The prune took %s (%s rows/s).\n\n",
 		pace, baseWindow, commas(pruned), commas(prunedEvents), pruneTook.Round(100*time.Millisecond), rate(float64(pruned)/pruneTook.Seconds()))
 	b.WriteString("| | claims | p50 | p99 | max |\n|---|---:|---:|---:|---:|\n")
 	fmt.Fprintf(&b, "| without pruning | %d | %s | %s | %s |\n", base.n, ms(base.p50), ms(base.p99), ms(base.max))

@@ -360,25 +360,37 @@ WHERE id IN (
     LIMIT @batch_size
 );
 
--- name: EventsPrune :execrows
--- Deletes one bounded batch of events written before @created_before that no
--- delivery refers to any more; the caller loops after pruning deliveries. An
--- event lives as long as any of its deliveries, so a failed or pending one
--- keeps its payload. A delivery's id shares its event's time prefix, so an
--- event's deliveries are a primary-key range: no index on event_id.
-DELETE FROM outbox_events
-WHERE id IN (
+-- name: EventsPrune :one
+-- Looks at one bounded batch of the events written before @created_before,
+-- in id order after the cursor @after, and deletes those no delivery refers
+-- to any more; the caller loops after pruning deliveries, from the last id
+-- looked at, until a batch looks at fewer than @batch_size. An event lives
+-- as long as any of its deliveries, so a failed or pending one keeps its
+-- payload; the cursor walks past those, so a run looks at each old event
+-- once, however many are kept (a batch that skipped them anew read them
+-- all again each time: a paused endpoint's week of backlog, every batch).
+-- A delivery's id shares its event's time prefix, so an event's deliveries
+-- are a primary-key range: no index on event_id.
+WITH scanned AS (
     SELECT o.id FROM outbox_events o
-    WHERE o.id < outbox_uuid_at(@created_before::timestamptz)
+    WHERE o.id < outbox_uuid_at(@created_before::timestamptz) AND o.id > @after::uuid
+    ORDER BY o.id
+    LIMIT @batch_size::integer
+), deleted AS (
+    DELETE FROM outbox_events e
+    USING scanned s
+    WHERE e.id = s.id
       AND NOT EXISTS (
           -- OFFSET 0 keeps this a probe per event: as an anti-join the
           -- planner would hash every message instead.
           SELECT 1 FROM outbox_messages m
-          WHERE m.id BETWEEN outbox_uuid_floor(o.id) AND outbox_uuid_ceil(o.id) AND m.event_id = o.id
+          WHERE m.id BETWEEN outbox_uuid_floor(s.id) AND outbox_uuid_ceil(s.id) AND m.event_id = s.id
           OFFSET 0)
-    ORDER BY o.id
-    LIMIT @batch_size
-);
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM scanned) AS scanned,
+       (SELECT count(*) FROM deleted) AS deleted,
+       COALESCE((SELECT s.id FROM scanned s ORDER BY s.id DESC LIMIT 1), @after::uuid)::uuid AS last_id;
 
 -- name: AttemptMinutesPrune :execrows
 -- Forgets the per-minute sums of attempts older than @before: the page

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -140,6 +142,7 @@ func moduleRoot() (string, error) {
 // Execer runs a statement: a pool, a connection or a transaction.
 type Execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // The prune job's statements: settled messages first, then the events no
@@ -154,9 +157,10 @@ const pruneBatch = 5000
 
 // Prune deletes what the relay's prune job deletes, with its statements:
 // the settled (delivered and discarded) messages older than cutoff, in
-// batches of at most 5,000 of each until a batch deletes nothing, then, in
-// batches, the events written before cutoff that no message refers to any
-// more. It returns how many messages and events it deleted.
+// batches of at most 5,000 of each until a batch deletes nothing, then the
+// events written before cutoff that no message refers to any more, looking
+// at 5,000 a batch from where the last one stopped. It returns how many
+// messages and events it deleted.
 func Prune(ctx context.Context, db Execer, cutoff time.Time) (messages, events int64, err error) {
 	args, err := prune.Args(map[string]any{"settled_before": cutoff, "batch_size": pruneBatch})
 	if err != nil {
@@ -165,13 +169,19 @@ func Prune(ctx context.Context, db Execer, cutoff time.Time) (messages, events i
 	if messages, err = loop(ctx, db, prune.SQL, args); err != nil {
 		return messages, 0, fmt.Errorf("pruning messages: %w", err)
 	}
-	if args, err = pruneEvents.Args(map[string]any{"created_before": cutoff, "batch_size": pruneBatch}); err != nil {
-		return messages, 0, err
+	for after := uuid.Nil; ; {
+		if args, err = pruneEvents.Args(map[string]any{"created_before": cutoff, "batch_size": pruneBatch, "after": after}); err != nil {
+			return messages, events, err
+		}
+		var scanned, deleted int64
+		if err := db.QueryRow(ctx, pruneEvents.SQL, args...).Scan(&scanned, &deleted, &after); err != nil {
+			return messages, events, fmt.Errorf("pruning events: %w", err)
+		}
+		events += deleted
+		if scanned < pruneBatch {
+			return messages, events, nil
+		}
 	}
-	if events, err = loop(ctx, db, pruneEvents.SQL, args); err != nil {
-		return messages, events, fmt.Errorf("pruning events: %w", err)
-	}
-	return messages, events, nil
 }
 
 // loop runs a batch statement until it affects no row, and returns how

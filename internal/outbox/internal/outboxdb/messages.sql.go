@@ -143,33 +143,50 @@ func (q *Queries) EventNotify(ctx context.Context, type_ string) error {
 	return err
 }
 
-const eventsPrune = `-- name: EventsPrune :execrows
-DELETE FROM outbox_events
-WHERE id IN (
+const eventsPrune = `-- name: EventsPrune :one
+WITH scanned AS (
     SELECT o.id FROM outbox_events o
-    WHERE o.id < outbox_uuid_at($1::timestamptz)
+    WHERE o.id < outbox_uuid_at($2::timestamptz) AND o.id > $1::uuid
+    ORDER BY o.id
+    LIMIT $3::integer
+), deleted AS (
+    DELETE FROM outbox_events e
+    USING scanned s
+    WHERE e.id = s.id
       AND NOT EXISTS (
           -- OFFSET 0 keeps this a probe per event: as an anti-join the
           -- planner would hash every message instead.
           SELECT 1 FROM outbox_messages m
-          WHERE m.id BETWEEN outbox_uuid_floor(o.id) AND outbox_uuid_ceil(o.id) AND m.event_id = o.id
+          WHERE m.id BETWEEN outbox_uuid_floor(s.id) AND outbox_uuid_ceil(s.id) AND m.event_id = s.id
           OFFSET 0)
-    ORDER BY o.id
-    LIMIT $2
+    RETURNING 1
 )
+SELECT (SELECT count(*) FROM scanned) AS scanned,
+       (SELECT count(*) FROM deleted) AS deleted,
+       COALESCE((SELECT s.id FROM scanned s ORDER BY s.id DESC LIMIT 1), $1::uuid)::uuid AS last_id
 `
 
-// Deletes one bounded batch of events written before @created_before that no
-// delivery refers to any more; the caller loops after pruning deliveries. An
-// event lives as long as any of its deliveries, so a failed or pending one
-// keeps its payload. A delivery's id shares its event's time prefix, so an
-// event's deliveries are a primary-key range: no index on event_id.
-func (q *Queries) EventsPrune(ctx context.Context, createdBefore time.Time, batchSize int32) (int64, error) {
-	result, err := q.db.Exec(ctx, eventsPrune, createdBefore, batchSize)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+type EventsPruneRow struct {
+	Scanned int64
+	Deleted int64
+	LastID  uuid.UUID
+}
+
+// Looks at one bounded batch of the events written before @created_before,
+// in id order after the cursor @after, and deletes those no delivery refers
+// to any more; the caller loops after pruning deliveries, from the last id
+// looked at, until a batch looks at fewer than @batch_size. An event lives
+// as long as any of its deliveries, so a failed or pending one keeps its
+// payload; the cursor walks past those, so a run looks at each old event
+// once, however many are kept (a batch that skipped them anew read them
+// all again each time: a paused endpoint's week of backlog, every batch).
+// A delivery's id shares its event's time prefix, so an event's deliveries
+// are a primary-key range: no index on event_id.
+func (q *Queries) EventsPrune(ctx context.Context, after uuid.UUID, createdBefore time.Time, batchSize int32) (EventsPruneRow, error) {
+	row := q.db.QueryRow(ctx, eventsPrune, after, createdBefore, batchSize)
+	var i EventsPruneRow
+	err := row.Scan(&i.Scanned, &i.Deleted, &i.LastID)
+	return i, err
 }
 
 const messageClaim = `-- name: MessageClaim :many
