@@ -45,3 +45,26 @@ func TestEventPruneWalksPastKeptEventsOnce(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_events`).Scan(&events))
 	require.Equal(t, len(kept), events, "the kept events stay, the others are gone")
 }
+
+// A deleted endpoint's messages parked behind an earlier one of their key
+// are discarded by the orphan job too, also when nothing else of the
+// endpoint waits any more (they were found only beside unparked ones).
+func TestOrphanJobDiscardsParkedMessagesOfADeletedEndpoint(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	ep := testEndpoint(t, pool, nil)
+	ids := Seed(t, pool, ep, 3, "order-1")
+	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET parked = true WHERE id = ANY ($1)`, ids)
+	require.NoError(t, err)
+	// Deleted with only parked messages left, as a deletion leaves a
+	// backlog it could not settle in time once the rest is discarded.
+	_, err = pool.Exec(ctx, `DELETE FROM webhook_endpoints WHERE id = $1`, ep)
+	require.NoError(t, err)
+	n, err := outboxdb.New(pool).MessagesDiscardOrphans(ctx, pruneBatch)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, n)
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE status <> 'discarded'`).Scan(&left))
+	require.Zero(t, left)
+}

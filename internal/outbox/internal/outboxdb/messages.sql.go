@@ -826,9 +826,19 @@ WITH RECURSIVE heads AS (
         WHERE m.status = 'pending' AND NOT m.parked AND m.destination > h.destination
         ORDER BY m.destination LIMIT 1
     ) n
+), parked_heads AS (
+    (SELECT destination FROM outbox_messages
+     WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked ORDER BY destination LIMIT 1)
+    UNION ALL
+    SELECT n.destination
+    FROM parked_heads h, LATERAL (
+        SELECT m.destination FROM outbox_messages m
+        WHERE m.ordering_key IS NOT NULL AND m.status = 'pending' AND m.parked AND m.destination > h.destination
+        ORDER BY m.destination LIMIT 1
+    ) n
 ), orphans AS (
-    SELECT h.destination FROM heads h
-    WHERE NOT EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = h.destination)
+    SELECT d.destination FROM (SELECT destination FROM heads UNION SELECT destination FROM parked_heads) d
+    WHERE NOT EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = d.destination)
 )
 UPDATE outbox_messages m
 SET status = 'discarded', discarded_at = now(), last_error = 'endpoint deleted', parked = false
@@ -848,8 +858,10 @@ WHERE m.id IN (
 // exists: what a deletion left to the relay (a backlog too large to settle
 // while its request waits), and rows an order transaction wrote while their
 // endpoint was being deleted, which the deletion's own discard could not
-// see. A skip scan finds the destinations with pending messages, one index
-// probe each; the caller loops.
+// see. Skip scans find the destinations with pending messages, one index
+// probe each: on the pending index, and on the ordering index for those
+// parked behind an earlier message of their key, which a destination may
+// have alone once the rest is discarded; the caller loops.
 func (q *Queries) MessagesDiscardOrphans(ctx context.Context, batchSize int32) (int64, error) {
 	result, err := q.db.Exec(ctx, messagesDiscardOrphans, batchSize)
 	if err != nil {
