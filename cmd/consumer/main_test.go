@@ -72,8 +72,6 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	})
 }
 
-// TestServe runs the command against its own database and drives it over
-// HTTP as the relay would: a delivery, its redelivery, a forgery.
 // The required inbox retention outlasts the sender's default retries at
 // their longest: every wait of the schedule 10 % late (its jitter).
 func TestMinInboxRetentionOutlastsTheSendersRetries(t *testing.T) {
@@ -85,6 +83,8 @@ func TestMinInboxRetentionOutlastsTheSendersRetries(t *testing.T) {
 	require.Greater(t, minInboxRetention, span)
 }
 
+// TestServe runs the command against its own database and drives it over
+// HTTP as the relay would: a delivery, its redelivery, a forgery.
 func TestServe(t *testing.T) {
 	t.Parallel()
 	oldSecret, err := webhook.NewSecret()

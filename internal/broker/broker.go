@@ -56,10 +56,10 @@ type Config struct {
 // own destinations. close closes them all.
 func Transports(cfg Config) (ts map[string]outbox.Transport, close func(), err error) {
 	if err := CheckNATSURL(cfg.NATSURL); err != nil {
-		return nil, nil, fmt.Errorf("NATS: %w", err)
+		return nil, nil, fmt.Errorf("checking the NATS URL: %w", err)
 	}
 	if err := CheckAMQPURL(cfg.AMQPURL); err != nil {
-		return nil, nil, fmt.Errorf("RabbitMQ: %w", err)
+		return nil, nil, fmt.Errorf("checking the RabbitMQ URL: %w", err)
 	}
 	ts = map[string]outbox.Transport{}
 	var closers []func()

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,11 +24,12 @@ import (
 // then never answers (a RabbitMQ memory alarm stops reading a publishing
 // connection; a hung server; a network that drops without a reset).
 type freezer struct {
-	ln     net.Listener
-	mu     sync.Mutex
-	frozen bool
-	thawed *sync.Cond
-	conns  []net.Conn
+	ln       net.Listener
+	accepted atomic.Int32 // connections made through it
+	mu       sync.Mutex
+	frozen   bool
+	thawed   *sync.Cond
+	conns    []net.Conn
 }
 
 func newFreezer(t *testing.T, target string) *freezer {
@@ -42,6 +44,7 @@ func newFreezer(t *testing.T, target string) *freezer {
 			if err != nil {
 				return
 			}
+			f.accepted.Add(1)
 			up, err := net.Dial("tcp", target)
 			if err != nil {
 				c.Close()
@@ -145,6 +148,11 @@ func TestRabbitMQThatStopsAnsweringHoldsNoPublishPastItsDeadline(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	// The connection the broker stopped answering on was dropped: once it
+	// answers again, a publish goes through on a new one.
+	f.freeze(false)
+	require.True(t, tr.Deliver(ctxT(t), delivery(t, dest, "")).Acked)
+	require.EqualValues(t, 2, f.accepted.Load(), "a new connection, not the one that stopped answering")
 	require.True(t, within(t, 4*time.Second, "Close", tr.Close))
 	res := tr.Deliver(ctxT(t), delivery(t, dest, ""))
 	require.ErrorContains(t, res.Err, "closed", "a closed transport publishes nothing, and dials nothing")

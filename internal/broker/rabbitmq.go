@@ -31,6 +31,7 @@ type RabbitMQ struct {
 }
 
 type confirmChannel struct {
+	conn    *amqp.Connection // the connection it is on
 	ch      *amqp.Channel
 	returns chan amqp.Return
 	closed  chan *amqp.Error
@@ -75,6 +76,7 @@ func (t *RabbitMQ) channel(ctx context.Context) (*confirmChannel, error) {
 	case r := <-opened:
 		return r.c, r.err
 	case <-ctx.Done():
+		t.abandon(conn)
 		go func() {
 			if r := <-opened; r.c != nil {
 				t.release(r.c)
@@ -82,6 +84,27 @@ func (t *RabbitMQ) channel(ctx context.Context) (*confirmChannel, error) {
 		}()
 		return nil, fmt.Errorf("opening a RabbitMQ channel: %w", ctx.Err())
 	}
+}
+
+// abandon drops a connection the broker stopped answering on (a channel
+// that would not open, a confirm that did not come in time) and closes it
+// at once: the next publish dials anew, and every call still waiting on it
+// (an open, a close) ends now rather than when the broker's heartbeats give
+// up, which under a memory alarm they never do.
+func (t *RabbitMQ) abandon(conn *amqp.Connection) {
+	t.mu.Lock()
+	if t.conn == conn {
+		t.conn = nil
+		idle := t.idle[:0]
+		for _, c := range t.idle {
+			if c.conn != conn {
+				idle = append(idle, c)
+			}
+		}
+		t.idle = idle
+	}
+	t.mu.Unlock()
+	go conn.CloseDeadline(time.Now()) //nolint:errcheck
 }
 
 // idleOrConn returns an idle channel, or else the connection to open one
@@ -121,7 +144,7 @@ func openChannel(conn *amqp.Connection) (*confirmChannel, error) {
 		discard(ch)
 		return nil, fmt.Errorf("putting the RabbitMQ channel in confirm mode: %w", err)
 	}
-	return &confirmChannel{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 1)),
+	return &confirmChannel{conn: conn, ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 1)),
 		closed: ch.NotifyClose(make(chan *amqp.Error, 1))}, nil
 }
 
@@ -137,9 +160,8 @@ func (t *RabbitMQ) release(c *confirmChannel) {
 }
 
 // discard closes a channel without waiting: closing is a round trip too,
-// which a broker that stopped answering leaves waiting until the
-// connection's heartbeats give up on it (30 s), and no publish, nor the
-// lock, may wait for that.
+// which a broker that stopped answering leaves waiting until its connection
+// closes, and no publish, nor the lock, may wait for that.
 func discard(ch *amqp.Channel) { go ch.Close() } //nolint:errcheck
 
 // Deliver implements outbox.Transport.
@@ -170,9 +192,10 @@ func (t *RabbitMQ) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result
 	}
 	acked, err := dc.WaitContext(ctx)
 	if err != nil {
-		// The confirm may still come: this channel's next confirm would be
-		// this message's, so it is not reused.
-		discard(c.ch)
+		// No confirm within the delivery's time: the broker is not
+		// answering on this connection, and this channel's next confirm
+		// would be this message's; neither is used again.
+		t.abandon(c.conn)
 		return outbox.Result{Err: fmt.Errorf("waiting for RabbitMQ's confirm: %w", err)}
 	}
 	select {

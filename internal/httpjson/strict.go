@@ -3,6 +3,7 @@ package httpjson
 import (
 	"bytes"
 	"encoding/json"
+	"net/http"
 	"reflect"
 	"strconv"
 	"strings"
@@ -49,7 +50,7 @@ func walk(dec *json.Decoder, t reflect.Type, path string) error {
 			name := k.(string)
 			at := strings.TrimPrefix(path+"."+name, ".")
 			if seen[name] {
-				return NewProblem(400, "field %q is given twice", at)
+				return NewProblem(http.StatusBadRequest, "field %q is given twice", at)
 			}
 			seen[name] = true
 			var elem reflect.Type
@@ -58,7 +59,7 @@ func walk(dec *json.Decoder, t reflect.Type, path string) error {
 				case reflect.Struct:
 					f, ok := jsonField(t, name)
 					if !ok {
-						return NewProblem(422, "unknown field %q", at)
+						return NewProblem(http.StatusUnprocessableEntity, "unknown field %q", at)
 					}
 					elem = f
 				case reflect.Map:
@@ -145,7 +146,7 @@ func loneSurrogate(body []byte) error {
 					continue
 				}
 			}
-			return NewProblem(400, "malformed JSON: %s is half a UTF-16 surrogate pair, not a character", body[i-5:i+1])
+			return NewProblem(http.StatusBadRequest, "malformed JSON: %s is half a UTF-16 surrogate pair, not a character", body[i-5:i+1])
 		}
 	}
 	return nil

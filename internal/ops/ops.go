@@ -476,7 +476,7 @@ func returnPath(r *http.Request) string {
 	// it, and /ops/../x is not a page of ours) and with what the escapes
 	// stand for (%5C is a backslash, which browsers read as a slash).
 	clean := path.Clean(u.Path)
-	if strings.ContainsAny(clean, "\\\t\r\n") || strings.HasPrefix(clean, "//") ||
+	if strings.ContainsAny(clean, "\\\t\r\n") ||
 		(clean != Prefix && !strings.HasPrefix(clean, Prefix+"/")) {
 		return Prefix
 	}

@@ -389,8 +389,13 @@ func (a *Admin) rotateSecret(ctx context.Context, id uuid.UUID, overlap time.Dur
 	q := outboxdb.New(a.pool)
 	row, err := q.EndpointRotateSecret(ctx, p)
 	if errors.Is(err, pgx.ErrNoRows) && seen != nil {
-		if _, err := q.EndpointGet(ctx, id); err == nil {
+		// No row: the endpoint is gone, or its rotation is not the one seen.
+		_, gerr := q.EndpointGet(ctx, id)
+		switch {
+		case gerr == nil:
 			return Endpoint{}, fmt.Errorf("rotating endpoint secret: %w: it was rotated since it was read", ErrConflict)
+		case !errors.Is(gerr, pgx.ErrNoRows):
+			return Endpoint{}, fmt.Errorf("rotating endpoint secret: %w", gerr)
 		}
 	}
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/dbtest"
@@ -57,9 +58,9 @@ func TestConcurrentReplaysOfOneEndpointMakeOneCopy(t *testing.T) {
 		default:
 		}
 		var waiting bool
-		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_database d ON d.oid = l.database
-			WHERE l.locktype = 'advisory' AND NOT l.granted AND d.datname = current_database())`).Scan(&waiting))
-		return waiting
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+			WHERE l.locktype = 'advisory' AND NOT l.granted AND d.datname = current_database())`).Scan(&waiting)
+		return assert.NoError(t, err) && waiting
 	}, 10*time.Second, 5*time.Millisecond)
 	require.NoError(t, first.Commit(ctx))
 	if ended == nil {

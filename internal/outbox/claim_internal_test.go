@@ -295,6 +295,10 @@ func TestRelayStatementsStayOnIndexesWith1000Endpoints(t *testing.T) {
 			_, err := q.MessagesPruneFailed(ctx, time.Now(), 100)
 			return err
 		},
+		"orphans": func(q *outboxdb.Queries) error {
+			_, err := q.MessagesDiscardOrphans(ctx, 100)
+			return err
+		},
 		"prune events": func(q *outboxdb.Queries) error {
 			_, err := q.EventsPrune(ctx, uuid.Nil, time.Now(), 100)
 			return err

@@ -200,8 +200,11 @@ func (c RelayConfig) Validate() error {
 	if c.BackoffBase > 0 && c.BackoffMax < c.BackoffBase {
 		fail("BackoffMax", "%s is below the backoff base %s", c.BackoffMax, c.BackoffBase)
 	}
-	if c.BackoffMax > longestWait || c.BackoffBase > longestWait {
-		fail("BackoffMax", "the backoff's base and cap must be at most %s, got %s and %s", longestWait, c.BackoffBase, c.BackoffMax)
+	if c.BackoffBase > longestWait {
+		fail("BackoffBase", "must be at most %s, got %s", longestWait, c.BackoffBase)
+	}
+	if c.BackoffMax > longestWait {
+		fail("BackoffMax", "must be at most %s, got %s", longestWait, c.BackoffMax)
 	}
 	// A heartbeat is sent every fifth of the relay timeout; below a second a
 	// busy database could make live relays look dead.

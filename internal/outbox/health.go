@@ -600,7 +600,9 @@ func (a *Admin) DiscardWaiting(ctx context.Context, id uuid.UUID) (int64, error)
 				slog.Int64("discarded", discarded), slog.Bool("finished", false))
 			return discarded, fmt.Errorf("discarding waiting messages: %w", err)
 		}
-		if n < discardBatch {
+		// Until a batch finds nothing: a message claimed while a batch ran
+		// is left to its claim, so a short batch is not yet the end.
+		if n == 0 {
 			break
 		}
 	}

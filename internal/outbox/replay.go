@@ -37,8 +37,9 @@ type Replay struct {
 	// the endpoint subscribes to (a type it does not subscribe to is never
 	// replayed to it).
 	EventTypes []string
-	// After is the cursor of a replay in progress: the LastEventID of the
-	// previous batch. Nil starts at From.
+	// After is the cursor of a replay in progress: the previous call's
+	// ReplayResult.Next (the last event it looked at, which may be one it
+	// did not replay). Nil starts at From.
 	After *uuid.UUID
 	// Limit bounds the events read in this call; 0 means MaxReplayBatch.
 	Limit int

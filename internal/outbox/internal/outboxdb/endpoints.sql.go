@@ -165,9 +165,10 @@ SELECT pg_advisory_xact_lock(1869574765, hashtext(CAST($1::uuid AS text)))
 `
 
 // Taken by a replay's transaction, after EventsLockReplay and before it
-// looks for the endpoint's unfinished messages: replays of one endpoint
-// run one at a time, so each sees the copies the one before it made (two
-// at once would each miss the other's uncommitted rows and both insert).
+// looks for the endpoint's unfinished messages: the batches of replays of
+// one endpoint run one at a time, so each sees the copies the one before
+// it made (two at once would each miss the other's uncommitted rows and
+// both insert).
 // Its own statement, for the same reason as EventsLockReplay.
 func (q *Queries) EndpointLockReplay(ctx context.Context, endpoint uuid.UUID) error {
 	_, err := q.db.Exec(ctx, endpointLockReplay, endpoint)
@@ -568,9 +569,10 @@ SELECT pg_advisory_xact_lock_shared(1869574764, 0)
 
 // Taken (shared) by a replay's transaction before it reads events, and
 // (exclusive) by each batch of the event prune before it deletes: a replay
-// never gives a message to an event being deleted, and replays do not wait
-// for one another. Its own statement, so the next one's snapshot is taken
-// with the lock held.
+// never gives a message to an event being deleted, and replays of
+// different endpoints do not wait for one another here (EndpointLockReplay
+// orders those of one endpoint). Its own statement, so the next one's
+// snapshot is taken with the lock held.
 func (q *Queries) EventsLockReplay(ctx context.Context) error {
 	_, err := q.db.Exec(ctx, eventsLockReplay)
 	return err

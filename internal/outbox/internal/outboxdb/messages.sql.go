@@ -826,18 +826,22 @@ WITH RECURSIVE heads AS (
         WHERE m.status = 'pending' AND NOT m.parked AND m.destination > h.destination
         ORDER BY m.destination LIMIT 1
     ) n
-), parked_heads AS (
+), keyed_heads AS (
     (SELECT destination FROM outbox_messages
-     WHERE ordering_key IS NOT NULL AND status = 'pending' AND parked ORDER BY destination LIMIT 1)
+     WHERE ordering_key IS NOT NULL
+       AND (status IN ('claimed', 'failed') OR status = 'pending' AND (attempts > 0 OR attempts_before > 0 OR parked))
+     ORDER BY destination LIMIT 1)
     UNION ALL
     SELECT n.destination
-    FROM parked_heads h, LATERAL (
+    FROM keyed_heads h, LATERAL (
         SELECT m.destination FROM outbox_messages m
-        WHERE m.ordering_key IS NOT NULL AND m.status = 'pending' AND m.parked AND m.destination > h.destination
+        WHERE m.ordering_key IS NOT NULL
+          AND (m.status IN ('claimed', 'failed') OR m.status = 'pending' AND (m.attempts > 0 OR m.attempts_before > 0 OR m.parked))
+          AND m.destination > h.destination
         ORDER BY m.destination LIMIT 1
     ) n
 ), orphans AS (
-    SELECT d.destination FROM (SELECT destination FROM heads UNION SELECT destination FROM parked_heads) d
+    SELECT d.destination FROM (SELECT destination FROM heads UNION SELECT destination FROM keyed_heads) d
     WHERE NOT EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = d.destination)
 )
 UPDATE outbox_messages m
@@ -858,10 +862,12 @@ WHERE m.id IN (
 // exists: what a deletion left to the relay (a backlog too large to settle
 // while its request waits), and rows an order transaction wrote while their
 // endpoint was being deleted, which the deletion's own discard could not
-// see. Skip scans find the destinations with pending messages, one index
-// probe each: on the pending index, and on the ordering index for those
-// parked behind an earlier message of their key, which a destination may
-// have alone once the rest is discarded; the caller loops.
+// see. Skip scans find the destinations with messages waiting, one index
+// probe each: on the pending index, and on the ordering index (its own
+// predicate, so any entry answers) for those parked behind an earlier
+// message of their key, which a deleted endpoint may have alone when its
+// deletion discarded the failed heads of their keys and ran out of time;
+// the caller loops.
 func (q *Queries) MessagesDiscardOrphans(ctx context.Context, batchSize int32) (int64, error) {
 	result, err := q.db.Exec(ctx, messagesDiscardOrphans, batchSize)
 	if err != nil {
