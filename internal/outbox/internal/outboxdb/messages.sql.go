@@ -847,12 +847,17 @@ WITH RECURSIVE heads AS (
 UPDATE outbox_messages m
 SET status = 'discarded', discarded_at = now(), last_error = 'endpoint deleted', parked = false
 WHERE m.id IN (
-    SELECT u.id FROM (
-        SELECT p.id FROM outbox_messages p JOIN orphans o ON p.destination = o.destination
-        WHERE p.status = 'pending' AND NOT p.parked
+    -- Per orphan destination, index probes (a join could hash every
+    -- pending message instead); parked ones first, as a deletion does.
+    SELECT u.id
+    FROM orphans o, LATERAL (
+        (SELECT w.id FROM outbox_messages w
+         WHERE w.destination = o.destination AND w.ordering_key IS NOT NULL AND w.status = 'pending' AND w.parked
+         LIMIT $1)
         UNION ALL
-        SELECT w.id FROM outbox_messages w JOIN orphans o ON w.destination = o.destination
-        WHERE w.ordering_key IS NOT NULL AND w.status = 'pending' AND w.parked
+        (SELECT p.id FROM outbox_messages p
+         WHERE p.destination = o.destination AND p.status = 'pending' AND NOT p.parked
+         LIMIT $1)
     ) u
     LIMIT $1
 )
