@@ -57,7 +57,7 @@ var errRabbitMQClosed = errors.New("the RabbitMQ transport is closed")
 // is gone. Opening a channel is a round trip that a broker may never
 // answer (one under a memory or disk alarm stops reading a publishing
 // connection, and keeps sending heartbeats): it is waited for no longer
-// than ctx, and a channel that opens later is kept for the next publish.
+// than ctx, and then the connection is dropped (abandon).
 func (t *RabbitMQ) channel(ctx context.Context) (*confirmChannel, error) {
 	c, conn, err := t.idleOrConn()
 	if c != nil || err != nil {
@@ -76,12 +76,9 @@ func (t *RabbitMQ) channel(ctx context.Context) (*confirmChannel, error) {
 	case r := <-opened:
 		return r.c, r.err
 	case <-ctx.Done():
+		// Closing the connection ends the open (opened has room for its
+		// result), and any channel it made.
 		t.abandon(conn)
-		go func() {
-			if r := <-opened; r.c != nil {
-				t.release(r.c)
-			}
-		}()
 		return nil, fmt.Errorf("opening a RabbitMQ channel: %w", ctx.Err())
 	}
 }

@@ -524,8 +524,7 @@ func (a *Admin) messagesByKey(ctx context.Context, key string, p outboxdb.Messag
 	if p.CreatedTo != nil {
 		to = *p.CreatedTo
 	}
-	// Within the times an event id can hold, as a replay's range (idRange).
-	from, to = Replay{From: from, To: to}.idRange()
+	from, to = idTimes(from, to)
 	rows, err := outboxdb.New(a.pool).MessageListByKey(ctx, outboxdb.MessageListByKeyParams{OrderingKey: &key,
 		EventsFrom: from, EventsTo: to, EventID: p.EventID, Status: p.Status, Type: p.Type, Destination: p.Destination,
 		BeforeID: p.BeforeID, MaxRows: p.MaxRows})

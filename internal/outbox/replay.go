@@ -84,10 +84,12 @@ var (
 	idTimeMax = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
 )
 
-// idRange is [From, To) within the times an event id can hold, so that a
+// idRange is [From, To) within the times an event id can hold (idTimes).
+func (r Replay) idRange() (from, to time.Time) { return idTimes(r.From, r.To) }
+
+// idTimes bounds a time range to the times an event id can hold, so that a
 // range reaching before 1970 means from the first event, not none.
-func (r Replay) idRange() (from, to time.Time) {
-	from, to = r.From, r.To
+func idTimes(from, to time.Time) (time.Time, time.Time) {
 	if from.Before(idTimeMin) {
 		from = idTimeMin
 	}
