@@ -72,19 +72,11 @@ func (w testWriter) Write(p []byte) (int, error) {
 //	go test -run '^$' -bench Place -cpu 1,8 ./lab/bench
 func BenchmarkPlace(b *testing.B) {
 	ctx := context.Background()
-	db, err := newDatabase(ctx)
+	pools, closeWrite, err := openWrite(ctx)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer db.drop() //nolint:errcheck
-	pools, err := newWritePools(ctx, db, 16)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer pools.close()
-	if err := addEndpoints(ctx, pools.plain, 1, "http://127.0.0.1:9/hook"); err != nil {
-		b.Fatal(err)
-	}
+	defer closeWrite()
 	for _, v := range writeVariants {
 		b.Run(strings.ReplaceAll(v.name, " ", "_"), func(b *testing.B) {
 			place := v.place(pools)

@@ -158,12 +158,13 @@ func sqlPlacer(pool *pgxpool.Pool, mode outboxMode) placeFunc {
 
 // writePools are the write path's connection pools: plain, as the api's
 // by default, and notify, made with outbox.NotifyRelays, as the api's with
-// OUTBOX_NOTIFY=true.
+// OUTBOX_NOTIFY=true, both on one database; and many, plain, on a database
+// of its own where 1,000 more endpoints are subscribed to other types.
 type writePools struct {
-	plain, notify *pgxpool.Pool
+	plain, notify, many *pgxpool.Pool
 }
 
-func newWritePools(ctx context.Context, db *database, maxConns int32) (writePools, error) {
+func newWritePools(ctx context.Context, db, many *database, maxConns int32) (writePools, error) {
 	plain, err := db.pool(ctx, maxConns)
 	if err != nil {
 		return writePools{}, err
@@ -173,12 +174,19 @@ func newWritePools(ctx context.Context, db *database, maxConns int32) (writePool
 		plain.Close()
 		return writePools{}, err
 	}
-	return writePools{plain, notify}, nil
+	manyPool, err := many.pool(ctx, maxConns)
+	if err != nil {
+		plain.Close()
+		notify.Close()
+		return writePools{}, err
+	}
+	return writePools{plain, notify, manyPool}, nil
 }
 
 func (p writePools) close() {
 	p.plain.Close()
 	p.notify.Close()
+	p.many.Close()
 }
 
 type writeVariant struct {
@@ -193,6 +201,7 @@ const (
 	writeOwnTrip = "outbox in its own round trip"
 	writeNotify  = "outbox + NOTIFY"
 	writePlace   = "orders.Service.Place"
+	writeMany    = "with outbox, 1,000 other endpoints"
 )
 
 var writeVariants = []writeVariant{
@@ -202,6 +211,9 @@ var writeVariants = []writeVariant{
 	// On a NotifyRelays connection outbox.Queue adds EventNotify, whose
 	// notification is sent at commit.
 	{writeNotify, func(p writePools) placeFunc { return sqlPlacer(p.notify, batchedNotify) }},
+	// The event's subscribers are found among 1,000 endpoints subscribed
+	// to other types (webhook_endpoints_event_types_idx).
+	{writeMany, func(p writePools) placeFunc { return sqlPlacer(p.many, batched) }},
 	{writePlace, func(p writePools) placeFunc {
 		svc := orders.NewService(p.plain, discard)
 		return func(ctx context.Context, i int64) error { _, _, err := svc.Place(ctx, placeRequest(i)); return err }
@@ -266,23 +278,53 @@ func measureWrite(ctx context.Context, pools writePools, clientCounts []int, rep
 	return res, nil
 }
 
-func scenarioWrite(ctx context.Context, cfg config, rep *report) error {
+// openWrite makes the write path's databases, pools and endpoints: on
+// each database one subscribed endpoint, so each order writes one event and
+// one delivery, and on many's 1,000 more subscribed to other types. No
+// relay runs (nobody LISTENs), so the measurement is the write path alone.
+// close drops it all.
+func openWrite(ctx context.Context) (pools writePools, close func(), err error) {
 	db, err := newDatabase(ctx)
 	if err != nil {
-		return err
+		return writePools{}, nil, err
 	}
-	defer db.drop() //nolint:errcheck
-	pools, err := newWritePools(ctx, db, 16)
+	many, err := newDatabase(ctx)
+	if err != nil {
+		db.drop() //nolint:errcheck
+		return writePools{}, nil, err
+	}
+	close = func() {
+		pools.close()
+		db.drop()   //nolint:errcheck
+		many.drop() //nolint:errcheck
+	}
+	if pools, err = newWritePools(ctx, db, many, 16); err != nil {
+		db.drop()   //nolint:errcheck
+		many.drop() //nolint:errcheck
+		return writePools{}, nil, err
+	}
+	for _, p := range []*pgxpool.Pool{pools.plain, pools.many} {
+		if err := addEndpoints(ctx, p, 1, "http://127.0.0.1:9/hook"); err != nil {
+			close()
+			return writePools{}, nil, err
+		}
+	}
+	if _, err := pools.many.Exec(ctx, `INSERT INTO webhook_endpoints (url, secret, event_types)
+		SELECT 'http://127.0.0.1:9/tenant-' || g, 'whsec_AAAA', ARRAY['tenant' || g || '.placed', 'tenant' || g || '.cancelled']
+		FROM generate_series(1, 1000) g;
+		ANALYZE webhook_endpoints`); err != nil {
+		close()
+		return writePools{}, nil, err
+	}
+	return pools, close, nil
+}
+
+func scenarioWrite(ctx context.Context, cfg config, rep *report) error {
+	pools, closeWrite, err := openWrite(ctx)
 	if err != nil {
 		return err
 	}
-	defer pools.close()
-	// One subscribed endpoint: each order writes one event and one delivery.
-	// No relay runs (nobody LISTENs), so the measurement is the write path
-	// alone.
-	if err := addEndpoints(ctx, pools.plain, 1, "http://127.0.0.1:9/hook"); err != nil {
-		return err
-	}
+	defer closeWrite()
 	clientCounts := []int{1, 8}
 	// The ratio is a target close to the machine's noise: more repetitions
 	// than the other scenarios steady its median.
@@ -301,15 +343,16 @@ func scenarioWrite(ctx context.Context, cfg config, rep *report) error {
 		"- **with outbox**: the same, with the outbox statement sent in the lines' round trip (a pgx batch), as `orders.Service.Place` sends it through `outbox.Queue`: keyed by the order id, it takes a transaction-scoped advisory lock on the key, then writes the event (`outbox_events`, with the ~300-byte payload) and a delivery (`outbox_messages`) per subscribed endpoint, here one, in one statement. The outbox adds a statement and its rows, not a round trip;\n"+
 		"- **outbox in its own round trip**: the same statements, the outbox's sent after the lines, as `outbox.Enqueue` sends it: what a module that has nothing to send with it pays;\n"+
 		"- **outbox + NOTIFY**: *with outbox* on a pool whose connections were made with `outbox.NotifyRelays`, as the api's are with `OUTBOX_NOTIFY=true`: `outbox.Queue` adds `EventNotify`, a `pg_notify` naming the destination, to the same round trip; it is sent at commit, which takes a database-wide lock to queue it. No relay listens here: this is the write path's cost, and section 3 shows the latency it buys;\n"+
-		"- **orders.Service.Place**: the product's own path, the *with outbox* transaction plus its validation, JSON encoding and log line (no NOTIFY).\n\n"+
+		"- **orders.Service.Place**: the product's own path, the *with outbox* transaction plus its validation, JSON encoding and log line (no NOTIFY);\n"+
+		"- **1,000 other endpoints**: *with outbox* on a database of its own where, beside the one subscribed endpoint, 1,000 endpoints are subscribed to other event types (two each): the event's subscribers are found on `webhook_endpoints_event_types_idx`, so this should stay close to *with outbox*.\n\n"+
 		"Each cell is the median of %d runs of %s; the variants are interleaved run by run, the baseline first in each round, and a ratio is the median of each round's ratio to that round's baseline; the lowest and highest rounds' ratios follow it for *with outbox*.\n\n",
 		reps, cfg.WriteDuration)
-	b.WriteString("| clients | without outbox | with outbox | ratio | own round trip | ratio | outbox + NOTIFY | ratio NOTIFY / outbox | orders.Service.Place |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| clients | without outbox | with outbox | ratio | own round trip | ratio | outbox + NOTIFY | ratio NOTIFY / outbox | orders.Service.Place | 1,000 other endpoints | ratio / with outbox |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, c := range clientCounts {
 		r, q := res.tps[c], res.ratio[c]
-		fmt.Fprintf(&b, "| %d | %s | %s | **%.2f** (%.2f–%.2f) | %s | %.2f | %s | %.2f | %s |\n", c, rate(r[writeWithout]), rate(r[writeWith]),
+		fmt.Fprintf(&b, "| %d | %s | %s | **%.2f** (%.2f–%.2f) | %s | %.2f | %s | %.2f | %s | %s | %.2f |\n", c, rate(r[writeWithout]), rate(r[writeWith]),
 			q[writeWith], res.low[c][writeWith], res.high[c][writeWith], rate(r[writeOwnTrip]), q[writeOwnTrip],
-			rate(r[writeNotify]), q[writeNotify]/q[writeWith], rate(r[writePlace]))
+			rate(r[writeNotify]), q[writeNotify]/q[writeWith], rate(r[writePlace]), rate(r[writeMany]), q[writeMany]/q[writeWith])
 	}
 	rep.section("1. Write path", b.String())
 	r8, q8 := res.tps[8], res.ratio[8]

@@ -12,6 +12,10 @@
 -- is in the two-integer space, apart from River's, and costs nothing when
 -- the business rows already serialize the key (an order's row lock does).
 --
+-- Subscribers are found with `event_types @> ARRAY[type]`, the form
+-- webhook_endpoints_event_types_idx answers, so the write path does not
+-- read every endpoint when there are many.
+--
 -- Each delivery's id shares its event's time prefix (outbox_uuid_sibling),
 -- and a new delivery is due at the event's time, so within a key the claim's
 -- order (next_attempt_at, id) is commit order.
@@ -28,7 +32,7 @@ WITH event AS (
 ), delivery AS (
     INSERT INTO outbox_messages (id, event_id, type, destination, ordering_key, next_attempt_at, created_at)
     SELECT outbox_uuid_sibling(ev.id), ev.id, ev.type, e.id, ev.ordering_key, ev.created_at, ev.created_at
-    FROM event ev JOIN webhook_endpoints e ON ev.type = ANY (e.event_types)
+    FROM event ev JOIN webhook_endpoints e ON e.event_types @> ARRAY[ev.type]
 )
 SELECT id FROM event;
 
@@ -43,7 +47,7 @@ SELECT id FROM event;
 -- transaction are sent once.
 SELECT pg_notify('outbox', CASE WHEN count(*) > 200 THEN '' ELSE string_agg(e.id::text, ',') END)
 FROM webhook_endpoints e
-WHERE @type::text = ANY (e.event_types)
+WHERE e.event_types @> ARRAY[@type::text]
 HAVING count(*) > 0;
 
 -- name: MessageClaim :many

@@ -1,0 +1,77 @@
+package outbox
+
+import (
+	"context"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/orders/internal/dbtest"
+	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
+)
+
+// The write path finds an event's subscribers on an index, however many
+// endpoints there are: with 1,000 endpoints subscribed to other types and
+// two (one paused) to the event's, EventEnqueue and EventNotify read them
+// through webhook_endpoints_event_types_idx, under the plans the api runs
+// them with (custom at first, generic after a few executions), and the
+// event gets exactly those two deliveries. Before, every event read every
+// endpoint and searched its types, in the order's transaction.
+func TestEnqueueFindsSubscribersOnAnIndexWith1000Endpoints(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
+	require.NoError(t, err)
+	trace := &statements{}
+	cfg.ConnConfig.Tracer = trace
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	rows, err := pool.Query(ctx, `
+		WITH others AS (
+			INSERT INTO webhook_endpoints (url, secret, event_types)
+			SELECT 'http://127.0.0.1:9/' || g, 'whsec_AAAA', ARRAY['tenant' || g || '.placed', 'tenant' || g || '.cancelled']
+			FROM generate_series(1, 1000) g
+		)
+		INSERT INTO webhook_endpoints (url, secret, event_types, enabled)
+		VALUES ('http://127.0.0.1:9/a', 'whsec_AAAA', '{order.cancelled,order.placed}', true),
+		       ('http://127.0.0.1:9/b', 'whsec_AAAA', '{order.placed}', false)
+		RETURNING id`)
+	require.NoError(t, err)
+	subscribers, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "ANALYZE webhook_endpoints") // as autovacuum would
+	require.NoError(t, err)
+
+	key := "order-1"
+	enqueue := func(q *outboxdb.Queries) error {
+		_, err := q.EventEnqueue(ctx, outboxdb.EventEnqueueParams{Type: "order.placed", Payload: []byte(`{}`), OrderingKey: &key})
+		return err
+	}
+	// Which endpoints get a delivery, in a transaction rolled back after.
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		id, err := outboxdb.New(tx).EventEnqueue(ctx, outboxdb.EventEnqueueParams{Type: "order.placed", Payload: []byte(`{}`), OrderingKey: &key})
+		require.NoError(t, err)
+		rows, err := tx.Query(ctx, `SELECT destination FROM outbox_messages WHERE event_id = $1`, id)
+		require.NoError(t, err)
+		got, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		require.NoError(t, err)
+		require.ElementsMatch(t, subscribers, got, "one delivery per subscribed endpoint, paused or not, and none for the others")
+		return errRollback
+	})
+	require.ErrorIs(t, err, errRollback)
+
+	plans := map[string]string{}
+	plans["enqueue"] = trace.explain(t, pool, enqueue) + "\n" +
+		trace.explainGeneric(t, pool, "'order.placed'", "'{}'", "NULL", "'order-1'")
+	plans["notify"] = trace.explain(t, pool, func(q *outboxdb.Queries) error { return q.EventNotify(ctx, "order.placed") }) + "\n" +
+		trace.explainGeneric(t, pool)
+	for name, plan := range plans {
+		t.Logf("%s:\n%s", name, plan)
+		require.NotContains(t, plan, "Seq Scan on webhook_endpoints", "%s reads every endpoint", name)
+		require.Contains(t, plan, "webhook_endpoints_event_types_idx", name)
+	}
+}
