@@ -192,8 +192,8 @@ func pruneInbox(ctx context.Context, c *consumer.Consumer, retention time.Durati
 	}
 }
 
-// natsConsumer creates or resumes the durable pull consumer, with explicit
-// acks: the consumer acks each message after its transaction commits.
+// natsConsumer resumes the durable pull consumer, or creates it starting
+// where the inbox's memory starts (consumer.Durable).
 func natsConsumer(ctx context.Context, cfg config) (jetstream.Consumer, func(), error) {
 	nc, err := nats.Connect(cfg.natsURL, nats.Name("consumer"), nats.MaxReconnects(-1))
 	if err != nil {
@@ -204,12 +204,14 @@ func natsConsumer(ctx context.Context, cfg config) (jetstream.Consumer, func(), 
 		nc.Close()
 		return nil, nil, fmt.Errorf("opening JetStream: %w", err)
 	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.natsStream, jetstream.ConsumerConfig{
-		Durable: cfg.natsDurable, AckPolicy: jetstream.AckExplicitPolicy,
-	})
+	var start time.Time
+	if cfg.retention > 0 {
+		start = time.Now().Add(-cfg.retention)
+	}
+	cons, err := consumer.Durable(ctx, js, cfg.natsStream, cfg.natsDurable, start)
 	if err != nil {
 		nc.Close()
-		return nil, nil, fmt.Errorf("creating JetStream consumer %q on stream %q: %w", cfg.natsDurable, cfg.natsStream, err)
+		return nil, nil, err
 	}
 	return cons, nc.Close, nil
 }

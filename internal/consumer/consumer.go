@@ -33,11 +33,13 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -139,6 +141,11 @@ type Consumer struct {
 	logger   *slog.Logger
 	counts   map[Outcome]*atomic.Int64
 	started  time.Time
+
+	// JetStream redelivery: natsRetryDelay, natsRetryMax and
+	// natsOutOfOrderDeliveries, but in the tests of those bounds.
+	natsRetry, natsRetryMax time.Duration
+	natsOutOfOrder          uint64
 }
 
 // New returns a consumer that verifies deliveries with verifier and applies
@@ -146,7 +153,8 @@ type Consumer struct {
 // reads a broker (ConsumeNATS) verifies nothing: verifier may be nil.
 func New(pool *pgxpool.Pool, verifier *webhook.Verifier, logger *slog.Logger) *Consumer {
 	c := &Consumer{pool: pool, verifier: verifier, logger: logger,
-		counts: map[Outcome]*atomic.Int64{}, started: time.Now()}
+		counts: map[Outcome]*atomic.Int64{}, started: time.Now(),
+		natsRetry: natsRetryDelay, natsRetryMax: natsRetryMax, natsOutOfOrder: natsOutOfOrderDeliveries}
 	for _, o := range outcomes {
 		c.counts[o] = &atomic.Int64{}
 	}
@@ -286,6 +294,15 @@ func (c *Consumer) apply(ctx context.Context, id string, env envelope) (Outcome,
 		}
 		return nil
 	})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22") {
+		// A data exception (a balance out of range, say) fails the same way
+		// on every retry: the event is unusable here, like unreadable data,
+		// not a failure of the database to retry later. Answered as a
+		// server error it would be retried to the end, and the sender would
+		// back off every other event to this endpoint meanwhile.
+		return "", &badEvent{msg: "event cannot be applied: " + pgErr.Message}
+	}
 	if err != nil {
 		return "", err
 	}

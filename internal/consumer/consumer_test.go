@@ -394,6 +394,29 @@ func TestAuthenticButUnusableDeliveries(t *testing.T) {
 	require.EqualValues(t, 1, s.InboxTotal, "a rejected event leaves no inbox row, so a fixed sender can still deliver it")
 	require.Zero(t, s.LedgerTotal)
 
+	// Data the ledger cannot take fails the same way on every retry: a
+	// second order that would take the customer's balance past a bigint is
+	// refused as unusable (400, nothing recorded), not answered as a
+	// database failure (500) that the sender would retry to the end while
+	// backing off the whole endpoint.
+	t.Run("balance out of range", func(t *testing.T) {
+		const huge = 5_000_000_000_000_000_000
+		first := uuid.NewString()
+		code, outcome := post(t, f.url, secret, first, time.Now(), event(t, first, consumer.EventPlaced, "c-big", uuid.New(), huge))
+		require.Equal(t, http.StatusOK, code)
+		require.Equal(t, consumer.Applied, outcome)
+		second := uuid.NewString()
+		code, outcome = post(t, f.url, secret, second, time.Now(), event(t, second, consumer.EventPlaced, "c-big", uuid.New(), huge))
+		require.Equal(t, http.StatusBadRequest, code)
+		require.Equal(t, consumer.BadRequest, outcome)
+		c, err := f.c.Customer(context.Background(), "c-big")
+		require.NoError(t, err)
+		require.EqualValues(t, huge, c.BalanceCents, "the first order only")
+		s := f.stats(t)
+		require.EqualValues(t, 2, s.InboxTotal, "the ignored event and the first order; not the refused one")
+		require.EqualValues(t, 1, s.LedgerTotal)
+	})
+
 	t.Run("body over the limit", func(t *testing.T) {
 		id := uuid.NewString()
 		big := bytes.Repeat([]byte("x"), consumer.MaxBody+1)

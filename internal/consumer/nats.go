@@ -10,10 +10,55 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// natsRetryDelay is how long a message that could not be applied (a
-// database failure, an out-of-order cancel) waits before JetStream
-// redelivers it.
-const natsRetryDelay = 5 * time.Second
+// A message that could not be applied (a database failure, an
+// out-of-order cancel) waits before JetStream redelivers it: natsRetryDelay
+// after its first delivery, doubling with each one up to natsRetryMax.
+const (
+	natsRetryDelay = 5 * time.Second
+	natsRetryMax   = 5 * time.Minute
+)
+
+// natsOutOfOrderDeliveries is how often an order.cancelled is delivered
+// while its order.placed has not been applied (about 20 minutes of
+// retries) before it is terminated. The relay sends an order's events in
+// order, so a placement that is that late is not coming: the destination
+// was added after the order was placed, or the placement was terminated or
+// dropped by the stream's limits. Retried for ever, such cancels would
+// stay unacknowledged, and once the consumer's MaxAckPending of them
+// (1,000 by default) waited, JetStream would deliver nothing else.
+// Database failures are retried without a limit: they end.
+const natsOutOfOrderDeliveries = 10
+
+// Durable returns the stream's durable pull consumer named durable,
+// creating it if it does not exist, for ConsumeNATS.
+//
+// An existing durable is used as it is: its operator's settings (a
+// redelivery limit, a subject filter, the ack wait) survive restarts. It
+// must ack explicitly, since the consumer acks each message after its
+// transaction commits.
+//
+// A new one starts with the messages the stream stored at or after start
+// (all of them if start is zero). Pass the time the inbox remembers back
+// to (now minus its retention): a durable created again, or under a new
+// name, on a stream that keeps more than that would otherwise apply again
+// events whose ids the inbox has forgotten.
+func Durable(ctx context.Context, js jetstream.JetStream, stream, durable string, start time.Time) (jetstream.Consumer, error) {
+	cons, err := js.Consumer(ctx, stream, durable)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		cfg := jetstream.ConsumerConfig{Durable: durable, AckPolicy: jetstream.AckExplicitPolicy}
+		if !start.IsZero() {
+			cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &start
+		}
+		cons, err = js.CreateConsumer(ctx, stream, cfg)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("opening JetStream consumer %q on stream %q: %w", durable, stream, err)
+	}
+	if p := cons.CachedInfo().Config.AckPolicy; p != jetstream.AckExplicitPolicy {
+		return nil, fmt.Errorf("JetStream consumer %q on stream %q acks %s; the consumer needs explicit acks", durable, stream, p)
+	}
+	return cons, nil
+}
 
 // ConsumeNATS applies the events of a JetStream pull consumer until ctx is
 // done: the broker twin of ServeHTTP, with the same inbox and the same
@@ -73,12 +118,22 @@ func (c *Consumer) handleNATS(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.Term()
 	case errors.Is(err, errOutOfOrder):
 		outcome = OutOfOrder
-		c.logger.WarnContext(ctx, "JetStream event out of order", slog.String("event_id", env.ID), slog.String("type", env.Type))
-		_ = msg.NakWithDelay(natsRetryDelay)
+		n := deliveries(msg)
+		if n >= c.natsOutOfOrder {
+			c.logger.ErrorContext(ctx, "JetStream event out of order too long: terminated", slog.String("event_id", env.ID),
+				slog.String("type", env.Type), slog.Uint64("deliveries", n))
+			// Term without a reason: servers before 2.10 (Debian's) ignore
+			// a termination that gives one.
+			_ = msg.Term()
+			break
+		}
+		c.logger.WarnContext(ctx, "JetStream event out of order", slog.String("event_id", env.ID), slog.String("type", env.Type),
+			slog.Uint64("deliveries", n))
+		_ = msg.NakWithDelay(c.natsDelay(n))
 	case err != nil:
 		outcome = Error
 		c.logger.ErrorContext(ctx, "applying JetStream event", slog.String("event_id", env.ID), slog.String("error", err.Error()))
-		_ = msg.NakWithDelay(natsRetryDelay)
+		_ = msg.NakWithDelay(c.natsDelay(deliveries(msg)))
 	default:
 		if err := msg.DoubleAck(ctx); err != nil {
 			// Committed but maybe not acked: the redelivery is a duplicate.
@@ -88,4 +143,26 @@ func (c *Consumer) handleNATS(ctx context.Context, msg jetstream.Msg) {
 	c.counts[outcome].Add(1)
 	c.logger.DebugContext(ctx, "JetStream event handled", slog.String("event_id", env.ID),
 		slog.String("type", env.Type), slog.String("outcome", string(outcome)))
+}
+
+// deliveries is how often JetStream has delivered msg, this time included.
+func deliveries(msg jetstream.Msg) uint64 {
+	md, err := msg.Metadata()
+	if err != nil || md.NumDelivered == 0 {
+		return 1
+	}
+	return md.NumDelivered
+}
+
+// natsDelay is the wait before the redelivery of a message delivered n
+// times: the retry delay, doubled with each delivery, at most the maximum.
+func (c *Consumer) natsDelay(n uint64) time.Duration {
+	d := c.natsRetry
+	for range min(n, 32) - 1 {
+		if d >= c.natsRetryMax/2 {
+			return c.natsRetryMax
+		}
+		d *= 2
+	}
+	return min(d, c.natsRetryMax)
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxkit/orders/internal/broker"
 	"github.com/outboxkit/orders/internal/brokertest"
+	"github.com/outboxkit/orders/internal/consumer"
 	"github.com/outboxkit/orders/internal/outbox"
 )
 
@@ -108,4 +109,101 @@ func within(t *testing.T, d time.Duration, cond func() bool, msg string) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// An order.cancelled whose order.placed never comes (the destination was
+// added after the order was placed, say) is redelivered with growing
+// delays, then terminated and logged as an error: retried for ever, enough
+// of them would fill the durable's MaxAckPending and stop every other
+// delivery. Events behind it keep being applied meanwhile. The bound is
+// shortened here (the test is about the bound); its default is
+// natsOutOfOrderDeliveries.
+func TestJetStreamCancelWhosePlacementNeverComesIsTerminated(t *testing.T) {
+	t.Parallel()
+	f := setup(t, newSecret(t))
+	f.c.SetNATSRedelivery(20*time.Millisecond, 80*time.Millisecond, 4)
+	_, cons, subject, url := jetStream(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.c.ConsumeNATS(ctx, cons) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	relay := broker.NewNATS(url, "urn:test:orders")
+	t.Cleanup(relay.Close)
+	for _, d := range []outbox.Delivery{
+		orderEvent("order.cancelled", "c-1", uuid.New(), 500), // its placement never comes
+		orderEvent("order.placed", "c-2", uuid.New(), 700),
+	} {
+		d.URL = "nats:" + subject
+		require.True(t, relay.Deliver(context.Background(), d).Acked)
+	}
+	within(t, 10*time.Second, func() bool {
+		info, err := cons.Info(context.Background())
+		require.NoError(t, err)
+		return info.NumAckPending == 0 && info.NumPending == 0
+	}, "both settled: the placement acked, the orphan cancel terminated")
+	s := f.stats(t)
+	require.EqualValues(t, 1, s.Applied, "the placement")
+	require.EqualValues(t, 4, s.OutOfOrder, "the cancel, delivered 4 times, then terminated")
+	require.EqualValues(t, 1, s.LedgerTotal)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	require.Contains(t, f.logs.String(), "JetStream event out of order too long: terminated")
+}
+
+// Durable keeps an existing durable's settings, refuses one that does not
+// ack explicitly, and starts a new one at the time it is given: a durable
+// created again on a stream that keeps more than the inbox remembers does
+// not apply again what came before.
+func TestDurableKeepsSettingsAndStartsWhereTheInboxRemembers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, js := brokertest.JetStream(t)
+	s, subject := brokertest.Stream(t, js, "durabletest", 0)
+	stream := s.CachedInfo().Config.Name
+
+	_, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "tuned", AckPolicy: jetstream.AckExplicitPolicy,
+		MaxDeliver: 5, FilterSubject: subject, MaxAckPending: 20000})
+	require.NoError(t, err)
+	cons, err := consumer.Durable(ctx, js, stream, "tuned", time.Time{})
+	require.NoError(t, err)
+	cfg := cons.CachedInfo().Config
+	require.Equal(t, 5, cfg.MaxDeliver, "the operator's settings survive a start")
+	require.Equal(t, subject, cfg.FilterSubject)
+	require.Equal(t, 20000, cfg.MaxAckPending)
+
+	_, err = s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "noacks", AckPolicy: jetstream.AckNonePolicy})
+	require.NoError(t, err)
+	_, err = consumer.Durable(ctx, js, stream, "noacks", time.Time{})
+	require.ErrorContains(t, err, "explicit acks")
+
+	stored := func(body string) time.Time {
+		ack, err := js.Publish(ctx, subject, []byte(body))
+		require.NoError(t, err)
+		m, err := s.GetMsg(ctx, ack.Sequence)
+		require.NoError(t, err)
+		return m.Time
+	}
+	first := stored("before")
+	second := stored("after")
+	require.True(t, second.After(first), "stored in order")
+	read := func(c jetstream.Consumer) []string {
+		batch, err := c.Fetch(10, jetstream.FetchMaxWait(time.Second))
+		require.NoError(t, err)
+		var got []string
+		for m := range batch.Messages() {
+			got = append(got, string(m.Data()))
+			require.NoError(t, m.Ack())
+		}
+		require.NoError(t, batch.Error())
+		return got
+	}
+	fresh, err := consumer.Durable(ctx, js, stream, "fresh", second)
+	require.NoError(t, err)
+	require.Equal(t, []string{"after"}, read(fresh), "a new durable starts at the time given")
+	all, err := consumer.Durable(ctx, js, stream, "all", time.Time{})
+	require.NoError(t, err)
+	require.Equal(t, []string{"before", "after"}, read(all), "with no time, at the stream's beginning")
 }
