@@ -252,3 +252,23 @@ func TestAdminInputThatIsNotTextIsRefused(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.JSONEq(t, `[]`, string(body), "no endpoint was written")
 }
+
+// An admin resource has one address: the spellings of its id other than
+// the canonical one (urn:uuid:…, braces, no dashes), which uuid.Parse would
+// read, are not found.
+func TestAdminIDsHaveOneSpelling(t *testing.T) {
+	t.Parallel()
+	tok := strings.Repeat("k", 32)
+	s := setup(t, map[string]string{"DATABASE_URL": dbtest.URL(t), "ADMIN_TOKEN": tok, "OUTBOX_ALLOW_PRIVATE_TARGETS": "true"})
+	auth := map[string]string{"Authorization": "Bearer " + tok, "Content-Type": "application/json"}
+	resp, body := send(t, http.MethodPost, s.url+"/webhook-endpoints", auth, `{"url":"http://127.0.0.1:9/hook","event_types":["order.placed"]}`)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", body)
+	var ep struct{ ID string }
+	require.NoError(t, json.Unmarshal(body, &ep))
+	resp, _ = send(t, http.MethodGet, s.url+"/webhook-endpoints/"+strings.ToUpper(ep.ID), auth, "")
+	require.Equal(t, http.StatusOK, resp.StatusCode, "the canonical spelling, in any case")
+	for _, id := range []string{"urn:uuid:" + ep.ID, "%7B" + ep.ID + "%7D", strings.ReplaceAll(ep.ID, "-", "")} {
+		resp, body = send(t, http.MethodGet, s.url+"/webhook-endpoints/"+id, auth, "")
+		requireProblem(t, resp, body, http.StatusNotFound, "no such id")
+	}
+}

@@ -5,11 +5,13 @@ package httpjson
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"mime"
+	"net"
 	"net/http"
 	"reflect"
 	"strings"
@@ -49,6 +51,13 @@ func WriteError(w http.ResponseWriter, err error) {
 	var p *Problem
 	if errors.As(err, &p) {
 		WriteProblem(w, p)
+		return
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		// The request's deadline (process.WithDeadline) passed: its
+		// statements were cancelled, and a transaction not yet committed
+		// was rolled back.
+		WriteProblem(w, NewProblem(http.StatusServiceUnavailable, "the request took too long and was abandoned; retry it later"))
 		return
 	}
 	WriteProblem(w, NewProblem(http.StatusInternalServerError, "the server failed to handle the request"))
@@ -93,7 +102,7 @@ func Decode(w http.ResponseWriter, r *http.Request, dst any) error {
 	// never sent.
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBody))
 	if err != nil {
-		return decodeProblem(err)
+		return readProblem(err)
 	}
 	if !utf8.Valid(body) {
 		return NewProblem(http.StatusBadRequest, "request body must be UTF-8 encoded JSON")
@@ -157,6 +166,48 @@ func browserFormProblem(ct string) *Problem {
 		"content-type must be application/json, got %q from a browser (form bodies are read as JSON only from clients that send no Origin or Sec-Fetch-* headers)", ct)
 }
 
+// readProblem answers a body that could not be read. The error names the
+// connection's addresses (the server's own, behind a load balancer), so it
+// is not quoted.
+func readProblem(err error) *Problem {
+	var (
+		tooLarge *http.MaxBytesError
+		netErr   net.Error
+	)
+	switch {
+	case errors.As(err, &tooLarge):
+		return NewProblem(http.StatusRequestEntityTooLarge, "request body exceeds %d bytes", tooLarge.Limit)
+	case errors.As(err, &netErr) && netErr.Timeout(), errors.Is(err, context.DeadlineExceeded):
+		return NewProblem(http.StatusRequestTimeout, "request body not received in time")
+	default:
+		return NewProblem(http.StatusBadRequest, "request body could not be read")
+	}
+}
+
+// jsonKind names what a Go type is decoded from, in JSON's terms: a
+// client's error names the value it should send, not the server's types.
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return fmt.Sprintf("an integer that fits in %d bits", t.Bits())
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	default:
+		return "another kind of value"
+	}
+}
+
 func decodeProblem(err error) *Problem {
 	var (
 		syntax    *json.SyntaxError
@@ -179,7 +230,7 @@ func decodeProblem(err error) *Problem {
 	case errors.Is(err, io.EOF):
 		return NewProblem(http.StatusBadRequest, "request body is empty")
 	case errors.As(err, &typeErr):
-		return NewProblem(http.StatusUnprocessableEntity, "field %q must be %s, got JSON %s", fieldName(typeErr), typeErr.Type, typeErr.Value)
+		return NewProblem(http.StatusUnprocessableEntity, "field %q must be %s, got JSON %s", fieldName(typeErr), jsonKind(typeErr.Type), typeErr.Value)
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		return NewProblem(http.StatusUnprocessableEntity, "unknown field %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
 	default:

@@ -2,6 +2,7 @@ package httpjson_test
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -89,6 +90,11 @@ func TestDecodeRefusesWhatEncodingJSONWouldBend(t *testing.T) {
 		{`{"customer_id":"\ud800"}`, http.StatusBadRequest, `half a UTF-16 surrogate pair`},
 		{`{"customer_id":"\udc00\ud800x"}`, http.StatusBadRequest, `half a UTF-16 surrogate pair`},
 		{`{"customer_id":"\\ud800"}`, 0, ""}, // an escaped backslash, then text
+		// A wrong kind of value is named in JSON's terms, not the server's
+		// Go types.
+		{`[1]`, http.StatusUnprocessableEntity, `field "value" must be an object, got JSON array`},
+		{`{"lines":{}}`, http.StatusUnprocessableEntity, `field "lines" must be an array, got JSON object`},
+		{`{"customer_id":1}`, http.StatusUnprocessableEntity, `field "customer_id" must be a string, got JSON number`},
 	} {
 		r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(tc.body))
 		r.Header.Set("Content-Type", "application/json")
@@ -102,5 +108,43 @@ func TestDecodeRefusesWhatEncodingJSONWouldBend(t *testing.T) {
 		require.ErrorAs(t, err, &p, tc.body)
 		require.Equal(t, tc.status, p.Status, tc.body)
 		require.Contains(t, p.Detail, tc.detail, tc.body)
+	}
+}
+
+// timeoutError is what reading a body returns when the connection's read
+// deadline passes.
+type timeoutError struct{}
+
+func (timeoutError) Error() string {
+	return "read tcp 10.0.0.7:8080->203.0.113.9:51234: i/o timeout"
+}
+func (timeoutError) Timeout() bool   { return true }
+func (timeoutError) Temporary() bool { return true }
+
+type failingBody struct{ err error }
+
+func (b failingBody) Read([]byte) (int, error) { return 0, b.err }
+
+// A body that could not be read is not "malformed JSON", and the reason is
+// not quoted: it names the server's and the client's addresses. A body that
+// stopped arriving is a 408.
+func TestDecodeAnswersABodyThatCouldNotBeRead(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		err    error
+		status int
+	}{
+		{timeoutError{}, http.StatusRequestTimeout},
+		{errors.New("read tcp 10.0.0.7:8080->203.0.113.9:51234: connection reset by peer"), http.StatusBadRequest},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/", failingBody{tc.err})
+		r.Header.Set("Content-Type", "application/json")
+		var dst struct{}
+		err := httpjson.Decode(httptest.NewRecorder(), r, &dst)
+		var p *httpjson.Problem
+		require.ErrorAs(t, err, &p)
+		require.Equal(t, tc.status, p.Status)
+		require.NotContains(t, p.Detail, "10.0.0.7", "the server's address")
+		require.NotContains(t, p.Detail, "JSON", "nothing was wrong with the JSON")
 	}
 }

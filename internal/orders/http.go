@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"strings"
 
 	"github.com/google/uuid"
 
@@ -84,9 +85,13 @@ func (s *Service) writeError(w http.ResponseWriter, r *http.Request, err error) 
 }
 
 func orderID(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
-	id, err := uuid.Parse(r.PathValue("id"))
-	if err != nil {
-		httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusNotFound, "no order with id %q", r.PathValue("id")))
+	// Only the canonical spelling (any case): uuid.Parse also reads
+	// urn:uuid:…, {…} and 32 bare digits, which would give one resource
+	// several addresses (for caches, logs and access rules).
+	raw := r.PathValue("id")
+	id, err := uuid.Parse(raw)
+	if err != nil || !strings.EqualFold(id.String(), raw) {
+		httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusNotFound, "no order with id %q", raw))
 		return uuid.UUID{}, false
 	}
 	return id, true

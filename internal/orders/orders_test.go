@@ -268,12 +268,19 @@ func TestGetOrder(t *testing.T) {
 	got := f.do(t, http.MethodGet, "/orders/"+placed.ID.String(), nil)
 	require.Equal(t, http.StatusOK, got.status)
 	require.JSONEq(t, string(res.body), string(got.body), "GET returns the order as POST did")
+	got = f.do(t, http.MethodGet, "/orders/"+strings.ToUpper(placed.ID.String()), nil)
+	require.Equal(t, http.StatusOK, got.status, "the canonical spelling, in any case")
 
+	// One address per order: the other spellings uuid.Parse reads are
+	// not found.
 	for name, path := range map[string]string{
-		"unknown uuid": "/orders/" + uuid.NewString(),
-		"nil uuid":     "/orders/" + uuid.Nil.String(),
-		"not a uuid":   "/orders/not-a-uuid",
-		"sql-ish":      "/orders/1%27%20OR%201=1",
+		"unknown uuid":   "/orders/" + uuid.NewString(),
+		"nil uuid":       "/orders/" + uuid.Nil.String(),
+		"not a uuid":     "/orders/not-a-uuid",
+		"sql-ish":        "/orders/1%27%20OR%201=1",
+		"urn":            "/orders/urn:uuid:" + placed.ID.String(),
+		"braces":         "/orders/%7B" + placed.ID.String() + "%7D",
+		"without dashes": "/orders/" + strings.ReplaceAll(placed.ID.String(), "-", ""),
 	} {
 		t.Run(name, func(t *testing.T) {
 			requireProblem(t, f.do(t, http.MethodGet, path, nil), http.StatusNotFound)

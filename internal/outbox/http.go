@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -345,9 +346,13 @@ func (a *Admin) writeError(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 func pathID(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
-	id, err := uuid.Parse(r.PathValue("id"))
-	if err != nil {
-		httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusNotFound, "no such id %q", r.PathValue("id")))
+	// Only the canonical spelling (any case): uuid.Parse also reads
+	// urn:uuid:…, {…} and 32 bare digits, which would give one resource
+	// several addresses (for caches, logs and access rules).
+	raw := r.PathValue("id")
+	id, err := uuid.Parse(raw)
+	if err != nil || !strings.EqualFold(id.String(), raw) {
+		httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusNotFound, "no such id %q", raw))
 		return uuid.UUID{}, false
 	}
 	return id, true

@@ -304,8 +304,27 @@ func PingReady(pool *pgxpool.Pool) func(context.Context) error {
 	}
 }
 
+// HandlerTimeout bounds the work of one request: its context's deadline
+// (WithDeadline), set by Serve a few seconds before the server's own write
+// timeout. The write timeout alone only fails the final write: the handler
+// would go on waiting for a slow database, commit, log success, and its
+// client would get an empty reply for an order that was placed.
+const HandlerTimeout = 25 * time.Second
+
+// WithDeadline gives each request's context a deadline d from its start:
+// a handler's statements are cancelled and its transaction rolled back
+// when it passes, and httpjson.WriteError answers 503.
+func WithDeadline(h http.Handler, d time.Duration) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), d)
+		defer cancel()
+		h.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
 // Serve listens on addr and serves h until ctx is done, then shuts down,
-// giving in-flight requests up to grace to finish. ready, if not nil,
+// giving in-flight requests up to grace to finish. Each request's context
+// ends HandlerTimeout after it started. ready, if not nil,
 // receives the bound address (useful with port 0 in tests).
 func Serve(ctx context.Context, logger *slog.Logger, name, addr string, h http.Handler, grace time.Duration, ready chan<- string) error {
 	ln, err := net.Listen("tcp", addr)
@@ -313,10 +332,10 @@ func Serve(ctx context.Context, logger *slog.Logger, name, addr string, h http.H
 		return fmt.Errorf("listening on %s: %w", addr, err)
 	}
 	srv := &http.Server{
-		Handler:           h,
+		Handler:           WithDeadline(h, HandlerTimeout),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      30 * time.Second,
+		WriteTimeout:      HandlerTimeout + 5*time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
