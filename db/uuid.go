@@ -12,8 +12,8 @@ import (
 // for each uuid parameter it formatted the id as text, failed to encode that
 // in binary, formatted the error, parsed the text back and encoded the
 // result, and it read each uuid column through sql.Scanner from text. That
-// was 12 % of the Go CPU of placing an order (pprof of BenchmarkPlace in
-// lab/bench), and the relay's statements carry arrays of ids.
+// was 12 % of the Go CPU of placing an order (a pprof of the write path's
+// benchmark), and the relay's statements carry arrays of ids.
 func RegisterUUID(m *pgtype.Map) {
 	t := &pgtype.Type{Name: "uuid", OID: pgtype.UUIDOID, Codec: uuidCodec{}}
 	m.RegisterType(t)

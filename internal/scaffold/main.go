@@ -195,7 +195,7 @@ events to an outbox in the same transaction as their data, and a relay
 
 ` + "```sh" + `
 go run ./cmd/dev   # run it: api + worker + a demo receiver, on a local database named NAME
-./task test        # test it, against a real PostgreSQL
+./task test        # test it, against a real PostgreSQL (after git init && git add -A)
 ` + "```" + `
 
 docs/ explains the design (design.md), the configuration and API
