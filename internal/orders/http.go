@@ -27,6 +27,13 @@ func (s *Service) handlePlace(w http.ResponseWriter, r *http.Request) {
 		httpjson.WriteError(w, err)
 		return
 	}
+	keys := r.Header.Values("Idempotency-Key")
+	if len(keys) > 1 {
+		// Which one the client meant is anyone's guess; a proxy that
+		// added one would make a retry a second order.
+		httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusBadRequest, "Idempotency-Key must be given at most once, got %d", len(keys)))
+		return
+	}
 	req.IdempotencyKey = r.Header.Get("Idempotency-Key")
 	order, replayed, err := s.Place(r.Context(), req)
 	if err != nil {

@@ -74,11 +74,17 @@ func (f *fixture) do(t testing.TB, method, path string, body []byte, headers ...
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	given := map[string]bool{} // a name given twice is sent twice
 	for i := 0; i+1 < len(headers); i += 2 {
 		if headers[i+1] == "" {
 			req.Header.Del(headers[i])
 			continue
 		}
+		if given[headers[i]] {
+			req.Header.Add(headers[i], headers[i+1])
+			continue
+		}
+		given[headers[i]] = true
 		req.Header.Set(headers[i], headers[i+1])
 	}
 	res, err := f.srv.Client().Do(req)
