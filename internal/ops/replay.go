@@ -230,6 +230,7 @@ func (h *Handler) handleReplay(w http.ResponseWriter, r *http.Request) {
 	if in.After != nil {
 		attrs = append(attrs, slog.String("after", in.After.String()))
 	}
+	stopped := fmt.Sprintf("The replay ran for %s and the range is not done yet", humanAge(time.Since(start)))
 	if err != nil {
 		h.logAction(r, "replay_endpoint", append(attrs, slog.String("error", err.Error()))...)
 		if errors.Is(err, outbox.ErrInvalidReplay) {
@@ -237,24 +238,32 @@ func (h *Handler) handleReplay(w http.ResponseWriter, r *http.Request) {
 			h.renderReplayForm(w, r, http.StatusBadRequest, ep, form)
 			return
 		}
-		h.actionError(w, r, err)
-		return
+		if in.After == nil {
+			// Nothing replayed yet: there is nothing to continue from.
+			h.actionError(w, r, err)
+			return
+		}
+		// Batches before the failure are committed: offer to go on from
+		// the last one, rather than an error page that loses the cursor.
+		stopped = "The replay stopped on an error (it is in the server's log) before the range was done"
+	} else {
+		h.logAction(r, "replay_endpoint", attrs...)
 	}
-	h.logAction(r, "replay_endpoint", attrs...)
 	if in.After == nil {
 		done(w, r, "replayed", in.Replayed, in.Skipped)
 		return
 	}
-	// Not done within the budget: offer to go on from the cursor.
+	// Not done within the budget, or stopped by an error: offer to go on
+	// from the cursor.
 	details := append(in.facts(ep),
 		fact{"Replayed so far", plural(num(int64(in.Replayed)), "event", "events")},
 		fact{"Skipped so far", num(int64(in.Skipped)) + " already waiting for the endpoint"},
 		fact{"Stopped after event", in.After.String()})
 	h.render(w, r, http.StatusOK, "confirm", confirmPage{
 		Layout: h.layout(r, "Replay not finished"),
-		Question: fmt.Sprintf("The replay ran for %s and the range is not done yet: so far it replayed %s (%s already waiting %s skipped). "+
+		Question: fmt.Sprintf("%s: so far it replayed %s (%s already waiting %s skipped). "+
 			"Continue from where it stopped? It goes on after the last event it read, so nothing is sent twice.",
-			humanAge(time.Since(start)), plural(num(int64(in.Replayed)), "event", "events"), num(int64(in.Skipped)),
+			stopped, plural(num(int64(in.Replayed)), "event", "events"), num(int64(in.Skipped)),
 			pick(int64(in.Skipped), "was", "were")),
 		Details: details, Action: r.URL.Path, Return: returnPath(r), Hidden: in.hidden(),
 		Button: "Continue replay", Cancel: "Stop here",

@@ -263,3 +263,52 @@ func TestReplayNotDoneInOneRequestContinuesFromTheCursor(t *testing.T) {
 	require.Zero(t, e.count(t, `SELECT count(*) FROM (SELECT event_id FROM outbox_messages GROUP BY event_id HAVING count(*) > 1) d`),
 		"no event was given two messages")
 }
+
+// A replay that fails after some batches keeps what they replayed and
+// offers to continue from the last one, instead of an error page that loses
+// the cursor; continuing, once the failure is gone, finishes the range
+// without sending anything twice. The failure here: the database refuses
+// the second batch's rows.
+func TestReplayStoppedByAnErrorContinuesFromTheLastBatch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, token)
+	a := e.endpoint(t, "http://127.0.0.1:9/a", "order.placed")
+	n := outbox.MaxReplayBatch + 5
+	e.exec(t, `INSERT INTO outbox_events (id, type, payload, created_at)
+		SELECT outbox_uuid_v7_at(x.at), 'order.placed', json_build_object('n', x.g), x.at
+		FROM (SELECT g, clock_timestamp() - interval '10 minutes' AS at FROM generate_series(1, $1::integer) g) x`, n)
+	e.exec(t, `CREATE FUNCTION refuse_second_batch() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF (SELECT count(*) FROM outbox_messages) > 1000 THEN
+				RAISE EXCEPTION 'refusing the second batch';
+			END IF;
+			RETURN NULL;
+		END $$`)
+	e.exec(t, `CREATE TRIGGER refuse_second_batch AFTER INSERT ON outbox_messages
+		FOR EACH STATEMENT EXECUTE FUNCTION refuse_second_batch()`)
+
+	c := e.loggedIn(t)
+	csrf := e.csrf(t, c)
+	replay := e.srv.URL + "/ops/endpoints/" + a.ID.String() + "/replay"
+	now := time.Now()
+	_, page := postPage(t, c, replay, url.Values{"csrf": {csrf}, "from": {minute(now.Add(-time.Hour))}, "to": {minute(now.Add(time.Minute))},
+		"type": {"order.placed"}, "return": {"/ops"}})
+	res, page := postPage(t, c, replay, hiddenFields(page))
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Contains(t, page, "Replay not finished")
+	require.Contains(t, page, "stopped on an error")
+	require.NotContains(t, page, "refusing the second batch", "the database's error stays in the log")
+	require.Contains(t, page, "so far it replayed 1,000 events")
+	require.Equal(t, int64(outbox.MaxReplayBatch), e.count(t, `SELECT count(*) FROM outbox_messages WHERE destination = $1`, a.ID),
+		"the first batch is kept")
+	next := hiddenFields(page)
+	require.Equal(t, "1000", next.Get("replayed"))
+
+	e.exec(t, `DROP TRIGGER refuse_second_batch ON outbox_messages`)
+	res = post(t, c, replay, next)
+	require.Equal(t, http.StatusSeeOther, res.StatusCode)
+	require.Equal(t, "/ops?done=replayed&m=0&n=1005", res.Header.Get("Location"), "the totals of both requests")
+	require.Equal(t, int64(n), e.count(t, `SELECT count(*) FROM outbox_messages WHERE destination = $1`, a.ID))
+	require.Zero(t, e.count(t, `SELECT count(*) FROM (SELECT event_id FROM outbox_messages GROUP BY event_id HAVING count(*) > 1) d`),
+		"no event was given two messages")
+}
