@@ -146,6 +146,7 @@ type Consumer struct {
 	// natsOutOfOrderDeliveries, but in the tests of those bounds.
 	natsRetry, natsRetryMax time.Duration
 	natsOutOfOrder          uint64
+	outOfOrder              outOfOrderCounts
 }
 
 // New returns a consumer that verifies deliveries with verifier and applies

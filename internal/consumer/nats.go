@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -18,8 +19,8 @@ const (
 	natsRetryMax   = 5 * time.Minute
 )
 
-// natsOutOfOrderDeliveries is how often an order.cancelled is delivered
-// while its order.placed has not been applied (about 20 minutes of
+// natsOutOfOrderDeliveries is how often an order.cancelled is refused
+// because its order.placed has not been applied (about 20 minutes of
 // retries) before it is terminated. The relay sends an order's events in
 // order, so a placement that is that late is not coming: the destination
 // was added after the order was placed, or the placement was terminated or
@@ -114,27 +115,34 @@ func (c *Consumer) handleNATS(ctx context.Context, msg jetstream.Msg) {
 	switch {
 	case errors.As(err, &bad):
 		outcome = BadRequest
+		c.outOfOrder.forget(env.ID)
 		c.logger.WarnContext(ctx, "JetStream event unreadable", slog.String("event_id", env.ID), slog.String("error", err.Error()))
 		_ = msg.Term()
 	case errors.Is(err, errOutOfOrder):
 		outcome = OutOfOrder
-		n := deliveries(msg)
+		// Counted here, not by JetStream's delivery count, which also
+		// counts the deliveries a database outage failed: after a long one
+		// a cancel would be terminated the first time it came before its
+		// placement.
+		n := c.outOfOrder.seen(env.ID)
 		if n >= c.natsOutOfOrder {
+			c.outOfOrder.forget(env.ID)
 			c.logger.ErrorContext(ctx, "JetStream event out of order too long: terminated", slog.String("event_id", env.ID),
-				slog.String("type", env.Type), slog.Uint64("deliveries", n))
+				slog.String("type", env.Type), slog.Uint64("times", n))
 			// Term without a reason: servers before 2.10 (Debian's) ignore
 			// a termination that gives one.
 			_ = msg.Term()
 			break
 		}
 		c.logger.WarnContext(ctx, "JetStream event out of order", slog.String("event_id", env.ID), slog.String("type", env.Type),
-			slog.Uint64("deliveries", n))
+			slog.Uint64("times", n))
 		_ = msg.NakWithDelay(c.natsDelay(n))
 	case err != nil:
 		outcome = Error
 		c.logger.ErrorContext(ctx, "applying JetStream event", slog.String("event_id", env.ID), slog.String("error", err.Error()))
 		_ = msg.NakWithDelay(c.natsDelay(deliveries(msg)))
 	default:
+		c.outOfOrder.forget(env.ID)
 		if err := msg.DoubleAck(ctx); err != nil {
 			// Committed but maybe not acked: the redelivery is a duplicate.
 			c.logger.WarnContext(ctx, "acking JetStream event", slog.String("event_id", env.ID), slog.String("error", err.Error()))
@@ -165,4 +173,31 @@ func (c *Consumer) natsDelay(n uint64) time.Duration {
 		d *= 2
 	}
 	return min(d, c.natsRetryMax)
+}
+
+// outOfOrderCounts counts, per event id, the times a JetStream message was
+// refused as out of order, until it is applied or terminated. In memory: a
+// restart starts the counts again, which only makes the retries last
+// longer.
+type outOfOrderCounts struct {
+	mu sync.Mutex
+	n  map[string]uint64
+}
+
+// seen counts one more refusal of id and returns the count.
+func (o *outOfOrderCounts) seen(id string) uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.n == nil {
+		o.n = map[string]uint64{}
+	}
+	o.n[id]++
+	return o.n[id]
+}
+
+// forget drops id's count: it was applied or terminated.
+func (o *outOfOrderCounts) forget(id string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.n, id)
 }

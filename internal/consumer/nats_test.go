@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -206,4 +207,55 @@ func TestDurableKeepsSettingsAndStartsWhereTheInboxRemembers(t *testing.T) {
 	all, err := consumer.Durable(ctx, js, stream, "all", time.Time{})
 	require.NoError(t, err)
 	require.Equal(t, []string{"before", "after"}, read(all), "with no time, at the stream's beginning")
+}
+
+// A database outage longer than the out-of-order bound does not cost a
+// cancel: the deliveries the outage refused are not counted as out of
+// order, so a cancel redelivered before its placement after the recovery
+// waits for it as usual. Twenty orders, placed and cancelled, all refused
+// by a database that rejects every inbox row, well past the bound; then the
+// database recovers and every order ends at a zero balance, nothing
+// terminated. The bounds are shortened (the test is about them).
+func TestJetStreamOutageDoesNotCountAsOutOfOrder(t *testing.T) {
+	t.Parallel()
+	f := setup(t, newSecret(t))
+	const bound = 6
+	f.c.SetNATSRedelivery(20*time.Millisecond, 80*time.Millisecond, bound)
+	_, err := f.pool.Exec(context.Background(), `ALTER TABLE consumer_inbox ADD CONSTRAINT outage CHECK (false) NOT VALID`)
+	require.NoError(t, err)
+	_, cons, subject, url := jetStream(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.c.ConsumeNATS(ctx, cons) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	relay := broker.NewNATS(url, "urn:test:orders")
+	t.Cleanup(relay.Close)
+	const orders = 20
+	var events []outbox.Delivery
+	for i := range orders {
+		id := uuid.New()
+		events = append(events, orderEvent("order.placed", fmt.Sprintf("c-%d", i), id, 100))
+		events = append(events, orderEvent("order.cancelled", fmt.Sprintf("c-%d", i), id, 100))
+	}
+	for _, d := range events {
+		d.URL = "nats:" + subject
+		require.True(t, relay.Deliver(context.Background(), d).Acked)
+	}
+	within(t, 20*time.Second, func() bool { return f.stats(t).Errors >= 2*orders*(bound+2) },
+		"every message refused by the outage more often than the bound, on average")
+	_, err = f.pool.Exec(context.Background(), `ALTER TABLE consumer_inbox DROP CONSTRAINT outage`)
+	require.NoError(t, err)
+
+	within(t, 20*time.Second, func() bool { return f.stats(t).LedgerTotal == 2*orders }, "every placement and cancel applied")
+	for i := range orders {
+		c, err := f.c.Customer(context.Background(), fmt.Sprintf("c-%d", i))
+		require.NoError(t, err)
+		require.Zero(t, c.BalanceCents, "c-%d: placed and cancelled", i)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	require.NotContains(t, f.logs.String(), "terminated")
 }
