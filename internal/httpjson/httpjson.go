@@ -6,6 +6,7 @@ package httpjson
 import (
 	"bytes"
 	"context"
+	"encoding"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -184,9 +185,14 @@ func readProblem(err error) *Problem {
 	}
 }
 
+var textUnmarshaler = reflect.TypeFor[encoding.TextUnmarshaler]()
+
 // jsonKind names what a Go type is decoded from, in JSON's terms: a
 // client's error names the value it should send, not the server's types.
 func jsonKind(t reflect.Type) string {
+	if reflect.PointerTo(t).Implements(textUnmarshaler) {
+		return "a string" // uuid.UUID, time.Time: arrays and structs in Go
+	}
 	switch t.Kind() {
 	case reflect.Struct, reflect.Map:
 		return "an object"

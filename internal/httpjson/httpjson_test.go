@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/uuid"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/httpjson"
@@ -72,6 +74,7 @@ func TestDecodeRefusesWhatEncodingJSONWouldBend(t *testing.T) {
 		Lines    []line          `json:"lines"`
 		Data     json.RawMessage `json:"data"`
 		Ignored  string          `json:"-"`
+		After    *uuid.UUID      `json:"after"`
 	}
 	for _, tc := range []struct {
 		body   string
@@ -95,6 +98,7 @@ func TestDecodeRefusesWhatEncodingJSONWouldBend(t *testing.T) {
 		{`[1]`, http.StatusUnprocessableEntity, `field "value" must be an object, got JSON array`},
 		{`{"lines":{}}`, http.StatusUnprocessableEntity, `field "lines" must be an array, got JSON object`},
 		{`{"customer_id":1}`, http.StatusUnprocessableEntity, `field "customer_id" must be a string, got JSON number`},
+		{`{"after":[1]}`, http.StatusUnprocessableEntity, `field "after" must be a string, got JSON array`},
 	} {
 		r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(tc.body))
 		r.Header.Set("Content-Type", "application/json")

@@ -1,6 +1,7 @@
 package orders
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -85,6 +86,11 @@ func (s *Service) writeError(w http.ResponseWriter, r *http.Request, err error) 
 	case errors.Is(err, ErrIdempotencyConflict):
 		httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusUnprocessableEntity,
 			"Idempotency-Key %q was already used with a different request body", r.Header.Get("Idempotency-Key")))
+	case errors.Is(err, context.DeadlineExceeded):
+		// The request's deadline (process.HandlerTimeout): a slow
+		// database, not a defect; WriteError answers 503.
+		s.logger.WarnContext(r.Context(), "orders request took too long", slog.String("path", r.URL.Path), slog.Any("error", err))
+		httpjson.WriteError(w, err)
 	default:
 		s.logger.ErrorContext(r.Context(), "orders request failed", slog.String("path", r.URL.Path), slog.Any("error", err))
 		httpjson.WriteError(w, err)

@@ -337,6 +337,12 @@ func (a *Admin) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, ErrInvalidEndpoint), errors.Is(err, ErrInvalidStatus), errors.Is(err, ErrInvalidReplay),
 		errors.Is(err, ErrInvalidFilter):
 		status = http.StatusUnprocessableEntity
+	case errors.Is(err, context.DeadlineExceeded):
+		// The request's deadline (process.HandlerTimeout): a slow
+		// database, not a defect; WriteError answers 503.
+		a.logger.WarnContext(r.Context(), "admin request took too long", slog.String("path", r.URL.Path), slog.Any("error", err))
+		httpjson.WriteError(w, err)
+		return
 	default:
 		a.logger.ErrorContext(r.Context(), "admin request failed", slog.String("path", r.URL.Path), slog.Any("error", err))
 		httpjson.WriteError(w, err)

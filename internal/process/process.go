@@ -304,6 +304,29 @@ func PingReady(pool *pgxpool.Pool) func(context.Context) error {
 	}
 }
 
+// timeouts are a server's bounds on a request, each from its start.
+type timeouts struct {
+	header, body, handler, write time.Duration
+}
+
+// serverTimeouts are Serve's: the body must have arrived before the
+// handler's deadline, and the handler's deadline passes before the write
+// deadline, so a handler can still answer a body that stopped coming (408)
+// or work that took too long (503); with all three at one time it could
+// not.
+var serverTimeouts = timeouts{header: 10 * time.Second, body: 20 * time.Second, handler: HandlerTimeout, write: HandlerTimeout + 5*time.Second}
+
+func newServer(h http.Handler, logger *slog.Logger, t timeouts) *http.Server {
+	return &http.Server{
+		Handler:           WithDeadline(h, t.handler),
+		ReadHeaderTimeout: t.header,
+		ReadTimeout:       t.body,
+		WriteTimeout:      t.write,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+}
+
 // HandlerTimeout bounds the work of one request: its context's deadline
 // (WithDeadline), set by Serve a few seconds before the server's own write
 // timeout. The write timeout alone only fails the final write: the handler
@@ -331,14 +354,7 @@ func Serve(ctx context.Context, logger *slog.Logger, name, addr string, h http.H
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", addr, err)
 	}
-	srv := &http.Server{
-		Handler:           WithDeadline(h, HandlerTimeout),
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      HandlerTimeout + 5*time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
-	}
+	srv := newServer(h, logger, serverTimeouts)
 	logger.InfoContext(ctx, "listening", slog.String("server", name), slog.String("addr", ln.Addr().String()))
 	if ready != nil {
 		ready <- ln.Addr().String()
