@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 
 	"github.com/outboxkit/orders/internal/outbox"
 )
@@ -41,7 +40,7 @@ type endpointPage struct {
 
 func (h *Handler) handleEndpoint(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	id, err := uuid.Parse(r.PathValue("id"))
+	id, err := pathID(r)
 	if err != nil {
 		h.renderError(w, r, http.StatusNotFound, "Not found", "There is no endpoint with that id.")
 		return
@@ -264,13 +263,32 @@ func (h *Handler) handleDiscardWaiting(w http.ResponseWriter, r *http.Request) {
 		})
 		return
 	}
-	n, err := h.admin.DiscardWaiting(r.Context(), ep.ID)
+	// A day's backlog can take longer than a request may (its batches are
+	// committed one by one): batches for the replay's budget, then the
+	// question again, with what is done so far.
+	n, finished, err := h.admin.DiscardWaiting(r.Context(), ep.ID, h.replayFor)
+	// The requests before this one of the same discard, if it continues.
+	before, _ := strconv.ParseInt(r.PostForm.Get("discarded"), 10, 64)
+	total := max(before, 0) + n
+	if err == nil && !finished {
+		h.logAction(r, "discard_waiting", slog.String("endpoint_id", ep.ID.String()), slog.Int64("discarded", n), slog.Bool("finished", false))
+		so := strconv.FormatInt(total, 10)
+		h.render(w, r, http.StatusOK, "confirm", confirmPage{
+			Layout: h.layout(r, "Discard not finished"),
+			Question: fmt.Sprintf("The discard has settled %s so far, and more are waiting. Continue discarding?",
+				plural(so, "message", "messages")),
+			Details: []fact{{"Endpoint", ep.URL}, {"Discarded so far", so}},
+			Action:  r.URL.Path, Return: returnPath(r), Hidden: []fact{{"discarded", so}},
+			Button: "Continue discarding", Cancel: "Stop here", Danger: true,
+		})
+		return
+	}
 	if err != nil {
 		h.actionError(w, r, err)
 		return
 	}
 	h.logAction(r, "discard_waiting", slog.String("endpoint_id", ep.ID.String()), slog.Int64("discarded", n))
-	done(w, r, "discarded", int(n))
+	done(w, r, "discarded", int(total))
 }
 
 func (h *Handler) handleDeleteEndpoint(w http.ResponseWriter, r *http.Request) {

@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxkit/orders/internal/ops"
 	"github.com/outboxkit/orders/internal/outbox"
 	"github.com/outboxkit/orders/internal/webhook"
 )
@@ -250,4 +251,39 @@ func TestEndpointActionsFromThePage(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "http://127.0.0.1:9/victim", got.URL)
 	require.Equal(t, int64(1), e.count(t, `SELECT count(*) FROM webhook_endpoints`))
+}
+
+// A discard of more than a request can settle stops after the batches of
+// its budget and asks to continue, saying how many it has settled; the
+// continuations finish and the notice counts them all. The budget is
+// shortened to end after the first batch (the test is about it).
+func TestDiscardLongerThanARequestContinues(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, token, func(o *ops.Options) { o.ReplayBudget = time.Nanosecond })
+	ep := e.endpoint(t, "http://127.0.0.1:9/a", "order.placed")
+	const n = 10_000 + 5 // a batch and then some
+	e.exec(t, `WITH ev AS (
+			INSERT INTO outbox_events (id, type, payload, created_at)
+			SELECT outbox_uuid_v7_at(x.at), 'order.placed', '{}', x.at
+			FROM (SELECT clock_timestamp() AS at FROM generate_series(1, $1::integer)) x
+			RETURNING id, type, created_at)
+		INSERT INTO outbox_messages (id, event_id, type, destination, next_attempt_at, created_at)
+		SELECT outbox_uuid_sibling(id), id, type, $2, created_at, created_at FROM ev`, n, ep.ID)
+	c := e.loggedIn(t)
+	base := e.srv.URL + "/ops/endpoints/" + ep.ID.String()
+	_, body := postPage(t, c, base+"/discard-waiting", url.Values{"csrf": {e.csrf(t, c)}, "return": {"/ops"}})
+	res, body := postPage(t, c, base+"/discard-waiting", hiddenFields(body))
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Contains(t, body, "Discard not finished")
+	require.Contains(t, body, "settled 10000 messages so far")
+	require.Equal(t, int64(5), e.count(t, `SELECT count(*) FROM outbox_messages WHERE destination = $1 AND status = 'pending'`, ep.ID))
+	// The rest is one short batch; only a batch that finds nothing ends it
+	// (a message claimed meanwhile was left to its claim).
+	res, body = postPage(t, c, base+"/discard-waiting", hiddenFields(body))
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Contains(t, body, "settled 10005 messages so far")
+	res = post(t, c, base+"/discard-waiting", hiddenFields(body))
+	require.Equal(t, http.StatusSeeOther, res.StatusCode)
+	require.Equal(t, "/ops?done=discarded&n=10005", res.Header.Get("Location"), "the total of every request")
+	require.Zero(t, e.count(t, `SELECT count(*) FROM outbox_messages WHERE destination = $1 AND status = 'pending'`, ep.ID))
 }

@@ -100,6 +100,9 @@ func headless(t *testing.T, ctx context.Context, scripts bool) (context.Context,
 	t.Helper()
 	browser := chromiumPath()
 	if browser == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("no Chromium installed under CI (.ci/ensure-chromium should have installed it)")
+		}
 		t.Skip("no Chromium installed (run .ci/ensure-chromium, or set CHROMIUM_PATH): skipping a browser test")
 	}
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx,

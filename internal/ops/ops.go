@@ -564,6 +564,10 @@ func (h *Handler) actionError(w http.ResponseWriter, r *http.Request, err error)
 			"Only failed messages can be retried or skipped, and this one is not failed (any more), or its endpoint was deleted. Reload the page to see its status.")
 	case errors.Is(err, outbox.ErrInvalidReplay):
 		h.renderError(w, r, http.StatusBadRequest, "Cannot replay that", "The replay's range is not valid: from must be before to.")
+	case errors.Is(err, context.DeadlineExceeded):
+		h.logger.WarnContext(r.Context(), "ops request took too long", slog.String("path", r.URL.Path), slog.Any("error", err))
+		h.renderError(w, r, http.StatusServiceUnavailable, "Took too long",
+			"The request ran out of time and was abandoned: the database may be slow. Reload the page to see what was done, and try again.")
 	default:
 		h.logger.ErrorContext(r.Context(), "ops request failed", slog.String("path", r.URL.Path), slog.Any("error", err))
 		h.renderError(w, r, http.StatusInternalServerError, "Something went wrong",

@@ -735,3 +735,25 @@ func TestMessageDetail(t *testing.T) {
 	res, _ = get(t, c, e.srv.URL+"/ops/messages/not-a-uuid")
 	require.Equal(t, http.StatusNotFound, res.StatusCode)
 }
+
+// A message's and an endpoint's pages have one address each: spellings of
+// the id other than the canonical one are not found.
+func TestPagesAnswerOnlyTheCanonicalID(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, token)
+	ep := e.endpoint(t, "http://127.0.0.1:9/a", "order.placed")
+	msg := e.enqueue(t, "order.placed", 1)[0]
+	c := e.loggedIn(t)
+	for _, page := range []string{"/ops/messages/", "/ops/endpoints/"} {
+		id := msg.String()
+		if page == "/ops/endpoints/" {
+			id = ep.ID.String()
+		}
+		res, _ := get(t, c, e.srv.URL+page+strings.ToUpper(id))
+		require.Equal(t, http.StatusOK, res.StatusCode, "%s in upper case", page)
+		for _, other := range []string{"urn:uuid:" + id, "%7B" + id + "%7D", strings.ReplaceAll(id, "-", "")} {
+			res, _ := get(t, c, e.srv.URL+page+other)
+			require.Equal(t, http.StatusNotFound, res.StatusCode, page+other)
+		}
+	}
+}

@@ -237,7 +237,7 @@ type header struct {
 }
 
 func (h *Handler) handleMessage(w http.ResponseWriter, r *http.Request) {
-	id, err := uuid.Parse(r.PathValue("id"))
+	id, err := pathID(r)
 	if err != nil {
 		h.renderError(w, r, http.StatusNotFound, "Not found", "There is no message with that id.")
 		return
@@ -294,8 +294,19 @@ type fact struct{ Name, Value string }
 // confirmed reports whether the form carries the second step's confirmation.
 func confirmed(r *http.Request) bool { return r.PostForm.Get("confirm") == "yes" }
 
+// pathID is the {id} of a page's path, in the canonical spelling only (any
+// case), as in the API: one address per message or endpoint.
+func pathID(r *http.Request) (uuid.UUID, error) {
+	raw := r.PathValue("id")
+	id, err := uuid.Parse(raw)
+	if err == nil && !strings.EqualFold(id.String(), raw) {
+		err = fmt.Errorf("id %q is not in the canonical form", raw)
+	}
+	return id, err
+}
+
 func (h *Handler) handleRetryMessage(w http.ResponseWriter, r *http.Request) {
-	id, err := uuid.Parse(r.PathValue("id"))
+	id, err := pathID(r)
 	if err != nil {
 		h.renderError(w, r, http.StatusNotFound, "Not found", "There is no message with that id.")
 		return
@@ -341,7 +352,7 @@ func (h *Handler) messageFacts(r *http.Request, m outbox.MessageDetail) []fact {
 // handleSkipMessage gives up on a failed message for good: discarded, never
 // sent, and the next message of its ordering key is let go.
 func (h *Handler) handleSkipMessage(w http.ResponseWriter, r *http.Request) {
-	id, err := uuid.Parse(r.PathValue("id"))
+	id, err := pathID(r)
 	if err != nil {
 		h.renderError(w, r, http.StatusNotFound, "Not found", "There is no message with that id.")
 		return
@@ -384,7 +395,7 @@ func (h *Handler) handleSkipMessage(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) endpointFor(w http.ResponseWriter, r *http.Request) (outbox.Endpoint, bool) {
-	id, err := uuid.Parse(r.PathValue("id"))
+	id, err := pathID(r)
 	if err != nil {
 		h.renderError(w, r, http.StatusNotFound, "Not found", "There is no endpoint with that id.")
 		return outbox.Endpoint{}, false

@@ -91,9 +91,15 @@ func TestDiscardWaitingSettlesEveryBatch(t *testing.T) {
 	_, err = pool.Exec(ctx, `UPDATE outbox_messages SET status = 'failed', attempts = 1, failed_at = now() WHERE id = $1`, keyed[0])
 	require.NoError(t, err)
 
-	discarded, err := admin.DiscardWaiting(ctx, ep)
+	// A budget spent during the first batch: that batch, then a stop.
+	discarded, finished, err := admin.DiscardWaiting(ctx, ep, time.Nanosecond)
 	require.NoError(t, err)
-	require.EqualValues(t, n+2, discarded, "every pending message, parked ones too")
+	require.False(t, finished)
+	require.EqualValues(t, discardBatch, discarded, "one whole batch, not a batch cut short")
+	more, finished, err := admin.DiscardWaiting(ctx, ep, 0)
+	require.NoError(t, err)
+	require.True(t, finished)
+	require.EqualValues(t, n+2, discarded+more, "every pending message, parked ones too")
 	var pending, failed int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'failed')
 		FROM outbox_messages WHERE destination = $1`, ep).Scan(&pending, &failed))

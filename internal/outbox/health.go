@@ -582,30 +582,37 @@ func (a *Admin) EndpointAttempts(ctx context.Context, id uuid.UUID, limit int) (
 // stays registered: its pending messages, parked ones too, are settled as
 // discarded and never sent (a replay can send their events again). Messages
 // in flight finish; failed ones still wait for a retry or a skip. It returns
-// how many it discarded. A day's backlog is millions of rows: they are
-// settled in batches of discardBatch, each its own transaction, so the
-// relay's claims and the vacuum never wait on one long one; if ctx ends
-// midway, what was discarded stays discarded.
-func (a *Admin) DiscardWaiting(ctx context.Context, id uuid.UUID) (int64, error) {
+// how many it discarded, and whether it got to the end. A day's backlog is
+// millions of rows: they are settled in batches of discardBatch, each its
+// own transaction, so the relay's claims and the vacuum never wait on one
+// long one; it stops after the batch during which budget ran out (0: no
+// limit), so a caller with a deadline (a request) can say how far it got
+// and call again. If ctx ends midway, what was discarded stays discarded.
+func (a *Admin) DiscardWaiting(ctx context.Context, id uuid.UUID, budget time.Duration) (discarded int64, finished bool, err error) {
 	if _, err := a.Endpoint(ctx, id); err != nil {
-		return 0, err
+		return 0, false, err
 	}
+	start := time.Now()
 	q := outboxdb.New(a.pool)
-	var discarded int64
 	for {
 		n, err := q.OpsDiscardWaiting(ctx, "discarded by an operator", id, discardBatch)
 		discarded += n
 		if err != nil {
 			a.logger.InfoContext(ctx, "waiting messages discarded", slog.String("endpoint_id", id.String()),
 				slog.Int64("discarded", discarded), slog.Bool("finished", false))
-			return discarded, fmt.Errorf("discarding waiting messages: %w", err)
+			return discarded, false, fmt.Errorf("discarding waiting messages: %w", err)
 		}
 		// Until a batch finds nothing: a message claimed while a batch ran
 		// is left to its claim, so a short batch is not yet the end.
 		if n == 0 {
 			break
 		}
+		if budget > 0 && time.Since(start) >= budget {
+			a.logger.InfoContext(ctx, "waiting messages discarded", slog.String("endpoint_id", id.String()),
+				slog.Int64("discarded", discarded), slog.Bool("finished", false))
+			return discarded, false, nil
+		}
 	}
 	a.logger.InfoContext(ctx, "waiting messages discarded", slog.String("endpoint_id", id.String()), slog.Int64("discarded", discarded))
-	return discarded, nil
+	return discarded, true, nil
 }
