@@ -101,8 +101,9 @@ func TestNATSFailuresAreClearErrors(t *testing.T) {
 	require.ErrorContains(t, res.Err, "connecting to NATS", "a server that is down is a failed attempt, not a hang")
 }
 
-// queue declares a fresh exchange and a queue bound to it by key, and
-// deletes both after.
+// queue declares a fresh exchange and a queue bound to it by key. The broker
+// deletes both after the test (brokertest.QueueExpiry; the exchange goes
+// with its last binding).
 func queue(t *testing.T) (ch *amqp.Channel, exchange, key, q string) {
 	t.Helper()
 	ch, err := brokertest.RabbitMQ(t).Channel()
@@ -110,7 +111,7 @@ func queue(t *testing.T) (ch *amqp.Channel, exchange, key, q string) {
 	id := uuid.NewString()
 	exchange, key, q = "outboxtest-"+id, "order.placed", "outboxtest-q-"+id
 	require.NoError(t, ch.ExchangeDeclare(exchange, "direct", false, true, false, false, nil))
-	_, err = ch.QueueDeclare(q, false, true, false, false, nil)
+	_, err = ch.QueueDeclare(q, false, true, false, false, brokertest.QueueExpiry)
 	require.NoError(t, err)
 	require.NoError(t, ch.QueueBind(q, key, exchange, false, nil))
 	return ch, exchange, key, q

@@ -27,6 +27,23 @@ func NATSURL() string { return envOr("TEST_NATS_URL", "nats://127.0.0.1:4222") }
 // AMQPURL is the RabbitMQ server tests use.
 func AMQPURL() string { return envOr("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/") }
 
+// QueueExpiry is the arguments of a test's queue: RabbitMQ deletes it a
+// minute after it was last used. Auto-delete alone never fires for the
+// tests' queues, read with basic.get by no subscribed consumer, and they
+// piled up run after run.
+var QueueExpiry = amqp.Table{"x-expires": int32(60_000)}
+
+// missing skips a test whose broker is not there, on a developer's machine;
+// under CI (CI set, as .ci/run sets it) it fails it: a broker that could
+// not be reached must not turn the broker tests into a green run.
+func missing(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("CI") != "" {
+		t.Fatalf(format, args...)
+	}
+	t.Skipf(format, args...)
+}
+
 func envOr(name, def string) string {
 	if v := os.Getenv(name); v != "" {
 		return v
@@ -40,7 +57,7 @@ func JetStream(t testing.TB) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
 	nc, err := nats.Connect(NATSURL())
 	if err != nil {
-		t.Skipf("no NATS server at %s (TEST_NATS_URL; .ci/ensure-brokers starts one): %v", NATSURL(), err)
+		missing(t, "no NATS server at %s (TEST_NATS_URL; .ci/ensure-brokers starts one): %v", NATSURL(), err)
 	}
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
@@ -75,7 +92,7 @@ func RabbitMQ(t testing.TB) *amqp.Connection {
 	t.Helper()
 	conn, err := amqp.Dial(AMQPURL())
 	if err != nil {
-		t.Skipf("no RabbitMQ at %s (TEST_AMQP_URL; .ci/ensure-brokers starts one): %v", AMQPURL(), err)
+		missing(t, "no RabbitMQ at %s (TEST_AMQP_URL; .ci/ensure-brokers starts one): %v", AMQPURL(), err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	return conn

@@ -44,7 +44,7 @@ func newBrokers(t *testing.T) *brokers {
 	require.NoError(t, err)
 	b.exchange, b.queue = "relayworkertest-"+id, "relayworkertest-q-"+id
 	require.NoError(t, b.ch.ExchangeDeclare(b.exchange, "topic", false, true, false, false, nil))
-	_, err = b.ch.QueueDeclare(b.queue, false, true, false, false, nil)
+	_, err = b.ch.QueueDeclare(b.queue, false, true, false, false, brokertest.QueueExpiry)
 	require.NoError(t, err)
 	require.NoError(t, b.ch.QueueBind(b.queue, "order.#", b.exchange, false, nil))
 
