@@ -47,21 +47,7 @@ func TestJetStreamEventsAreAppliedOnce(t *testing.T) {
 	t.Parallel()
 	f := setup(t, newSecret(t))
 	js, cons, subject, url := jetStream(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- f.c.ConsumeNATS(ctx, cons) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done, "ConsumeNATS returns nil when its context ends")
-	})
-
-	relay := broker.NewNATS(url, "urn:test:orders")
-	t.Cleanup(relay.Close)
-	publish := func(d outbox.Delivery) {
-		t.Helper()
-		d.URL = "nats:" + subject
-		require.True(t, relay.Deliver(context.Background(), d).Acked)
-	}
+	publish := f.consumeNATS(t, cons, subject, url)
 
 	placed := orderEvent("order.placed", "c-1", uuid.New(), 1000)
 	publish(placed)
@@ -100,6 +86,27 @@ func TestJetStreamEventsAreAppliedOnce(t *testing.T) {
 	require.EqualValues(t, 0, c2.BalanceCents, "placed then cancelled")
 }
 
+// consumeNATS runs f's consumer on cons until the test ends, and returns a
+// function that publishes a delivery to subject through the relay's own
+// NATS transport.
+func (f *fixture) consumeNATS(t *testing.T, cons jetstream.Consumer, subject, url string) func(outbox.Delivery) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.c.ConsumeNATS(ctx, cons) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done, "ConsumeNATS returns nil when its context ends")
+	})
+	relay := broker.NewNATS(url, "urn:test:orders")
+	t.Cleanup(relay.Close)
+	return func(d outbox.Delivery) {
+		t.Helper()
+		d.URL = "nats:" + subject
+		require.True(t, relay.Deliver(context.Background(), d).Acked)
+	}
+}
+
 // within polls cond until it holds or d passes.
 func within(t *testing.T, d time.Duration, cond func() bool, msg string) {
 	t.Helper()
@@ -124,22 +131,9 @@ func TestJetStreamCancelWhosePlacementNeverComesIsTerminated(t *testing.T) {
 	f := setup(t, newSecret(t))
 	f.c.SetNATSRedelivery(20*time.Millisecond, 80*time.Millisecond, 4)
 	_, cons, subject, url := jetStream(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- f.c.ConsumeNATS(ctx, cons) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
-	relay := broker.NewNATS(url, "urn:test:orders")
-	t.Cleanup(relay.Close)
-	for _, d := range []outbox.Delivery{
-		orderEvent("order.cancelled", "c-1", uuid.New(), 500), // its placement never comes
-		orderEvent("order.placed", "c-2", uuid.New(), 700),
-	} {
-		d.URL = "nats:" + subject
-		require.True(t, relay.Deliver(context.Background(), d).Acked)
-	}
+	publish := f.consumeNATS(t, cons, subject, url)
+	publish(orderEvent("order.cancelled", "c-1", uuid.New(), 500)) // its placement never comes
+	publish(orderEvent("order.placed", "c-2", uuid.New(), 700))
 	within(t, 10*time.Second, func() bool {
 		info, err := cons.Info(context.Background())
 		require.NoError(t, err)
@@ -224,15 +218,7 @@ func TestJetStreamOutageDoesNotCountAsOutOfOrder(t *testing.T) {
 	_, err := f.pool.Exec(context.Background(), `ALTER TABLE consumer_inbox ADD CONSTRAINT outage CHECK (false) NOT VALID`)
 	require.NoError(t, err)
 	_, cons, subject, url := jetStream(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- f.c.ConsumeNATS(ctx, cons) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
-	relay := broker.NewNATS(url, "urn:test:orders")
-	t.Cleanup(relay.Close)
+	publish := f.consumeNATS(t, cons, subject, url)
 	const orders = 20
 	var events []outbox.Delivery
 	for i := range orders {
@@ -241,8 +227,7 @@ func TestJetStreamOutageDoesNotCountAsOutOfOrder(t *testing.T) {
 		events = append(events, orderEvent("order.cancelled", fmt.Sprintf("c-%d", i), id, 100))
 	}
 	for _, d := range events {
-		d.URL = "nats:" + subject
-		require.True(t, relay.Deliver(context.Background(), d).Acked)
+		publish(d)
 	}
 	within(t, 20*time.Second, func() bool { return f.stats(t).Errors >= 2*orders*(bound+2) },
 		"every message refused by the outage more often than the bound, on average")

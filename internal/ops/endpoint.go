@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-
 	"github.com/outboxkit/orders/internal/outbox"
 )
 

@@ -229,23 +229,15 @@ func TestReplayNotDoneInOneRequestContinuesFromTheCursor(t *testing.T) {
 	e := newEnv(t, token, func(o *ops.Options) { o.ReplayBudget = time.Nanosecond })
 	a := e.endpoint(t, "http://127.0.0.1:9/a", "order.placed")
 	n := outbox.MaxReplayBatch + 5
-	e.exec(t, `INSERT INTO outbox_events (id, type, payload, created_at)
-		SELECT outbox_uuid_v7_at(x.at), 'order.placed', json_build_object('n', x.g), x.at
-		FROM (SELECT g, clock_timestamp() - interval '10 minutes' AS at FROM generate_series(1, $1::integer) g) x`, n)
+	e.seedEvents(t, n)
 	// One of them already waits for a.
 	e.exec(t, `INSERT INTO outbox_messages (id, event_id, type, destination, next_attempt_at, created_at)
 		SELECT outbox_uuid_sibling(id), id, type, $1, created_at, created_at FROM outbox_events ORDER BY id DESC LIMIT 1`, a.ID)
 
-	c := e.loggedIn(t)
-	csrf := e.csrf(t, c)
-	replay := e.srv.URL + "/ops/endpoints/" + a.ID.String() + "/replay"
-	now := time.Now()
-	res, page := postPage(t, c, replay, url.Values{"csrf": {csrf}, "from": {minute(now.Add(-time.Hour))}, "to": {minute(now.Add(time.Minute))},
-		"type": {"order.placed"}, "return": {"/ops"}})
-	require.Equal(t, http.StatusOK, res.StatusCode)
+	c, replay, page := e.askReplay(t, a.ID)
 	require.Contains(t, page, "<dd>1,005</dd>")
 
-	res, page = postPage(t, c, replay, hiddenFields(page))
+	res, page := postPage(t, c, replay, hiddenFields(page))
 	require.Equal(t, http.StatusOK, res.StatusCode)
 	require.Contains(t, page, "Replay not finished")
 	require.Contains(t, page, "so far it replayed 1,000 events (0 already waiting were skipped)")
@@ -274,9 +266,7 @@ func TestReplayStoppedByAnErrorContinuesFromTheLastBatch(t *testing.T) {
 	e := newEnv(t, token)
 	a := e.endpoint(t, "http://127.0.0.1:9/a", "order.placed")
 	n := outbox.MaxReplayBatch + 5
-	e.exec(t, `INSERT INTO outbox_events (id, type, payload, created_at)
-		SELECT outbox_uuid_v7_at(x.at), 'order.placed', json_build_object('n', x.g), x.at
-		FROM (SELECT g, clock_timestamp() - interval '10 minutes' AS at FROM generate_series(1, $1::integer) g) x`, n)
+	e.seedEvents(t, n)
 	e.exec(t, `CREATE FUNCTION refuse_second_batch() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
 			IF (SELECT count(*) FROM outbox_messages) > 1000 THEN
@@ -287,12 +277,7 @@ func TestReplayStoppedByAnErrorContinuesFromTheLastBatch(t *testing.T) {
 	e.exec(t, `CREATE TRIGGER refuse_second_batch AFTER INSERT ON outbox_messages
 		FOR EACH STATEMENT EXECUTE FUNCTION refuse_second_batch()`)
 
-	c := e.loggedIn(t)
-	csrf := e.csrf(t, c)
-	replay := e.srv.URL + "/ops/endpoints/" + a.ID.String() + "/replay"
-	now := time.Now()
-	_, page := postPage(t, c, replay, url.Values{"csrf": {csrf}, "from": {minute(now.Add(-time.Hour))}, "to": {minute(now.Add(time.Minute))},
-		"type": {"order.placed"}, "return": {"/ops"}})
+	c, replay, page := e.askReplay(t, a.ID)
 	res, page := postPage(t, c, replay, hiddenFields(page))
 	require.Equal(t, http.StatusOK, res.StatusCode)
 	require.Contains(t, page, "Replay not finished")
@@ -311,4 +296,27 @@ func TestReplayStoppedByAnErrorContinuesFromTheLastBatch(t *testing.T) {
 	require.Equal(t, int64(n), e.count(t, `SELECT count(*) FROM outbox_messages WHERE destination = $1`, a.ID))
 	require.Zero(t, e.count(t, `SELECT count(*) FROM (SELECT event_id FROM outbox_messages GROUP BY event_id HAVING count(*) > 1) d`),
 		"no event was given two messages")
+}
+
+// seedEvents records n order.placed events of ten minutes ago, a
+// microsecond apart.
+func (e *env) seedEvents(t *testing.T, n int) {
+	t.Helper()
+	e.exec(t, `INSERT INTO outbox_events (id, type, payload, created_at)
+		SELECT outbox_uuid_v7_at(x.at), 'order.placed', json_build_object('n', x.g), x.at
+		FROM (SELECT g, clock_timestamp() - interval '10 minutes' AS at FROM generate_series(1, $1::integer) g) x`, n)
+}
+
+// askReplay signs in and submits endpoint's replay form for the last hour's
+// order.placed events; it returns the client, the form's address and the
+// confirmation page.
+func (e *env) askReplay(t *testing.T, endpoint uuid.UUID) (*http.Client, string, string) {
+	t.Helper()
+	c := e.loggedIn(t)
+	replay := e.srv.URL + "/ops/endpoints/" + endpoint.String() + "/replay"
+	now := time.Now()
+	res, page := postPage(t, c, replay, url.Values{"csrf": {e.csrf(t, c)}, "from": {minute(now.Add(-time.Hour))},
+		"to": {minute(now.Add(time.Minute))}, "type": {"order.placed"}, "return": {"/ops"}})
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	return c, replay, page
 }

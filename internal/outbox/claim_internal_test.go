@@ -151,6 +151,20 @@ func (s *statements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Tra
 
 func (s *statements) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
+// tracedPool is a pool on a database of the test's own whose statements
+// are recorded, to be explained.
+func tracedPool(t *testing.T) (*pgxpool.Pool, *statements) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
+	require.NoError(t, err)
+	trace := &statements{}
+	cfg.ConnConfig.Tracer = trace
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool, trace
+}
+
 // explain runs EXPLAIN (ANALYZE, BUFFERS) of the statement that run issued,
 // with its arguments, in a transaction rolled back afterwards.
 func (s *statements) explain(t *testing.T, pool *pgxpool.Pool, run func(q *outboxdb.Queries) error) string {
@@ -232,14 +246,8 @@ var errRollback = errors.New("rollback")
 func TestRelayStatementsStayOnIndexesWith1000Endpoints(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
-	require.NoError(t, err)
-	trace := &statements{}
-	cfg.ConnConfig.Tracer = trace
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	_, err = pool.Exec(ctx, `
+	pool, trace := tracedPool(t)
+	_, err := pool.Exec(ctx, `
 		INSERT INTO webhook_endpoints (url, secret, event_types)
 		SELECT 'http://127.0.0.1:9/' || g, 'whsec_AAAA', '{order.placed}' FROM generate_series(1, 1000) g;
 		INSERT INTO outbox_messages (event_id, type, destination, status, delivered_at)
@@ -334,17 +342,11 @@ func TestRelayStatementsStayOnIndexesWith1000Endpoints(t *testing.T) {
 func TestClaimGenericPlanStaysOnIndexesWithOneDestination(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
-	require.NoError(t, err)
-	trace := &statements{}
-	cfg.ConnConfig.Tracer = trace
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool, trace := tracedPool(t)
 	token := uuid.New()
 	dest := testEndpoint(t, pool, &token)
 	Seed(t, pool, dest, 20000, "")
-	_, err = pool.Exec(ctx, "ANALYZE")
+	_, err := pool.Exec(ctx, "ANALYZE")
 	require.NoError(t, err)
 	trace.explain(t, pool, func(q *outboxdb.Queries) error {
 		_, err := q.MessageClaim(ctx, outboxdb.MessageClaimParams{ClaimToken: token, RelayID: uuid.New(), Destination: dest, BatchSize: 32})

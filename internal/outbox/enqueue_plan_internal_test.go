@@ -6,10 +6,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/orders/internal/dbtest"
 	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
 )
 
@@ -23,13 +21,7 @@ import (
 func TestEnqueueFindsSubscribersOnAnIndexWith1000Endpoints(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
-	require.NoError(t, err)
-	trace := &statements{}
-	cfg.ConnConfig.Tracer = trace
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool, trace := tracedPool(t)
 	rows, err := pool.Query(ctx, `
 		WITH others AS (
 			INSERT INTO webhook_endpoints (url, secret, event_types)
