@@ -8,8 +8,9 @@
 //	                  own migrations at start
 //	CONSUMER_ADDR     listen address (default 127.0.0.1:8090): POST /webhooks,
 //	                  GET /stats, /healthz, /readyz, /metrics
-//	WEBHOOK_SECRETS   comma-separated whsec_ secrets (required); several are
-//	                  accepted at once while a secret is rotated
+//	WEBHOOK_SECRETS   comma-separated whsec_ secrets (required), keys of at
+//	                  least 24 bytes; several are accepted at once while a
+//	                  secret is rotated
 //	LOG_FORMAT        text or json (default: text on a terminal, else json)
 //	NATS_URL          optional: also apply the events of a JetStream stream
 //	NATS_STREAM       the stream (required with NATS_URL)

@@ -161,8 +161,14 @@ type Verifier struct {
 	Now func() time.Time
 }
 
+// MinVerifierKey is the shortest key a Verifier accepts, in bytes: the
+// Standard Webhooks minimum. A receiver's secrets come from its operator's
+// configuration, and a short key would let anyone who tries enough keys
+// forge its webhooks.
+const MinVerifierKey = 24
+
 // NewVerifier builds a Verifier that accepts signatures made with any of the
-// given secrets. At least one secret is required, because a verifier without
+// given secrets, each of at least MinVerifierKey bytes. At least one secret is required, because a verifier without
 // keys would reject everything and almost certainly indicates a config bug.
 func NewVerifier(secrets ...string) (*Verifier, error) {
 	if len(secrets) == 0 {
@@ -173,6 +179,10 @@ func NewVerifier(secrets ...string) (*Verifier, error) {
 		key, err := ParseSecret(secret)
 		if err != nil {
 			return nil, fmt.Errorf("creating verifier: secret %d: %w", i, err)
+		}
+		if len(key) < MinVerifierKey {
+			return nil, fmt.Errorf("creating verifier: secret %d: %w: a key of %d bytes, at least %d are needed",
+				i, ErrInvalidSecret, len(key), MinVerifierKey)
 		}
 		keys = append(keys, key)
 	}

@@ -145,6 +145,15 @@ func TestNewSignerAndVerifierRejectBadSecrets(t *testing.T) {
 	_, err = webhook.NewVerifier(vectorSecret, "whsec_")
 	require.ErrorIs(t, err, webhook.ErrInvalidSecret)
 	require.ErrorContains(t, err, "secret 1")
+
+	// A key anyone could guess by trying: 3 bytes, and 23.
+	for _, short := range []string{"whsec_AAAA", "whsec_" + base64.StdEncoding.EncodeToString(make([]byte, webhook.MinVerifierKey-1))} {
+		_, err = webhook.NewVerifier(short)
+		require.ErrorIs(t, err, webhook.ErrInvalidSecret, short)
+		require.ErrorContains(t, err, "at least 24")
+	}
+	_, err = webhook.NewVerifier("whsec_" + base64.StdEncoding.EncodeToString(make([]byte, webhook.MinVerifierKey)))
+	require.NoError(t, err)
 }
 
 func TestVerifyRoundTrip(t *testing.T) {
