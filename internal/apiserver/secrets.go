@@ -30,10 +30,18 @@ func parseSecretKeys(env *process.Env) *secretbox.Keyring {
 // warnings are what the api says at start and the ops page shows on every
 // page about its configuration.
 func (c config) warnings() []string {
+	var w []string
 	if c.secretKeys == nil {
-		return []string{secretsInClear}
+		w = append(w, secretsInClear)
 	}
-	return nil
+	if c.adminToken != "" && !c.opsCookieSecure && !loopbackOnly(c.adminListener()) {
+		// The api serves no TLS itself, so without the setting the session
+		// cookie is never Secure: a browser would send it over plain HTTP
+		// to whoever can make it ask.
+		w = append(w, "OPS_COOKIE_SECURE is not set and the ops page listens on "+c.adminListener()+
+			": its session cookie is not marked Secure; behind a proxy that terminates TLS set OPS_COOKIE_SECURE=true (docs/operations.md)")
+	}
+	return w
 }
 
 // reencryptSecrets is `api reencrypt-secrets`: it seals every endpoint's

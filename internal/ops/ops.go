@@ -39,6 +39,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"path"
@@ -295,20 +296,20 @@ func (h *Handler) authed(next http.HandlerFunc) http.Handler {
 
 // authenticate reads the request's credentials. A bearer token counts as a
 // login attempt: a wrong one is throttled like the form's (then throttled is
-// set), and while its client is throttled even the right one is refused.
+// set while its client is throttled); the right one always gets in.
 // Another scheme (Basic, from a proxy that authenticates its users) is not
 // ours: the session cookie decides, and nothing counts as a failed login.
 func (h *Handler) authenticate(r *http.Request) (session, bool, error) {
 	if got, ok := httpjson.BearerToken(r); ok {
+		if h.tokenMatches(got) {
+			return session{via: "bearer"}, true, nil
+		}
 		if wait := h.throttle.wait(clientAddr(r)); wait > 0 {
 			return session{throttled: wait}, false, nil
 		}
-		if !h.tokenMatches(got) {
-			h.throttle.fail(clientAddr(r))
-			h.logger.WarnContext(r.Context(), "ops request refused: wrong bearer token", slog.String("remote_addr", r.RemoteAddr))
-			return session{}, false, nil
-		}
-		return session{via: "bearer"}, true, nil
+		h.throttle.fail(clientAddr(r))
+		h.logger.WarnContext(r.Context(), "ops request refused: wrong bearer token", slog.String("remote_addr", r.RemoteAddr))
+		return session{}, false, nil
 	}
 	c, err := r.Cookie(CookieName)
 	if err != nil {
@@ -322,6 +323,39 @@ func (h *Handler) authenticate(r *http.Request) (session, bool, error) {
 }
 
 // tokenMatches compares in constant time; hashing first hides the length.
+// RequireToken guards next (the admin API) with the admin token as a
+// bearer token, as the ops page's bearer logins are: a wrong one is logged
+// and counts against the page's login throttle (429 while it is
+// throttled), the right one always gets in. Without a token configured the
+// routes are closed (403), never open. A request with no bearer token is
+// refused without counting.
+func (h *Handler) RequireToken(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !h.enabled {
+			httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusForbidden, "admin routes are disabled: the server has no ADMIN_TOKEN"))
+			return
+		}
+		got, ok := httpjson.BearerToken(r)
+		if ok && h.tokenMatches(got) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if ok {
+			addr := clientAddr(r)
+			if wait := h.throttle.wait(addr); wait > 0 {
+				w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
+				httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusTooManyRequests, "too many wrong admin tokens from here: try again later"))
+				return
+			}
+			h.throttle.fail(addr)
+			h.logger.WarnContext(r.Context(), "admin request refused: wrong bearer token", slog.String("remote_addr", r.RemoteAddr),
+				slog.String("path", r.URL.Path))
+		}
+		w.Header().Set("WWW-Authenticate", `Bearer realm="admin"`)
+		httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusUnauthorized, "a valid admin bearer token is required"))
+	})
+}
+
 func (h *Handler) tokenMatches(got string) bool {
 	sum := sha256.Sum256([]byte(got))
 	return subtle.ConstantTimeCompare(sum[:], h.tokenSum[:]) == 1
@@ -426,15 +460,14 @@ func (h *Handler) handleLogin(w http.ResponseWriter, r *http.Request) {
 		h.renderLogin(w, r, http.StatusBadRequest, "The form could not be read.")
 		return
 	}
-	// Checked before the token, so that while throttled even the right
-	// token is refused: guesses meanwhile tell an attacker nothing.
+	// The right token always gets in (see failuresGlobal); a wrong one
+	// while throttled is answered 429, uncounted and unlogged.
 	addr := clientAddr(r)
-	if wait := h.throttle.wait(addr); wait > 0 {
-		h.logger.WarnContext(r.Context(), "ops login refused: too many failed logins", slog.String("remote_addr", r.RemoteAddr))
-		h.renderThrottled(w, r, wait)
-		return
-	}
 	if !h.tokenMatches(r.PostForm.Get("token")) {
+		if wait := h.throttle.wait(addr); wait > 0 {
+			h.renderThrottled(w, r, wait)
+			return
+		}
 		h.throttle.fail(addr)
 		h.logger.WarnContext(r.Context(), "ops login failed", slog.String("remote_addr", r.RemoteAddr))
 		h.renderLogin(w, r, http.StatusUnauthorized, "That is not the admin token.")

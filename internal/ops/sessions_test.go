@@ -2,11 +2,14 @@ package ops_test
 
 import (
 	"context"
+	"github.com/outboxkit/orders/internal/process"
+	"github.com/outboxkit/orders/internal/proctest"
 	"html"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,6 +26,8 @@ import (
 // opsServer serves an ops page on pool with a clock the test moves.
 type opsServer struct {
 	srv   *httptest.Server
+	h     *ops.Handler
+	logs  *proctest.Output
 	mu    sync.Mutex
 	now   time.Time
 	admin *outbox.Admin
@@ -32,9 +37,10 @@ func newOpsServer(t *testing.T, pool *pgxpool.Pool, secure bool) *opsServer {
 	t.Helper()
 	s := &opsServer{now: time.Now()}
 	s.admin = outbox.NewAdmin(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
-	h := ops.New(ops.Options{Admin: s.admin, Pool: pool, Token: token, CookieSecure: secure, SessionTTL: time.Hour,
-		Logger: slog.New(slog.DiscardHandler), Now: func() time.Time { s.mu.Lock(); defer s.mu.Unlock(); return s.now }})
-	s.srv = httptest.NewServer(h)
+	s.logs = &proctest.Output{}
+	s.h = ops.New(ops.Options{Admin: s.admin, Pool: pool, Token: token, CookieSecure: secure, SessionTTL: time.Hour,
+		Logger: process.NewLogger(s.logs, "json"), Now: func() time.Time { s.mu.Lock(); defer s.mu.Unlock(); return s.now }})
+	s.srv = httptest.NewServer(s.h)
 	t.Cleanup(s.srv.Close)
 	return s
 }
@@ -89,9 +95,9 @@ func TestSessionCookieIsSecureWhenConfigured(t *testing.T) {
 }
 
 // Five wrong tokens from one address in a minute are answered 401; from the
-// sixth on the address gets 429 with Retry-After, the right token included,
-// in the form and as a bearer header, until the minute is over. Another
-// address is not affected.
+// sixth on the address's wrong tokens get 429 with Retry-After until the
+// minute is over, in the form and as a bearer header. The right token
+// always gets in: otherwise anyone could lock the operator out.
 func TestFailedLoginsAreThrottled(t *testing.T) {
 	t.Parallel()
 	s := newOpsServer(t, dbtest.Pool(t), false)
@@ -103,22 +109,23 @@ func TestFailedLoginsAreThrottled(t *testing.T) {
 	res, _ := s.login(t, "wrong")
 	require.Equal(t, http.StatusTooManyRequests, res.StatusCode, "the sixth failed login in a minute is throttled")
 	require.Equal(t, "60", res.Header.Get("Retry-After"), "the client is told when to come back")
-
-	res, ck := s.login(t, token)
-	require.Equal(t, http.StatusTooManyRequests, res.StatusCode, "while throttled even the right token is refused")
-	require.Nil(t, ck, "no session while throttled")
-	got, _ := get(t, http.DefaultClient, s.srv.URL+"/ops", "Authorization", "Bearer "+token)
+	got, _ := get(t, http.DefaultClient, s.srv.URL+"/ops", "Authorization", "Bearer wrong")
 	require.Equal(t, http.StatusTooManyRequests, got.StatusCode, "the bearer header is throttled like the form")
 
+	res, ck := s.login(t, token)
+	require.Equal(t, http.StatusSeeOther, res.StatusCode, "while throttled the right token still logs in")
+	require.NotNil(t, ck)
+	got, _ = get(t, http.DefaultClient, s.srv.URL+"/ops", "Authorization", "Bearer "+token)
+	require.Equal(t, http.StatusOK, got.StatusCode, "and works as a bearer header")
+
 	s.advance(30 * time.Second)
-	res, _ = s.login(t, token)
+	res, _ = s.login(t, "wrong")
 	require.Equal(t, http.StatusTooManyRequests, res.StatusCode)
 	require.Equal(t, "30", res.Header.Get("Retry-After"))
 
 	s.advance(30 * time.Second)
-	res, ck = s.login(t, token)
-	require.Equal(t, http.StatusSeeOther, res.StatusCode, "after the window the right token logs in")
-	require.NotNil(t, ck)
+	res, _ = s.login(t, "wrong")
+	require.Equal(t, http.StatusUnauthorized, res.StatusCode, "after the window a wrong token is counted again")
 }
 
 // Wrong bearer tokens count as failed logins too.
@@ -131,8 +138,36 @@ func TestWrongBearerTokensAreThrottled(t *testing.T) {
 	}
 	res, _ := get(t, http.DefaultClient, s.srv.URL+"/ops", "Authorization", "Bearer wrong")
 	require.Equal(t, http.StatusTooManyRequests, res.StatusCode, "the sixth wrong bearer token in a minute is throttled")
-	res, _ = s.login(t, token)
+	res, _ = s.login(t, "wrong")
 	require.Equal(t, http.StatusTooManyRequests, res.StatusCode, "and so is the form from the same address")
+}
+
+// The admin API checks its bearer token as the page does, under the same
+// throttle: wrong tokens are logged and, past the limit, answered 429; the
+// right one always gets through; no token at all is refused uncounted.
+func TestAdminAPITokenSharesTheThrottle(t *testing.T) {
+	t.Parallel()
+	s := newOpsServer(t, dbtest.Pool(t), false)
+	api := httptest.NewServer(s.h.RequireToken(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+	})))
+	t.Cleanup(api.Close)
+	for range 10 {
+		res, _ := get(t, http.DefaultClient, api.URL)
+		require.Equal(t, http.StatusUnauthorized, res.StatusCode, "no token: refused, not counted")
+	}
+	for i := range 5 {
+		res, _ := get(t, http.DefaultClient, api.URL, "Authorization", "Bearer wrong")
+		require.Equal(t, http.StatusUnauthorized, res.StatusCode, "wrong token %d", i+1)
+	}
+	res, _ := get(t, http.DefaultClient, api.URL, "Authorization", "Bearer wrong")
+	require.Equal(t, http.StatusTooManyRequests, res.StatusCode)
+	require.NotEmpty(t, res.Header.Get("Retry-After"))
+	res, _ = s.login(t, "wrong")
+	require.Equal(t, http.StatusTooManyRequests, res.StatusCode, "the page's form counts the API's failures")
+	res, _ = get(t, http.DefaultClient, api.URL, "Authorization", "Bearer "+token)
+	require.Equal(t, http.StatusNoContent, res.StatusCode, "the right token gets through")
+	require.Equal(t, 5, strings.Count(s.logs.String(), "admin request refused: wrong bearer token"), "each counted failure logged once")
 }
 
 // An Authorization header of another scheme (Basic, added by a proxy that

@@ -9,13 +9,16 @@ import (
 	"time"
 )
 
-// Failed logins (a wrong token in the form or in a bearer header) allowed
-// per window, from one client address and from all of them together. Past
-// either, every login from the client (all clients, for the global one) is
-// answered 429 until the window ends, the right token included. The admin
-// token is long and random, so this is not what keeps it from being
-// guessed; it keeps a guessing client from costing anything, and makes one
-// show in the logs.
+// Failed logins (a wrong token in the form or in a bearer header, on the
+// ops page or the admin API) allowed per window, from one client address
+// and from all of them together. Past either, every wrong token from the
+// client (all clients, for the global one) is answered 429 until the window
+// ends, without being compared or logged again. The right token always gets
+// in: refusing it too would let anyone who can send 100 wrong tokens a
+// minute (or 5 from behind the operator's own proxy) lock the operator out.
+// The admin token is long and random, so the throttle is not what keeps it
+// from being guessed; it keeps a guessing client from costing anything, and
+// makes one show in the logs.
 const (
 	failuresPerAddr = 5
 	failuresGlobal  = 100
@@ -86,14 +89,19 @@ func (t *throttle) fail(addr string) {
 }
 
 // clientAddr is the address a request came from: the peer's IP, never a
-// forwarded-for header, which any client can write. Behind a proxy every
-// client shares the proxy's address, and so its limit.
+// forwarded-for header, which any client can write; for IPv6 its /64, which
+// one client holds whole. Behind a proxy every client shares the proxy's
+// address, and so its limit.
 func clientAddr(r *http.Request) string {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
-		return r.RemoteAddr
+		host = r.RemoteAddr
 	}
-	return host
+	ip := net.ParseIP(host)
+	if ip == nil || ip.To4() != nil {
+		return host
+	}
+	return (&net.IPNet{IP: ip.Mask(net.CIDRMask(64, 128)), Mask: net.CIDRMask(64, 128)}).String()
 }
 
 // renderThrottled answers a throttled login with 429 and when to come back.
