@@ -69,6 +69,9 @@ const minInboxRetention = 31 * time.Hour
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// The first signal starts a graceful stop; a second one, with Go's
+	// default handling restored, ends the process at once.
+	context.AfterFunc(ctx, stop)
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "consumer:", err)
 		os.Exit(1)
@@ -91,7 +94,7 @@ func parseConfig(getenv func(string) string) (config, error) {
 	env := process.NewEnv(getenv)
 	c := config{
 		databaseURL: env.DatabaseURL(),
-		addr:        env.String("CONSUMER_ADDR", "127.0.0.1:8090"),
+		addr:        env.Addr("CONSUMER_ADDR", "127.0.0.1:8090"),
 		logFormat:   env.OneOf("LOG_FORMAT", "", "", "text", "json"),
 		natsURL:     getenv("NATS_URL"),
 		natsStream:  getenv("NATS_STREAM"),

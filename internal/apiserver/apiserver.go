@@ -60,8 +60,8 @@ func parseConfig(getenv func(string) string) (config, error) {
 	env := process.NewEnv(getenv)
 	c := config{
 		databaseURL:     env.DatabaseURL(),
-		addr:            env.String("API_ADDR", "127.0.0.1:8080"),
-		adminAddr:       env.String("ADMIN_ADDR", ""),
+		addr:            env.Addr("API_ADDR", "127.0.0.1:8080"),
+		adminAddr:       env.Addr("ADMIN_ADDR", ""),
 		adminToken:      getenv("ADMIN_TOKEN"),
 		logFormat:       env.OneOf("LOG_FORMAT", "", "", "text", "json"),
 		allowPrivate:    env.Bool("OUTBOX_ALLOW_PRIVATE_TARGETS", false),

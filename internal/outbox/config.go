@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"time"
 
+	"github.com/riverqueue/river"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxkit/orders/internal/secretbox"
@@ -158,6 +159,14 @@ type FieldError struct {
 // Error implements error.
 func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
 
+// riverFetchCooldown is the relay's River client's FetchCooldown: River
+// refuses a poll interval shorter than it.
+const riverFetchCooldown = 10 * time.Millisecond
+
+// maxCount bounds the relay's per-destination counts (DestinationConcurrency,
+// BatchSize).
+const maxCount = 10_000
+
 // Validate reports settings that cannot work together, as *FieldError values
 // joined with errors.Join.
 func (c RelayConfig) Validate() error {
@@ -210,6 +219,32 @@ func (c RelayConfig) Validate() error {
 	// busy database could make live relays look dead.
 	if c.RelayTimeout > 0 && c.RelayTimeout < time.Second {
 		fail("RelayTimeout", "must be at least 1s, got %s", c.RelayTimeout)
+	}
+	// River's own bounds, checked here so that a bad value is refused with
+	// the others before anything touches the database: it polls no more
+	// often than its fetch cooldown (relay.go), and runs at most
+	// river.QueueNumWorkersMax workers on a queue.
+	if c.PollInterval < riverFetchCooldown {
+		fail("PollInterval", "must be at least %s, got %s", riverFetchCooldown, c.PollInterval)
+	}
+	if c.DeliverWorkers > river.QueueNumWorkersMax {
+		fail("DeliverWorkers", "must be at most %d, got %d", river.QueueNumWorkersMax, c.DeliverWorkers)
+	}
+	// Each in flight holds a slot allocated up front, and a claim a row per
+	// message: a typo of a few zeros must not take the worker's memory.
+	if c.DestinationConcurrency > maxCount {
+		fail("DestinationConcurrency", "must be at most %d, got %d", maxCount, c.DestinationConcurrency)
+	}
+	if c.BatchSize > maxCount {
+		fail("BatchSize", "must be at most %d, got %d", maxCount, c.BatchSize)
+	}
+	for name, d := range map[string]time.Duration{"DeliveryTimeout": c.DeliveryTimeout, "PollInterval": c.PollInterval,
+		"ClaimTimeout": c.ClaimTimeout} {
+		// Summed below; a year is past any sensible value and far from
+		// the overflow of a sum.
+		if d > longestWait {
+			fail(name, "must be at most %s, got %s", longestWait, d)
+		}
 	}
 	// A claim lives as long as its request plus the time to record it; a
 	// claim timeout within that would release requests still in flight.

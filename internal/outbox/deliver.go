@@ -405,7 +405,7 @@ func (s *session) claim(ctx context.Context, n int) ([]outboxdb.MessageClaimRow,
 	}
 	if len(rows) > 0 {
 		s.r.metrics.claimed.Add(float64(len(rows)))
-		now := time.Now().UnixNano()
+		now := s.r.now().UnixNano()
 		s.r.progressAt.Store(now)
 		s.r.claimedAt.Store(now)
 	}
@@ -435,7 +435,7 @@ func (s *session) send(ctx context.Context, row outboxdb.MessageClaimRow, dest D
 		s.results <- sent{row: row, notSent: true}
 		return
 	}
-	started := time.Now()
+	started := r.now()
 	spanCtx, span, header := r.startDeliverSpan(ctx, s.dest, row)
 	body := webhookBody(row.EventID, row.Type, row.CreatedAt, row.Payload)
 	reqCtx, cancel := context.WithTimeout(spanCtx, r.cfg.DeliveryTimeout)
@@ -448,7 +448,7 @@ func (s *session) send(ctx context.Context, row outboxdb.MessageClaimRow, dest D
 		})
 	}
 	cancel()
-	s.results <- sent{row: row, res: res, span: span, started: started, finished: time.Now(),
+	s.results <- sent{row: row, res: res, span: span, started: started, finished: r.now(),
 		interrupted: res.Err != nil && ctx.Err() != nil}
 }
 
@@ -475,7 +475,7 @@ func (s *session) handle(ctx context.Context, res sent) {
 			s.probeFailed = true
 		}
 		if o.retryAfter > 0 {
-			s.retryAfter = maxTime(s.retryAfter, o.finished.Add(o.retryAfter))
+			s.retryAfter = maxTime(s.retryAfter, s.r.dbTime(o.finished).Add(o.retryAfter))
 		}
 	default:
 		// The receiver answered (it may still have refused this message):
@@ -673,8 +673,8 @@ func (s *session) recordParams(outcomes []outcome) outboxdb.MessagesRecordOutcom
 		p.LastErrors = append(p.LastErrors, truncate(o.err, 500))
 		p.Attempts = append(p.Attempts, int32(o.attempt))
 		p.Outcomes = append(p.Outcomes, o.label)
-		p.StartedAts = append(p.StartedAts, o.started)
-		p.FinishedAts = append(p.FinishedAts, o.finished)
+		p.StartedAts = append(p.StartedAts, s.r.dbTime(o.started))
+		p.FinishedAts = append(p.FinishedAts, s.r.dbTime(o.finished))
 		p.StatusCodes = append(p.StatusCodes, int32(o.code))
 	}
 	return p
@@ -804,7 +804,7 @@ func (s *session) verdict() (health string, backoffUntil *time.Time, reason *str
 			// doubles the wait before the next.
 			s.failures = cfg.CircuitThreshold
 		}
-		until := time.Now().Add(cfg.probeDelay(s.failures - cfg.CircuitThreshold))
+		until := s.r.dbNow().Add(cfg.probeDelay(s.failures - cfg.CircuitThreshold))
 		until = maxTime(until, s.retryAfter)
 		why := truncate(s.lastFailure, 500)
 		return HealthBackingOff, &until, &why

@@ -45,7 +45,7 @@ func (w *pruneWorker) Timeout(*river.Job[pruneArgs]) time.Duration { return prun
 
 func (w *pruneWorker) Work(ctx context.Context, job *river.Job[pruneArgs]) error {
 	r := w.relay
-	now := time.Now()
+	now := r.dbNow() // the cutoffs are compared with the rows' times, which the database wrote
 	n, failed, err := r.prune(ctx, now.Add(-r.cfg.Retention), now.Add(-r.cfg.FailedRetention))
 	if n > 0 {
 		r.logger.InfoContext(ctx, "pruned settled messages", slog.Int64("count", n),

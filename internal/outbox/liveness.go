@@ -3,6 +3,7 @@ package outbox
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -78,19 +79,23 @@ func (r *Relay) beat(ctx context.Context, conn *pgx.Conn) error {
 	q := outboxdb.New(conn)
 	var claimed *time.Time
 	if ns := r.claimedAt.Load(); ns != 0 {
-		t := time.Unix(0, ns)
+		t := r.dbTime(time.Unix(0, ns))
 		claimed = &t
 	}
-	n, err := q.RelayHeartbeat(ctx, claimed, r.id)
-	if err != nil {
+	sent := r.now()
+	dbNow, err := q.RelayHeartbeat(ctx, claimed, r.id)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("heartbeat: %w", err)
 	}
-	if n == 0 {
+	if err == nil {
+		r.measureSkew(sent, dbNow)
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
 		// Declared dead while alive (a long pause, a lost connection): its
 		// claims and leases were released and may be served elsewhere now.
 		// Its jobs find their leases gone and stop claiming.
 		host, _ := os.Hostname()
-		if err := q.RelayRegister(ctx, r.register(host)); err != nil {
+		if _, err := q.RelayRegister(ctx, r.register(host)); err != nil {
 			return fmt.Errorf("registering again: %w", err)
 		}
 		r.logger.WarnContext(ctx, "this relay was declared dead by another and has registered again; its claims were released",

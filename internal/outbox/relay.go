@@ -66,6 +66,12 @@ type Relay struct {
 	// progressAt is when this relay last claimed something (Unix nanos),
 	// or when it started.
 	progressAt atomic.Int64
+	// now is the relay's clock (time.Now; another in the tests of a
+	// skewed clock), and skew how far the database's is ahead of it (in
+	// nanoseconds, measured at each heartbeat): dbTime turns one into the
+	// other for every time the relay writes.
+	now  func() time.Time
+	skew atomic.Int64
 
 	client *river.Client[pgx.Tx]
 	// drain is closed when Stop begins: deliver jobs stop claiming, finish
@@ -103,9 +109,26 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig, transport Transport, logger *
 	}
 	r := &Relay{pool: pool, cfg: cfg.withDefaults(), transport: transport, logger: logger, metrics: metrics,
 		tracer: cfg.tracer(), id: uuid.New(), drain: make(chan struct{}),
-		dispatchNow: make(chan struct{}, 1), sessions: map[uuid.UUID]chan struct{}{}}
+		dispatchNow: make(chan struct{}, 1), sessions: map[uuid.UUID]chan struct{}{}, now: time.Now}
 	r.progressAt.Store(time.Now().UnixNano())
 	return r, nil
+}
+
+// dbTime is t, a time of the relay's clock, on the database's clock: what
+// the relay writes is compared with now() there (a backoff's end, a prune's
+// cutoff), so a worker whose clock is an hour ahead would otherwise back a
+// destination off for an hour, or prune what is not yet due.
+func (r *Relay) dbTime(t time.Time) time.Time { return t.Add(time.Duration(r.skew.Load())) }
+
+// dbNow is the database's clock, as the relay last measured it.
+func (r *Relay) dbNow() time.Time { return r.dbTime(r.now()) }
+
+// measureSkew keeps how far the database's clock, read as dbNow by a
+// statement sent at sent, is ahead of the relay's: the database read it
+// about halfway through the round trip.
+func (r *Relay) measureSkew(sent, dbNow time.Time) {
+	back := r.now()
+	r.skew.Store(int64(dbNow.Sub(sent.Add(back.Sub(sent) / 2))))
 }
 
 // Start registers the relay, starts its River client and its loops
@@ -116,11 +139,16 @@ func (r *Relay) Start(ctx context.Context) error {
 		return errors.New("outbox: relay already started")
 	}
 	host, _ := os.Hostname()
-	if err := outboxdb.New(r.pool).RelayRegister(ctx, r.register(host)); err != nil {
+	sent := r.now()
+	dbNow, err := outboxdb.New(r.pool).RelayRegister(ctx, r.register(host))
+	if err != nil {
 		return fmt.Errorf("registering relay: %w", err)
 	}
+	r.measureSkew(sent, dbNow)
 	client, err := r.newRiverClient()
 	if err != nil {
+		// Not left registered: a relay that never ran has nothing to release.
+		_ = outboxdb.New(r.pool).RelayUnregister(context.WithoutCancel(ctx), r.id)
 		return err
 	}
 	// Set before River starts: a job that settles reads it.
@@ -130,6 +158,7 @@ func (r *Relay) Start(ctx context.Context) error {
 	// grace period; Stop does the stopping instead.
 	if err := client.Start(context.WithoutCancel(ctx)); err != nil {
 		r.client = nil
+		_ = outboxdb.New(r.pool).RelayUnregister(context.WithoutCancel(ctx), r.id)
 		return fmt.Errorf("starting river: %w", err)
 	}
 	base := context.WithoutCancel(ctx)
@@ -230,7 +259,7 @@ func (r *Relay) newRiverClient() (*river.Client[pgx.Tx], error) {
 		// however many relays run, and a late one costs nothing.
 		PeriodicJobs: r.periodicJobs(),
 		// Deliver jobs should start as soon as they are inserted.
-		FetchCooldown:     10 * time.Millisecond,
+		FetchCooldown:     riverFetchCooldown,
 		FetchPollInterval: r.cfg.PollInterval,
 		// A job stuck in a dead process is rescued only after the longest
 		// any job may run; recovering a dead relay's deliveries does not

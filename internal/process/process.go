@@ -47,6 +47,29 @@ func (e *Env) String(name, def string) string {
 	return def
 }
 
+// Addr returns a listen address, host:port (the host may be empty, the port
+// a number, 0 for any free one), or def when unset; "" when def is and the
+// variable is unset. A listener's typo is refused with the other settings,
+// before the process starts anything.
+func (e *Env) Addr(name, def string) string {
+	v := e.String(name, def)
+	if v == "" {
+		return ""
+	}
+	_, port, err := net.SplitHostPort(v)
+	if err == nil {
+		var n int
+		n, err = strconv.Atoi(port)
+		if err == nil && (n < 0 || n > 65535) {
+			err = fmt.Errorf("port %d out of range", n)
+		}
+	}
+	if err != nil {
+		e.Fail(name, fmt.Errorf("want host:port, such as 127.0.0.1:8080, got %q: %w", v, err))
+	}
+	return v
+}
+
 // Duration parses a Go duration (such as 500ms or 2m); it must be positive.
 func (e *Env) Duration(name string, def time.Duration) time.Duration {
 	v := e.getenv(name)

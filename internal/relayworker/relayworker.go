@@ -51,7 +51,7 @@ func parseConfig(getenv func(string) string) (config, error) {
 	env := process.NewEnv(getenv)
 	c := defaults()
 	c.databaseURL = env.DatabaseURL()
-	c.addr = env.String("WORKER_ADDR", "127.0.0.1:8081")
+	c.addr = env.Addr("WORKER_ADDR", "127.0.0.1:8081")
 	c.logFormat = env.OneOf("LOG_FORMAT", "", "", "text", "json")
 	c.allowPrivate = env.Bool("OUTBOX_ALLOW_PRIVATE_TARGETS", false)
 	c.tracing = telemetry.FromEnv(env, "orders-worker")

@@ -343,6 +343,18 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"zero destination concurrency", map[string]string{"OUTBOX_DESTINATION_CONCURRENCY": "0"}, []string{"OUTBOX_DESTINATION_CONCURRENCY"}},
 		{"circuit threshold not a number", map[string]string{"OUTBOX_CIRCUIT_THRESHOLD": "five"}, []string{"OUTBOX_CIRCUIT_THRESHOLD"}},
 		{"backoff max below base", map[string]string{"OUTBOX_BACKOFF_BASE": "1m", "OUTBOX_BACKOFF_MAX": "1s"}, []string{"OUTBOX_BACKOFF_MAX"}},
+		// River's own bounds, and values a typo makes, refused before the
+		// database is touched (they failed after migrating, or ran the
+		// worker out of memory at its first delivery).
+		{"poll interval below River's fetch cooldown", map[string]string{"OUTBOX_POLL_INTERVAL": "5ms"}, []string{"OUTBOX_POLL_INTERVAL"}},
+		{"more deliver workers than River runs", map[string]string{"OUTBOX_DELIVER_WORKERS": "20000"}, []string{"OUTBOX_DELIVER_WORKERS"}},
+		{"destination concurrency in the billions", map[string]string{"OUTBOX_DESTINATION_CONCURRENCY": "2000000000"},
+			[]string{"OUTBOX_DESTINATION_CONCURRENCY"}},
+		{"batch size in the millions", map[string]string{"OUTBOX_BATCH_SIZE": "5000000"}, []string{"OUTBOX_BATCH_SIZE"}},
+		{"delivery timeout whose sum overflows", map[string]string{"OUTBOX_DELIVERY_TIMEOUT": "2562047h47m10s"},
+			[]string{"OUTBOX_DELIVERY_TIMEOUT"}},
+		{"listen address without a port", map[string]string{"WORKER_ADDR": "nonsense"}, []string{"WORKER_ADDR"}},
+		{"listen port out of range", map[string]string{"WORKER_ADDR": "127.0.0.1:99999"}, []string{"WORKER_ADDR"}},
 		{"malformed database url", map[string]string{"DATABASE_URL": "postgres://%zz"}, []string{"DATABASE_URL"}},
 		// A production process never guesses a database (cmd/dev does).
 		{"no database url", map[string]string{"DATABASE_URL": ""}, []string{"DATABASE_URL: required"}},

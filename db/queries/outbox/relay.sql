@@ -2,20 +2,26 @@
 -- destinations have work, and the lease that lets one deliver job at a time
 -- serve a destination.
 
--- name: RelayRegister :exec
+-- name: RelayRegister :one
 -- Registers a relay process, or brings back one that was declared dead
--- while it lived (a long pause, a lost connection).
+-- while it lived (a long pause, a lost connection). Returns the database's
+-- clock, as RelayHeartbeat does.
 INSERT INTO outbox_relays (id, hostname, pid, timeout_seconds)
 VALUES (@id, @hostname, @pid, @timeout_seconds)
-ON CONFLICT (id) DO UPDATE SET heartbeat_at = now();
+ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
+RETURNING now()::timestamptz AS db_now;
 
--- name: RelayHeartbeat :execrows
--- No row means another relay declared this one dead and released its work.
--- @last_claim_at is the relay's latest claim (NULL before its first); it
--- only moves forward.
+-- name: RelayHeartbeat :one
+-- No row (pgx.ErrNoRows) means another relay declared this one dead and
+-- released its work. @last_claim_at is the relay's latest claim (NULL
+-- before its first), on the database's clock; it only moves forward.
+-- Returns the database's clock, which the relay keeps its own against: the
+-- times it writes (backoffs, attempts, prune cutoffs) are compared with
+-- now() by other processes, and a worker's clock may be off.
 UPDATE outbox_relays
 SET heartbeat_at = now(), last_claim_at = GREATEST(last_claim_at, sqlc.narg(last_claim_at))
-WHERE id = @id;
+WHERE id = @id
+RETURNING now()::timestamptz AS db_now;
 
 -- name: RelayUnregister :exec
 DELETE FROM outbox_relays WHERE id = @id;

@@ -228,28 +228,32 @@ func (q *Queries) DestinationsReleaseLeases(ctx context.Context, relayIds []uuid
 	return err
 }
 
-const relayHeartbeat = `-- name: RelayHeartbeat :execrows
+const relayHeartbeat = `-- name: RelayHeartbeat :one
 UPDATE outbox_relays
 SET heartbeat_at = now(), last_claim_at = GREATEST(last_claim_at, $1)
 WHERE id = $2
+RETURNING now()::timestamptz AS db_now
 `
 
-// No row means another relay declared this one dead and released its work.
-// @last_claim_at is the relay's latest claim (NULL before its first); it
-// only moves forward.
-func (q *Queries) RelayHeartbeat(ctx context.Context, lastClaimAt *time.Time, iD uuid.UUID) (int64, error) {
-	result, err := q.db.Exec(ctx, relayHeartbeat, lastClaimAt, iD)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+// No row (pgx.ErrNoRows) means another relay declared this one dead and
+// released its work. @last_claim_at is the relay's latest claim (NULL
+// before its first), on the database's clock; it only moves forward.
+// Returns the database's clock, which the relay keeps its own against: the
+// times it writes (backoffs, attempts, prune cutoffs) are compared with
+// now() by other processes, and a worker's clock may be off.
+func (q *Queries) RelayHeartbeat(ctx context.Context, lastClaimAt *time.Time, iD uuid.UUID) (time.Time, error) {
+	row := q.db.QueryRow(ctx, relayHeartbeat, lastClaimAt, iD)
+	var db_now time.Time
+	err := row.Scan(&db_now)
+	return db_now, err
 }
 
-const relayRegister = `-- name: RelayRegister :exec
+const relayRegister = `-- name: RelayRegister :one
 
 INSERT INTO outbox_relays (id, hostname, pid, timeout_seconds)
 VALUES ($1, $2, $3, $4)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
+RETURNING now()::timestamptz AS db_now
 `
 
 type RelayRegisterParams struct {
@@ -263,15 +267,18 @@ type RelayRegisterParams struct {
 // destinations have work, and the lease that lets one deliver job at a time
 // serve a destination.
 // Registers a relay process, or brings back one that was declared dead
-// while it lived (a long pause, a lost connection).
-func (q *Queries) RelayRegister(ctx context.Context, arg RelayRegisterParams) error {
-	_, err := q.db.Exec(ctx, relayRegister,
+// while it lived (a long pause, a lost connection). Returns the database's
+// clock, as RelayHeartbeat does.
+func (q *Queries) RelayRegister(ctx context.Context, arg RelayRegisterParams) (time.Time, error) {
+	row := q.db.QueryRow(ctx, relayRegister,
 		arg.ID,
 		arg.Hostname,
 		arg.Pid,
 		arg.TimeoutSeconds,
 	)
-	return err
+	var db_now time.Time
+	err := row.Scan(&db_now)
+	return db_now, err
 }
 
 const relayUnregister = `-- name: RelayUnregister :exec
