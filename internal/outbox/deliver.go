@@ -405,9 +405,11 @@ func (s *session) claim(ctx context.Context, n int) ([]outboxdb.MessageClaimRow,
 	}
 	if len(rows) > 0 {
 		s.r.metrics.claimed.Add(float64(len(rows)))
-		now := s.r.now().UnixNano()
-		s.r.progressAt.Store(now)
-		s.r.claimedAt.Store(now)
+		// progressAt measures idleness on this process's clock;
+		// claimedAt is written to the database (on its clock, by the
+		// heartbeat).
+		s.r.progressAt.Store(time.Now().UnixNano())
+		s.r.claimedAt.Store(s.r.now().UnixNano())
 	}
 	return rows, nil
 }

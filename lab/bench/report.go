@@ -265,7 +265,7 @@ them, was no faster (two paired runs, 8,883 and 8,383 against 9,603 and
 9,139 msgs/s). RabbitMQ with publisher confirms is slower to ack, so the
 floor is close to its raw loop and the relay near half of it, on either
 side of the target from run to run (0.39 to 0.70 in eleven single-run
-pairs of ` + "`" + `-only brokers` + "`" + ` on one day, 0.52 and 0.48 in two full runs). The
+pairs of ` + "`" + `-only brokers` + "`" + ` on one day; from 0.48 to 0.53 in four full runs). The
 rate grows with more destinations (each has its own job) and with
 ` + "`" + `OUTBOX_DESTINATION_CONCURRENCY` + "`" + `.
 
