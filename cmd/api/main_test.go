@@ -1,7 +1,6 @@
 package main
 
 import (
-	"net/http"
 	"testing"
 	"time"
 
@@ -16,14 +15,6 @@ func TestStopsOnSIGTERM(t *testing.T) {
 	t.Parallel()
 	bin := proctest.Build(t, "github.com/outboxkit/orders/cmd/api")
 	addr := proctest.FreeAddr(t)
-	ready := func() bool {
-		res, err := http.Get("http://" + addr + "/readyz")
-		if err != nil {
-			return false
-		}
-		res.Body.Close()
-		return res.StatusCode == http.StatusOK
-	}
 	proctest.RequireStopsOnSIGTERM(t, bin, map[string]string{"DATABASE_URL": dbtest.URL(t), "API_ADDR": addr, "LOG_FORMAT": "json"},
-		ready, 15*time.Second, `"msg":"api stopped"`)
+		func() bool { return proctest.Ready(addr) }, 15*time.Second, `"msg":"api stopped"`)
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
 	"syscall"
 	"testing"
 	"time"
@@ -24,16 +22,8 @@ func TestStopsOnSIGTERM(t *testing.T) {
 	t.Parallel()
 	bin := proctest.Build(t, "github.com/outboxkit/orders/cmd/worker")
 	addr := proctest.FreeAddr(t)
-	ready := func() bool {
-		res, err := http.Get("http://" + addr + "/readyz")
-		if err != nil {
-			return false
-		}
-		res.Body.Close()
-		return res.StatusCode == http.StatusOK
-	}
 	proctest.RequireStopsOnSIGTERM(t, bin, map[string]string{"DATABASE_URL": dbtest.URL(t), "WORKER_ADDR": addr, "LOG_FORMAT": "json"},
-		ready, 15*time.Second, `"msg":"relay stopped"`)
+		func() bool { return proctest.Ready(addr) }, 15*time.Second, `"msg":"relay stopped"`)
 }
 
 // A second SIGTERM ends the worker at once: the first starts a graceful
@@ -62,23 +52,10 @@ func TestASecondSignalEndsItAtOnce(t *testing.T) {
 	bin := proctest.Build(t, "github.com/outboxkit/orders/cmd/worker")
 	addr := proctest.FreeAddr(t)
 	dbURL := dbtest.URL(t)
-	cmd := exec.Command(bin)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "DATABASE_URL=" + dbURL, "WORKER_ADDR=" + addr,
-		"LOG_FORMAT=json", "OUTBOX_ALLOW_PRIVATE_TARGETS=true"}
-	var out proctest.Output
-	cmd.Stdout, cmd.Stderr = &out, &out
-	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	require.Eventually(t, func() bool {
-		res, err := http.Get("http://" + addr + "/readyz")
-		if err != nil {
-			return false
-		}
-		res.Body.Close()
-		return res.StatusCode == http.StatusOK
-	}, 60*time.Second, 20*time.Millisecond, "the worker becomes ready")
+	p := proctest.Start(t, bin, map[string]string{"DATABASE_URL": dbURL, "WORKER_ADDR": addr,
+		"LOG_FORMAT": "json", "OUTBOX_ALLOW_PRIVATE_TARGETS": "true"})
+	cmd, out, exited := p.Cmd, p.Out, p.Exited
+	require.Eventually(t, func() bool { return proctest.Ready(addr) }, 60*time.Second, 20*time.Millisecond, "the worker becomes ready")
 
 	pool, err := pgxpool.New(ctx, dbURL)
 	require.NoError(t, err)

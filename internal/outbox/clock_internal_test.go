@@ -2,14 +2,12 @@ package outbox
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/dbtest"
-	"github.com/outboxkit/orders/internal/netguard"
 )
 
 // A worker whose clock is off writes the times that others compare with
@@ -26,18 +24,9 @@ func TestRelayWritesTimesOnTheDatabasesClock(t *testing.T) {
 			t.Parallel()
 			pool := dbtest.Pool(t)
 			ctx := context.Background()
-			r, err := NewRelay(pool, RelayConfig{}, &HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
-				slog.New(slog.DiscardHandler), nil)
-			require.NoError(t, err)
-			r.now = func() time.Time { return time.Now().Add(skew) }
 			ep := testEndpoint(t, pool, nil) // 127.0.0.1:1 refuses connections
 			Seed(t, pool, ep, 10, "")
-			require.NoError(t, r.Start(ctx))
-			t.Cleanup(func() {
-				stop, cancel := context.WithTimeout(ctx, 20*time.Second)
-				defer cancel()
-				_ = r.Stop(stop)
-			})
+			r := startRelay(t, pool, func(r *Relay) { r.now = func() time.Time { return time.Now().Add(skew) } })
 
 			var left time.Duration
 			require.Eventually(t, func() bool {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/dbtest"
@@ -20,15 +21,7 @@ func TestASlowSettleRetryDoesNotHoldTheHeartbeat(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.Pool(t)
 	ctx := context.Background()
-	r, err := NewRelay(pool, RelayConfig{}, &HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
-		slog.New(slog.DiscardHandler), nil)
-	require.NoError(t, err)
-	require.NoError(t, r.Start(ctx))
-	t.Cleanup(func() {
-		stop, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		_ = r.Stop(stop)
-	})
+	r := startRelay(t, pool, nil)
 	blocked := make(chan struct{}, 1)
 	r.deferSettle(func(ctx context.Context) error {
 		select {
@@ -49,4 +42,24 @@ func TestASlowSettleRetryDoesNotHoldTheHeartbeat(t *testing.T) {
 		oldest = max(oldest, age)
 	}
 	require.Less(t, oldest, timeout/2, "the heartbeat kept its pace beside the blocked retry")
+}
+
+// startRelay starts a relay at the defaults, with webhooks to loopback
+// allowed, after before (if not nil) had a look at it; it stops when the
+// test ends.
+func startRelay(t *testing.T, pool *pgxpool.Pool, before func(*Relay)) *Relay {
+	t.Helper()
+	r, err := NewRelay(pool, RelayConfig{}, &HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
+		slog.New(slog.DiscardHandler), nil)
+	require.NoError(t, err)
+	if before != nil {
+		before(r)
+	}
+	require.NoError(t, r.Start(context.Background()))
+	t.Cleanup(func() {
+		stop, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_ = r.Stop(stop)
+	})
+	return r
 }

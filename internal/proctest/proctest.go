@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path"
@@ -95,23 +96,50 @@ func Build(t testing.TB, pkg string) string {
 	return bin
 }
 
-// RequireStopsOnSIGTERM runs the program bin with env, waits until ready
-// reports true, sends it SIGTERM and requires it to exit 0 within grace,
-// with lastLine (a log message) in its last line. It returns the
-// program's output.
-func RequireStopsOnSIGTERM(t testing.TB, bin string, env map[string]string, ready func() bool, grace time.Duration, lastLine string) string {
+// Process is a program a test started (Start).
+type Process struct {
+	Cmd *exec.Cmd
+	// Out is what it wrote, stdout and stderr together.
+	Out *Output
+	// Exited receives its exit (cmd.Wait's error) once.
+	Exited chan error
+}
+
+// Start runs the program bin with env and nothing else of the test's
+// environment but PATH, HOME and TMPDIR; it is killed when t ends.
+func Start(t testing.TB, bin string, env map[string]string) *Process {
 	t.Helper()
 	cmd := exec.Command(bin)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "TMPDIR=" + os.TempDir()}
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
-	var out Output
-	cmd.Stdout, cmd.Stderr = &out, &out
+	p := &Process{Cmd: cmd, Out: &Output{}, Exited: make(chan error, 1)}
+	cmd.Stdout, cmd.Stderr = p.Out, p.Out
 	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	go func() { p.Exited <- cmd.Wait() }()
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	return p
+}
+
+// Ready reports whether GET http://addr/readyz answers 200.
+func Ready(addr string) bool {
+	res, err := http.Get("http://" + addr + "/readyz")
+	if err != nil {
+		return false
+	}
+	res.Body.Close()
+	return res.StatusCode == http.StatusOK
+}
+
+// RequireStopsOnSIGTERM runs the program bin with env, waits until ready
+// reports true, sends it SIGTERM and requires it to exit 0 within grace,
+// with lastLine (a log message) in its last line. It returns the
+// program's output.
+func RequireStopsOnSIGTERM(t testing.TB, bin string, env map[string]string, ready func() bool, grace time.Duration, lastLine string) string {
+	t.Helper()
+	p := Start(t, bin, env)
+	cmd, out, exited := p.Cmd, p.Out, p.Exited
 	require.Eventually(t, func() bool {
 		select {
 		case err := <-exited:
