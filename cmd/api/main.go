@@ -19,11 +19,16 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	// The first signal starts a graceful stop; a second one, with Go's
-	// default handling restored, ends the process at once.
-	context.AfterFunc(ctx, stop)
+	// The first signal starts a graceful stop, once Go's default handling
+	// is back, so that a second one ends the process at once.
+	signals, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-signals.Done()
+		stop()
+		cancel()
+	}()
 	if err := apiserver.Run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "api:", err)
 		os.Exit(1)
