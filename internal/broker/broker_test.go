@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,6 +84,37 @@ func TestNATSPublishesACloudEventOnceByEventID(t *testing.T) {
 	require.Equal(t, "o-1", h.Get("ce-partitionkey"))
 	require.Equal(t, "application/json", h.Get("content-type"))
 	require.Equal(t, d.Header.Get("traceparent"), h.Get("traceparent"), "the trace continues through the broker")
+}
+
+// One stream may capture the subjects of two destinations of an event.
+// JetStream deduplicates on Nats-Msg-Id per stream, so the second publish
+// is acked as a duplicate and never stored on its subject: that must be a
+// failed attempt naming the cause, not a delivery.
+func TestNATSDuplicateOnAnotherSubjectIsAFailure(t *testing.T) {
+	t.Parallel()
+	_, js := brokertest.JetStream(t)
+	id := strings.ReplaceAll(uuid.NewString(), "-", "")
+	name, prefix := "OUTBOXTWO_"+id, "outboxtwo."+id
+	s, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: name, Subjects: []string{prefix + ".>"}, Duplicates: time.Minute})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
+	tr := broker.NewNATS(natsURL(), source)
+	t.Cleanup(tr.Close)
+
+	billing := delivery(t, "nats:"+prefix+".billing", "o-1")
+	require.True(t, tr.Deliver(ctxT(t), billing).Acked)
+	audit := delivery(t, "nats:"+prefix+".audit", "o-1")
+	audit.EventID = billing.EventID
+	res := tr.Deliver(ctxT(t), audit)
+	require.False(t, res.Acked, "the stream holds the event on billing's subject only: audit's copy was dropped")
+	require.ErrorContains(t, res.Err, "one stream captures two destinations of the event")
+	require.ErrorContains(t, res.Err, prefix+".billing")
+
+	// A retry to the same subject is still the duplicate it should be.
+	require.True(t, tr.Deliver(ctxT(t), billing).Acked)
+	info, err := s.Info(ctxT(t))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, info.State.Msgs)
 }
 
 func TestNATSFailuresAreClearErrors(t *testing.T) {

@@ -77,13 +77,42 @@ func (t *NATS) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result {
 		msg.Header.Set(a.name, a.value)
 	}
 	msg.Header.Set("content-type", contentType)
-	if _, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(d.EventID.String())); err != nil {
+	ack, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(d.EventID.String()))
+	if err != nil {
 		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
 			err = fmt.Errorf("no JetStream stream captures subject %q: %w", dest.Name, err)
 		}
 		return outbox.Result{Err: fmt.Errorf("publishing to JetStream: %w", err)}
 	}
+	if ack.Duplicate {
+		if err := sameSubject(ctx, js, ack, dest.Name); err != nil {
+			return outbox.Result{Err: err}
+		}
+	}
 	return outbox.Result{Acked: true}
+}
+
+// sameSubject checks that the message a duplicate ack points at was
+// published to subject. JetStream deduplicates on Nats-Msg-Id per stream,
+// whatever the subject: when one stream captures the subjects of two
+// destinations of an event, the second publish is dropped as a duplicate
+// of the first and would be recorded as delivered though it never reached
+// its subject. That is a failed attempt with the reason, not a silent loss.
+func sameSubject(ctx context.Context, js jetstream.JetStream, ack *jetstream.PubAck, subject string) error {
+	s, err := js.Stream(ctx, ack.Stream)
+	if err != nil {
+		return fmt.Errorf("checking a duplicate publish: %w", err)
+	}
+	stored, err := s.GetMsg(ctx, ack.Sequence)
+	if err != nil {
+		return fmt.Errorf("checking a duplicate publish: %w", err)
+	}
+	if stored.Subject != subject {
+		return fmt.Errorf("stream %q dropped the event as a duplicate of the one it holds on subject %q: "+
+			"one stream captures two destinations of the event, and JetStream deduplicates on the event id per stream; "+
+			"give each destination a stream of its own", ack.Stream, stored.Subject)
+	}
+	return nil
 }
 
 // Close closes the connection, if any, and makes every later publish fail.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -28,6 +29,10 @@ type RabbitMQ struct {
 	// belong to the publish whose confirm follows it.
 	idle   []*confirmChannel
 	closed bool
+	// confirmedAt is when a publish was last confirmed (Unix nanoseconds):
+	// a confirm that does not come in time says the connection is not
+	// answering only if no other publish was confirmed meanwhile.
+	confirmedAt atomic.Int64
 }
 
 type confirmChannel struct {
@@ -187,13 +192,26 @@ func (t *RabbitMQ) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result
 		discard(c.ch)
 		return outbox.Result{Err: fmt.Errorf("publishing to RabbitMQ: %w", err)}
 	}
+	published := time.Now().UnixNano()
 	acked, err := dc.WaitContext(ctx)
 	if err != nil {
-		// No confirm within the delivery's time: the broker is not
-		// answering on this connection, and this channel's next confirm
-		// would be this message's; neither is used again.
-		t.abandon(c.conn)
+		// No confirm within the delivery's time. This channel's next
+		// confirm would be this message's: it is not used again. The
+		// connection is dropped only if nothing else was confirmed on it
+		// meanwhile (the broker stopped answering, as under a memory
+		// alarm); otherwise only this destination's queue holds its
+		// confirms (a quorum queue without a quorum), and closing the
+		// connection would fail every other destination's publishes in
+		// flight on it.
+		if t.confirmedAt.Load() > published {
+			discard(c.ch)
+		} else {
+			t.abandon(c.conn)
+		}
 		return outbox.Result{Err: fmt.Errorf("waiting for RabbitMQ's confirm: %w", err)}
+	}
+	if acked {
+		t.confirmedAt.Store(time.Now().UnixNano())
 	}
 	select {
 	case ret, ok := <-c.returns:
@@ -208,7 +226,7 @@ func (t *RabbitMQ) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result
 	default:
 	}
 	if !acked {
-		var reason error = errors.New("the broker refused it (nack)")
+		var reason error = errNack
 		select {
 		case e := <-c.closed:
 			if e != nil {
@@ -216,12 +234,19 @@ func (t *RabbitMQ) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result
 			}
 		default:
 		}
+		if c.conn.IsClosed() && errors.Is(reason, errNack) {
+			// Closed by this transport (abandon), not refused.
+			reason = errors.New("the connection was dropped before the broker confirmed it")
+		}
 		discard(c.ch)
 		return outbox.Result{Err: fmt.Errorf("publishing to RabbitMQ exchange %q: %w", dest.Exchange, reason)}
 	}
 	t.release(c)
 	return outbox.Result{Acked: true}
 }
+
+// errNack is a confirm that says the broker did not take the message.
+var errNack = errors.New("the broker refused it (nack)")
 
 // Close closes the connection and its channels, giving the broker
 // closeTimeout to answer, and makes every later publish fail.

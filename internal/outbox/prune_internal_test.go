@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/dbtest"
@@ -67,4 +68,69 @@ func TestOrphanJobDiscardsParkedMessagesOfADeletedEndpoint(t *testing.T) {
 	var left int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE status <> 'discarded'`).Scan(&left))
 	require.Zero(t, left)
+}
+
+// A settling statement that waited for a row's lock re-reads the row when
+// it gets it: the failed prune keeps a message a person requeued
+// meanwhile, and an endpoint's deletion keeps a message the relay recorded
+// delivered meanwhile (READ COMMITTED re-checks only the outer WHERE).
+func TestSettlingStatementsRecheckRowsTheyWaitedFor(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	ep := testEndpoint(t, pool, nil)
+	ids := Seed(t, pool, ep, 2, "")
+	requeued, delivered := ids[0], ids[1]
+	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET status = 'failed', attempts = 1, failed_at = now() - interval '1 hour' WHERE id = $1`, requeued)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE outbox_messages SET status = 'claimed', claim_token = gen_random_uuid(), claimed_at = now() WHERE id = $1`, delivered)
+	require.NoError(t, err)
+	q := outboxdb.New(pool)
+
+	// waitBehind runs stmt while tx holds the row it wants, and returns
+	// what it changed once tx commits.
+	waitBehind := func(t *testing.T, change string, id uuid.UUID, stmt func() (int64, error)) int64 {
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		_, err = tx.Exec(ctx, change, id)
+		require.NoError(t, err)
+		type result struct {
+			n   int64
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			n, err := stmt()
+			done <- result{n, err}
+		}()
+		require.Eventually(t, func() bool {
+			var waiting bool
+			err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting)
+			return err == nil && waiting
+		}, 10*time.Second, 5*time.Millisecond, "the statement waits for the row")
+		require.NoError(t, tx.Commit(ctx))
+		r := <-done
+		require.NoError(t, r.err)
+		return r.n
+	}
+
+	n := waitBehind(t, `UPDATE outbox_messages SET status = 'pending', attempts_before = attempts, attempts = 0 WHERE id = $1`, requeued,
+		func() (int64, error) { return q.MessagesPruneFailed(ctx, time.Now(), pruneBatch) })
+	require.Zero(t, n, "the requeued message is no longer failed: the prune keeps it")
+	n = waitBehind(t, `UPDATE outbox_messages SET status = 'delivered', delivered_at = now(), claim_token = NULL, claimed_at = NULL WHERE id = $1`, delivered,
+		func() (int64, error) {
+			return q.MessagesDiscardForDestination(ctx, "endpoint deleted", ep, pruneBatch)
+		})
+	require.EqualValues(t, 1, n, "the requeued message is discarded with the endpoint, the delivered one is not")
+
+	rows, err := pool.Query(ctx, `SELECT status FROM outbox_messages ORDER BY id`)
+	require.NoError(t, err)
+	statuses, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"discarded", "delivered"}, statuses)
+	var broken int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages_inconsistent`).Scan(&broken))
+	require.Zero(t, broken)
 }

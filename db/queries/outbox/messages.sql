@@ -362,7 +362,10 @@ WHERE id IN (
     WHERE p.status = 'failed' AND p.failed_at < @failed_before::timestamptz
     ORDER BY p.failed_at
     LIMIT @batch_size
-);
+)
+-- Again outside the subquery: a row requeued by a person while this
+-- statement waited for its lock is re-read here, and kept.
+AND status = 'failed' AND failed_at < @failed_before::timestamptz;
 
 -- name: EventsPrune :one
 -- Looks at one bounded batch of the events written before @created_before,
@@ -659,7 +662,10 @@ WHERE id IN (
         SELECT p.id FROM outbox_messages p WHERE p.destination = @destination AND p.status = 'pending' AND NOT p.parked
     ) u
     LIMIT @batch_size
-);
+)
+-- Again outside the subquery: a message the relay recorded delivered
+-- while this statement waited for its lock is re-read here, and kept.
+AND status IN ('claimed', 'failed', 'pending');
 
 -- name: MessageKeyHead :one
 -- What a parked message waits for: the earliest unfinished message of its

@@ -803,6 +803,7 @@ WHERE id IN (
     ) u
     LIMIT $3
 )
+AND status IN ('claimed', 'failed', 'pending')
 `
 
 // Settles up to @batch_size undelivered messages of an endpoint being
@@ -811,6 +812,8 @@ WHERE id IN (
 // rows, minutes of writing). Claimed ones lose their claim, so the job
 // sending them records nothing. Each status is found on its own partial
 // index, never by scanning the delivered history.
+// Again outside the subquery: a message the relay recorded delivered
+// while this statement waited for its lock is re-read here, and kept.
 func (q *Queries) MessagesDiscardForDestination(ctx context.Context, reason string, destination uuid.UUID, batchSize int32) (int64, error) {
 	result, err := q.db.Exec(ctx, messagesDiscardForDestination, reason, destination, batchSize)
 	if err != nil {
@@ -1001,6 +1004,7 @@ WHERE id IN (
     ORDER BY p.failed_at
     LIMIT $2
 )
+AND status = 'failed' AND failed_at < $1::timestamptz
 `
 
 // Deletes one bounded batch of failed rows that gave up before
@@ -1009,6 +1013,8 @@ WHERE id IN (
 // delivery. Walked by age on the failed_at index. A failed message that held
 // back later messages of its ordering key is gone as if skipped:
 // MessagesPromoteStranded, in the same prune job, lets them go.
+// Again outside the subquery: a row requeued by a person while this
+// statement waited for its lock is re-read here, and kept.
 func (q *Queries) MessagesPruneFailed(ctx context.Context, failedBefore time.Time, batchSize int32) (int64, error) {
 	result, err := q.db.Exec(ctx, messagesPruneFailed, failedBefore, batchSize)
 	if err != nil {
