@@ -305,16 +305,20 @@ func (a *Admin) DeleteEndpoint(ctx context.Context, id uuid.UUID) (int64, error)
 	var discarded, n int64
 	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
 		q := outboxdb.New(tx)
+		// Messages first, then the endpoint: the order a deliver job locks
+		// them in as it ends (outcomes, then the lease), so the two wait
+		// for one another instead of deadlocking.
+		var err error
+		n, err = q.MessagesDiscardForDestination(ctx, reason, id, discardBatch)
+		if err != nil {
+			return fmt.Errorf("discarding the endpoint's messages: %w", err)
+		}
 		deleted, err := q.EndpointDelete(ctx, id)
 		if err != nil {
 			return fmt.Errorf("deleting endpoint: %w", err)
 		}
 		if deleted == 0 {
 			return fmt.Errorf("deleting endpoint: %w", ErrNotFound)
-		}
-		n, err = q.MessagesDiscardForDestination(ctx, reason, id, discardBatch)
-		if err != nil {
-			return fmt.Errorf("discarding the endpoint's messages: %w", err)
 		}
 		return nil
 	})

@@ -106,3 +106,48 @@ func TestDiscardWaitingSettlesEveryBatch(t *testing.T) {
 	require.Zero(t, pending)
 	require.Equal(t, 1, failed, "a failed message waits for a retry or a skip")
 }
+
+// Deleting an endpoint takes row locks in the relay's order, its messages
+// before the endpoint: a relay recording a claimed message of it and then
+// settling the destination's lease (both in one transaction, as a deliver
+// job ends) finishes, and so does the deletion, with no deadlock.
+func TestDeleteEndpointBesideAJobEndingDoesNotDeadlock(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	admin := NewAdmin(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	ep := testEndpoint(t, pool, nil)
+	ids := Seed(t, pool, ep, 1, "")
+	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET status = 'claimed', claim_token = gen_random_uuid(), claimed_at = now() WHERE id = $1`, ids[0])
+	require.NoError(t, err)
+
+	// The job ending: its outcome recorded first.
+	job, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer job.Rollback(ctx) //nolint:errcheck
+	_, err = job.Exec(ctx, `UPDATE outbox_messages SET status = 'delivered', delivered_at = now(), claim_token = NULL, claimed_at = NULL WHERE id = $1`, ids[0])
+	require.NoError(t, err)
+
+	deleted := make(chan error, 1)
+	go func() {
+		_, err := admin.DeleteEndpoint(ctx, ep)
+		deleted <- err
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting)
+		return err == nil && waiting
+	}, 10*time.Second, 5*time.Millisecond, "the deletion waits for the message the job holds")
+
+	// Then the lease settled: the endpoint's row, which a deletion that
+	// had locked it first would hold while waiting for the message.
+	_, err = job.Exec(ctx, `SELECT 1 FROM webhook_endpoints WHERE id = $1 FOR UPDATE`, ep)
+	require.NoError(t, err, "the job's lock on the endpoint is not a deadlock")
+	require.NoError(t, job.Commit(ctx))
+	require.NoError(t, <-deleted)
+
+	var status string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT status FROM outbox_messages WHERE id = $1`, ids[0]).Scan(&status))
+	require.Equal(t, "delivered", status, "what the job recorded stands")
+}
