@@ -26,9 +26,9 @@ func TestIdempotencyExpiryRunsInBoundedBatches(t *testing.T) {
 		INSERT INTO orders (id, customer_id, status, total_cents, idempotency_key, request_hash)
 		VALUES (gen_random_uuid(), 'c', 'placed', 1, 'k-new', '\x00')`)
 	require.NoError(t, err)
-	before := time.Now().Add(-24 * time.Hour)
+	ttl := 24 * time.Hour
 
-	n, err := ordersdb.New(pool).OrderIdempotencyKeysExpire(ctx, before, 10)
+	n, err := ordersdb.New(pool).OrderIdempotencyKeysExpire(ctx, ttl.Seconds(), 10)
 	require.NoError(t, err)
 	require.EqualValues(t, 10, n, "one statement clears one batch")
 	var oldestLeft string
@@ -37,7 +37,7 @@ func TestIdempotencyExpiryRunsInBoundedBatches(t *testing.T) {
 	require.Equal(t, "k-15", oldestLeft, "the oldest keys go first")
 
 	svc := NewService(pool, slog.New(slog.DiscardHandler))
-	n, err = svc.expireIdempotencyKeys(ctx, before, 10)
+	n, err = svc.expireIdempotencyKeys(ctx, ttl, 10)
 	require.NoError(t, err)
 	require.EqualValues(t, 15, n, "the loop clears the rest, batch after batch")
 	var left []string
@@ -57,8 +57,8 @@ func TestIdempotencyExpiryRunsInBoundedBatches(t *testing.T) {
 		ANALYZE orders`)
 	require.NoError(t, err)
 	rows, err = pool.Query(ctx, `EXPLAIN UPDATE orders SET idempotency_key = NULL, request_hash = NULL
-		WHERE id IN (SELECT o.id FROM orders o WHERE o.idempotency_key IS NOT NULL AND o.created_at < $1::timestamptz
-		ORDER BY o.created_at LIMIT $2 FOR UPDATE SKIP LOCKED)`, before, 1000)
+		WHERE id IN (SELECT o.id FROM orders o WHERE o.idempotency_key IS NOT NULL AND o.created_at < now() - make_interval(secs => $1::float8)
+		ORDER BY o.created_at LIMIT $2 FOR UPDATE SKIP LOCKED)`, ttl.Seconds(), 1000)
 	require.NoError(t, err)
 	var lines []string
 	for rows.Next() {

@@ -243,14 +243,14 @@ func (s *Service) ExpireIdempotencyKeys(ctx context.Context, ttl time.Duration) 
 	if ttl <= 0 {
 		return 0, fmt.Errorf("expiring idempotency keys: ttl must be positive, got %s", ttl)
 	}
-	return s.expireIdempotencyKeys(ctx, time.Now().Add(-ttl), expireBatch)
+	return s.expireIdempotencyKeys(ctx, ttl, expireBatch)
 }
 
-func (s *Service) expireIdempotencyKeys(ctx context.Context, before time.Time, batch int32) (int64, error) {
+func (s *Service) expireIdempotencyKeys(ctx context.Context, ttl time.Duration, batch int32) (int64, error) {
 	q := ordersdb.New(s.pool)
 	var total int64
 	for {
-		n, err := q.OrderIdempotencyKeysExpire(ctx, before, batch)
+		n, err := q.OrderIdempotencyKeysExpire(ctx, ttl.Seconds(), batch)
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("expiring idempotency keys: %w", err)

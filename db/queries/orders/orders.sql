@@ -33,8 +33,10 @@ WHERE id = @id AND status = 'placed'
 RETURNING *;
 
 -- name: OrderIdempotencyKeysExpire :execrows
--- Clears the idempotency keys of one bounded batch of orders placed before
--- @created_before (their time to live); the caller loops. Walked by age on
+-- Clears the idempotency keys of one bounded batch of orders placed more
+-- than @ttl_seconds ago (their time to live), on the database's clock, which
+-- wrote created_at: a worker whose own clock is off clears nothing early;
+-- the caller loops. Walked by age on
 -- orders_idempotency_created_idx, which holds only orders that still have a
 -- key, so each batch reads what it clears. Afterwards the same key places a
 -- new order. SKIP LOCKED: an order being cancelled right now is cleared by
@@ -42,7 +44,7 @@ RETURNING *;
 UPDATE orders SET idempotency_key = NULL, request_hash = NULL
 WHERE id IN (
     SELECT o.id FROM orders o
-    WHERE o.idempotency_key IS NOT NULL AND o.created_at < @created_before::timestamptz
+    WHERE o.idempotency_key IS NOT NULL AND o.created_at < now() - make_interval(secs => @ttl_seconds::float8)
     ORDER BY o.created_at
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED

@@ -7,7 +7,6 @@ package ordersdb
 
 import (
 	"context"
-	"time"
 
 	"github.com/google/uuid"
 )
@@ -80,21 +79,23 @@ const orderIdempotencyKeysExpire = `-- name: OrderIdempotencyKeysExpire :execrow
 UPDATE orders SET idempotency_key = NULL, request_hash = NULL
 WHERE id IN (
     SELECT o.id FROM orders o
-    WHERE o.idempotency_key IS NOT NULL AND o.created_at < $1::timestamptz
+    WHERE o.idempotency_key IS NOT NULL AND o.created_at < now() - make_interval(secs => $1::float8)
     ORDER BY o.created_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )
 `
 
-// Clears the idempotency keys of one bounded batch of orders placed before
-// @created_before (their time to live); the caller loops. Walked by age on
+// Clears the idempotency keys of one bounded batch of orders placed more
+// than @ttl_seconds ago (their time to live), on the database's clock, which
+// wrote created_at: a worker whose own clock is off clears nothing early;
+// the caller loops. Walked by age on
 // orders_idempotency_created_idx, which holds only orders that still have a
 // key, so each batch reads what it clears. Afterwards the same key places a
 // new order. SKIP LOCKED: an order being cancelled right now is cleared by
 // the next batch or run.
-func (q *Queries) OrderIdempotencyKeysExpire(ctx context.Context, createdBefore time.Time, batchSize int32) (int64, error) {
-	result, err := q.db.Exec(ctx, orderIdempotencyKeysExpire, createdBefore, batchSize)
+func (q *Queries) OrderIdempotencyKeysExpire(ctx context.Context, ttlSeconds float64, batchSize int32) (int64, error) {
+	result, err := q.db.Exec(ctx, orderIdempotencyKeysExpire, ttlSeconds, batchSize)
 	if err != nil {
 		return 0, err
 	}
