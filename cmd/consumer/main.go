@@ -19,7 +19,7 @@
 //	CONSUMER_INBOX_RETENTION
 //	                  how long a webhook-id is remembered for dedup (default
 //	                  720h, 30 days); pruned hourly. Keep it beyond the
-//	                  sender's retries (27.6 h, up to 30.4 h with their
+//	                  sender's retries (27.6 h, up to 30.3 h with their
 //	                  jitter; at least 31h is required), its pauses (a
 //	                  paused or backing-off endpoint's messages wait) and
 //	                  OUTBOX_RETENTION (its replays re-send retained events
@@ -61,7 +61,7 @@ import (
 
 // minInboxRetention is the shortest inbox retention that outlasts the
 // sender's default retry schedule: 27.6 hours, and each wait may be 10 %
-// longer (its jitter), so up to 30.4. It is a floor, not a safe value: a
+// longer (its jitter), so up to 30.3. It is a floor, not a safe value: a
 // paused or backing-off endpoint's messages, and replays, come later still,
 // which the 30-day default covers.
 const minInboxRetention = 31 * time.Hour
@@ -109,7 +109,7 @@ func parseConfig(getenv func(string) string) (config, error) {
 	// Shorter than the sender's retries, a late retry would find its id
 	// forgotten and be applied again.
 	if c.retention > 0 && c.retention < minInboxRetention {
-		env.Fail("CONSUMER_INBOX_RETENTION", fmt.Errorf("must be at least %s, beyond the sender's retries (up to 30.4 h), got %s", minInboxRetention, c.retention))
+		env.Fail("CONSUMER_INBOX_RETENTION", fmt.Errorf("must be at least %s, beyond the sender's retries (up to 30.3 h), got %s", minInboxRetention, c.retention))
 	}
 	if c.natsURL != "" && c.natsStream == "" {
 		env.Fail("NATS_STREAM", errors.New("required with NATS_URL: the stream to consume"))

@@ -101,14 +101,15 @@ and the requests), where the claim timeout made it 5 minutes.
 **2. What per-destination claims cost, and the default concurrency.** A
 claim statement costs about as much for one message as for thirty, so the
 number of messages per claim is what the relay's CPU per message follows
-(section 7: 338 µs at 4 in flight per destination, 120 µs at 32, 91 µs at
-256). Two choices came from that. The job claims when every slot is free
+from 4 to 32 in flight per destination (in the investigation run, 338 µs
+per message at 4 and 120 µs at 32; section 7 has this run's figures, where
+256 costs more again, its requests contending). Two choices came from that. The job claims when every slot is free
 (or a poll interval has passed), not as each request ends: in the
 investigation run at 16 per destination, claiming at a quarter free gave
 9,400 msgs/s and 174 µs per message, claiming when all were free 11,700
 and 138 µs. And the default concurrency is 32 rather than 16: drains (b)
-and (c) reach 0.55 and 0.33 of the raw loop, above the relay's figures
-before this version (0.43 and 0.26 of the raw loop of their own run),
+and (c) reached 0.55 and 0.33 of the raw loop in the investigation run
+(section 2 has this run's), above the relay's figures before this version (0.43 and 0.26 of the raw loop of their own run),
 while a hanging endpoint holds at most 32 requests for one delivery
 timeout before it backs off.
 
