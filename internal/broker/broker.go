@@ -158,3 +158,28 @@ func attributes(d outbox.Delivery, source string) (ce []attribute, trace []attri
 
 // contentType is the body's media type, the CloudEvents datacontenttype.
 const contentType = "application/json"
+
+// failedDial remembers a dial that failed, for redialAfter: the publishes
+// that waited behind it (a dial holds its transport's lock) fail at once
+// with its error instead of each dialing in turn, which against a broker
+// that drops packets took a dial timeout apiece, one after another. Guarded
+// by its transport's lock.
+type failedDial struct {
+	err error
+	at  time.Time
+}
+
+// redialAfter is how long a failed dial answers for the next ones.
+const redialAfter = time.Second
+
+func (f *failedDial) recent() error {
+	if f.err != nil && time.Since(f.at) < redialAfter {
+		return f.err
+	}
+	return nil
+}
+
+func (f *failedDial) set(err error) error {
+	f.err, f.at = err, time.Now()
+	return err
+}

@@ -225,3 +225,64 @@ func TestNATSClosedPublishesNothing(t *testing.T) {
 	require.False(t, res.Acked)
 	require.ErrorContains(t, res.Err, "closed")
 }
+
+// A broker address that accepts connections and never speaks (a hung
+// server, or packets dropped without a reset) costs the publishes waiting
+// behind a dial one dial timeout in all, not one apiece: a dial holds the
+// transport's lock, and the failure answers for the publishes queued
+// behind it.
+func TestSilentBrokerFailsWaitingPublishesTogether(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	var accepted []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			accepted = append(accepted, c) // held open, never answered
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range accepted {
+			c.Close()
+		}
+	})
+	addr := ln.Addr().String()
+	for _, tc := range []struct {
+		name string
+		tr   outbox.Transport
+		dest string
+	}{
+		{"nats", broker.NewNATS("nats://"+addr, source), "nats:orders.events"},
+		{"rabbitmq", broker.NewRabbitMQ("amqp://guest:guest@"+addr+"/", source), "rabbitmq:orders/placed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			// Eight publishes, as a destination's slots fill at once; each
+			// has more time than eight dials would take one after another.
+			start := time.Now()
+			var wg sync.WaitGroup
+			for range 8 {
+				wg.Go(func() {
+					ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+					defer cancel()
+					res := tc.tr.Deliver(ctx, delivery(t, tc.dest, ""))
+					assert.ErrorContains(t, res.Err, "connecting to")
+				})
+			}
+			wg.Wait()
+			// One dial timeout (5 s), with room for a second dial begun as
+			// the first one's failure expired; eight in a row take 40 s.
+			require.Less(t, time.Since(start), 12*time.Second, "the publishes failed together, not one dial timeout apiece")
+		})
+	}
+}

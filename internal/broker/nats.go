@@ -24,6 +24,7 @@ type NATS struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
 	closed bool
+	failed failedDial
 }
 
 // NewNATS returns a transport to the NATS servers at url. It connects at
@@ -46,9 +47,12 @@ func (t *NATS) conn() (jetstream.JetStream, error) {
 	if t.nc != nil && !t.nc.IsClosed() {
 		return t.js, nil
 	}
+	if err := t.failed.recent(); err != nil {
+		return nil, err
+	}
 	nc, err := nats.Connect(t.url, nats.Name("outbox-relay"), nats.Timeout(dialTimeout), nats.MaxReconnects(-1))
 	if err != nil {
-		return nil, fmt.Errorf("connecting to NATS: %w", hideURL(err))
+		return nil, t.failed.set(fmt.Errorf("connecting to NATS: %w", hideURL(err)))
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {

@@ -29,6 +29,7 @@ type RabbitMQ struct {
 	// belong to the publish whose confirm follows it.
 	idle   []*confirmChannel
 	closed bool
+	failed failedDial
 	// confirmedAt is when a publish was last confirmed (Unix nanoseconds):
 	// a confirm that does not come in time says the connection is not
 	// answering only if no other publish was confirmed meanwhile.
@@ -126,10 +127,13 @@ func (t *RabbitMQ) idleOrConn() (*confirmChannel, *amqp.Connection, error) {
 		}
 	}
 	if t.conn == nil || t.conn.IsClosed() {
+		if err := t.failed.recent(); err != nil {
+			return nil, nil, err
+		}
 		conn, err := amqp.DialConfig(t.url, amqp.Config{Dial: amqp.DefaultDial(dialTimeout),
 			Properties: amqp.Table{"connection_name": "outbox-relay"}})
 		if err != nil {
-			return nil, nil, fmt.Errorf("connecting to RabbitMQ: %w", hideURL(err))
+			return nil, nil, t.failed.set(fmt.Errorf("connecting to RabbitMQ: %w", hideURL(err)))
 		}
 		t.conn = conn
 	}
