@@ -7,6 +7,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
+// runtimeDefaults are the settings ConfigurePool gives every connection
+// whose URL does not set them.
+var runtimeDefaults = map[string]string{
+	"jit":                                 "off",
+	"idle_in_transaction_session_timeout": "1min",
+}
+
 // ConfigurePool sets up every connection of the pool for the product's
 // statements:
 //
@@ -19,15 +26,24 @@ import (
 //     rows a statement touches: with millions of messages waiting for one
 //     endpoint (an outage), each claim of 32 of them, an index range read of
 //     a millisecond, spent about 400 ms compiling, and the relay drained
-//     80 messages/s instead of 4,500 (docs/PERFORMANCE.md, section 12).
+//     about 70 messages/s instead of 7,900 (docs/PERFORMANCE.md, section 12).
 //     Every statement here reads or writes a few rows through an index;
 //     none runs long enough for compiled code to pay for its compilation.
+//   - a transaction left idle for a minute is ended by the server
+//     (idle_in_transaction_session_timeout=1min), unless the URL sets it: no
+//     transaction of the product waits on anything but its own statements,
+//     so one idle that long belongs to a process that hung or lost its
+//     network mid-transaction, and its row locks (a claim's, an endpoint's
+//     lease) would otherwise hold every other worker up until TCP keepalive
+//     gives up, hours later.
 func ConfigurePool(cfg *pgxpool.Config) {
 	if cfg.ConnConfig.RuntimeParams == nil {
 		cfg.ConnConfig.RuntimeParams = map[string]string{}
 	}
-	if _, set := cfg.ConnConfig.RuntimeParams["jit"]; !set {
-		cfg.ConnConfig.RuntimeParams["jit"] = "off"
+	for name, value := range runtimeDefaults {
+		if _, set := cfg.ConnConfig.RuntimeParams[name]; !set {
+			cfg.ConnConfig.RuntimeParams[name] = value
+		}
 	}
 	next := cfg.AfterConnect
 	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
