@@ -258,3 +258,52 @@ func TestKafkaUnknownTopicFails(t *testing.T) {
 	require.ErrorContains(t, res.Err, "UNKNOWN_TOPIC_OR_PARTITION")
 	require.False(t, res.Acked)
 }
+
+// A message too large for the broker is its own fault, as a 413 is a
+// webhook's: the result says so, and the relay does not back the
+// destination off for it. The next message of the destination goes.
+func TestBrokersSayAMessageTooLargeIsItsOwnFault(t *testing.T) {
+	t.Parallel()
+	big := delivery(t, "", "")
+	big.Data = json.RawMessage(`"` + strings.Repeat("x", 2<<20) + `"`) // 2 MiB: over JetStream's and franz-go's 1 MiB
+
+	t.Run("nats", func(t *testing.T) {
+		t.Parallel()
+		_, js := brokertest.JetStream(t)
+		id := strings.ReplaceAll(uuid.NewString(), "-", "")
+		name, subject := "OUTBOXBIG_"+id, "outboxbig."+id
+		_, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: name, Subjects: []string{subject}, MaxMsgSize: 1024})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
+		tr := broker.NewNATS(natsURL(), source)
+		t.Cleanup(tr.Close)
+
+		over := delivery(t, "nats:"+subject, "") // over the stream's 1 KiB
+		over.Data = json.RawMessage(`"` + strings.Repeat("x", 2048) + `"`)
+		res := tr.Deliver(ctxT(t), over)
+		require.Error(t, res.Err)
+		require.True(t, res.MessageFault, "too large for the stream: %v", res.Err)
+		d := big
+		d.URL = "nats:" + subject
+		res = tr.Deliver(ctxT(t), d)
+		require.Error(t, res.Err)
+		require.True(t, res.MessageFault, "too large for the server: %v", res.Err)
+		require.True(t, tr.Deliver(ctxT(t), delivery(t, "nats:"+subject, "")).Acked, "the next message goes")
+
+		_, other := stream(t)
+		res = tr.Deliver(ctxT(t), delivery(t, "nats:"+other+".nobody", ""))
+		require.False(t, res.MessageFault, "a subject no stream captures is the destination's trouble: %v", res.Err)
+	})
+	t.Run("kafka", func(t *testing.T) {
+		t.Parallel()
+		tr, err := broker.NewKafka(broker.Config{KafkaBrokers: kafkaCluster(t, "orders")}, source)
+		require.NoError(t, err)
+		t.Cleanup(tr.Close)
+		d := big
+		d.URL = "kafka:orders"
+		res := tr.Deliver(ctxT(t), d)
+		require.Error(t, res.Err)
+		require.True(t, res.MessageFault, "too large for the producer: %v", res.Err)
+		require.True(t, tr.Deliver(ctxT(t), delivery(t, "kafka:orders", "")).Acked, "the next message goes")
+	})
+}

@@ -3,8 +3,10 @@ package broker
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
@@ -71,7 +73,9 @@ func (t *Kafka) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result {
 	}
 	rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: "content-type", Value: []byte(contentType)})
 	if err := t.client.ProduceSync(ctx, rec).FirstErr(); err != nil {
-		return outbox.Result{Err: fmt.Errorf("producing to Kafka topic %q: %w", dest.Name, err)}
+		// Too large for the producer or the topic: this message's fault.
+		return outbox.Result{Err: fmt.Errorf("producing to Kafka topic %q: %w", dest.Name, err),
+			MessageFault: errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge)}
 	}
 	return outbox.Result{Acked: true}
 }

@@ -86,7 +86,9 @@ func (t *NATS) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result {
 		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
 			err = fmt.Errorf("no JetStream stream captures subject %q: %w", dest.Name, err)
 		}
-		return outbox.Result{Err: fmt.Errorf("publishing to JetStream: %w", err)}
+		// Too large for the server or the stream: this message's fault.
+		tooLarge := errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum)
+		return outbox.Result{Err: fmt.Errorf("publishing to JetStream: %w", err), MessageFault: tooLarge}
 	}
 	if ack.Duplicate {
 		if err := sameSubject(ctx, js, ack, dest.Name); err != nil {

@@ -485,6 +485,21 @@ func TestAnInterruptedRequestAtTheCapFails(t *testing.T) {
 	require.Equal(t, "attempt 3 of 3: interrupted: the relay stopped during the request", o.err)
 }
 
+// A transport failure backs the destination off unless the transport says
+// it is the message's own (too large for the broker): then, as a 413, it
+// is retried and fails alone while the destination's other messages go.
+func TestAMessageFaultDoesNotCountAgainstTheDestination(t *testing.T) {
+	t.Parallel()
+	r := &Relay{cfg: DefaultRelayConfig()}
+	tooLarge := errors.New("message size exceeds maximum allowed")
+	o := r.judge(sent{res: Result{Err: tooLarge, MessageFault: true}})
+	require.False(t, o.endpointFailure)
+	require.Equal(t, StatusPending, o.status, "retried, as any failed attempt below the cap")
+	require.Equal(t, tooLarge.Error(), o.err)
+	o = r.judge(sent{res: Result{Err: errors.New("connection refused")}})
+	require.True(t, o.endpointFailure, "any other transport failure is the destination's")
+}
+
 // What a job claimed without seeing it (its claim statement failed on the
 // way back, after committing) goes back to pending at the job's end as it
 // was: no attempt charged, and nobody else's claims touched.

@@ -77,6 +77,11 @@ type Result struct {
 	RetryAfter time.Duration
 	// Err is a transport failure: refused, timed out, reset, forbidden.
 	Err error
+	// MessageFault says Err is about this message alone (a broker refuses
+	// it as too large), as a 4xx answer other than the endpoint-wide ones
+	// is: it is retried and fails on its own, and the destination is not
+	// backed off for it, its other messages going on.
+	MessageFault bool
 	// Detail is a short excerpt of a failed answer's body, for the row.
 	Detail string
 }
@@ -571,7 +576,7 @@ func (r *Relay) judge(s sent) outcome {
 			o.err += ": " + res.Detail
 		}
 	}
-	o.endpointFailure = res.Err != nil || endpointWide(code)
+	o.endpointFailure = res.Err != nil && !res.MessageFault || endpointWide(code)
 	if (code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable) && res.RetryAfter > 0 {
 		o.retryAfter = min(res.RetryAfter, 24*time.Hour)
 	}
