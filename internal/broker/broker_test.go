@@ -307,3 +307,38 @@ func TestBrokersSayAMessageTooLargeIsItsOwnFault(t *testing.T) {
 		require.True(t, tr.Deliver(ctxT(t), delivery(t, "kafka:orders", "")).Acked, "the next message goes")
 	})
 }
+
+// A work-queue stream deletes a message once its consumer acks it: a
+// republish of the event within the duplicate window (the relay's retry
+// after a lost ack) is still a delivery, though the stream no longer holds
+// the message the duplicate ack points at.
+func TestNATSDuplicateOfAConsumedMessageIsDelivered(t *testing.T) {
+	t.Parallel()
+	_, js := brokertest.JetStream(t)
+	id := strings.ReplaceAll(uuid.NewString(), "-", "")
+	name, subject := "OUTBOXWQ_"+id, "outboxwq."+id
+	s, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: name, Subjects: []string{subject},
+		Retention: jetstream.WorkQueuePolicy, Duplicates: time.Minute})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
+	tr := broker.NewNATS(natsURL(), source)
+	t.Cleanup(tr.Close)
+
+	d := delivery(t, "nats:"+subject, "")
+	require.True(t, tr.Deliver(ctxT(t), d).Acked)
+	c, err := s.CreateConsumer(ctxT(t), jetstream.ConsumerConfig{AckPolicy: jetstream.AckExplicitPolicy})
+	require.NoError(t, err)
+	msgs, err := c.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	require.NoError(t, err)
+	for m := range msgs.Messages() {
+		require.NoError(t, m.DoubleAck(ctxT(t)))
+	}
+	require.Eventually(t, func() bool {
+		info, err := s.Info(ctxT(t))
+		return err == nil && info.State.Msgs == 0
+	}, 5*time.Second, 10*time.Millisecond, "the work queue deleted the acked message")
+
+	res := tr.Deliver(ctxT(t), d)
+	require.NoError(t, res.Err)
+	require.True(t, res.Acked, "the duplicate of a consumed message is delivered")
+}
