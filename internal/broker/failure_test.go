@@ -286,3 +286,25 @@ func TestSilentBrokerFailsWaitingPublishesTogether(t *testing.T) {
 		})
 	}
 }
+
+// A NATS connection the network silently cut (no reset: the server stops
+// answering, bytes go nowhere) is noticed by its pings within about half a
+// minute and dialed anew, not after nats.go's default of 4 to 6 minutes of
+// publishes timing out on it.
+func TestNATSNoticesASilentlyCutConnection(t *testing.T) {
+	t.Parallel()
+	_, subject := stream(t)
+	u, err := url.Parse(natsURL())
+	require.NoError(t, err)
+	f := newFreezer(t, u.Host)
+	u.Host = f.ln.Addr().String()
+	tr := broker.NewNATS(u.String(), source)
+	t.Cleanup(tr.Close)
+	require.True(t, tr.Deliver(ctxT(t), delivery(t, "nats:"+subject, "")).Acked, "through the proxy while it passes bytes on")
+
+	f.freeze(true)
+	start := time.Now()
+	require.Eventually(t, func() bool { return f.accepted.Load() >= 2 }, 45*time.Second, 100*time.Millisecond,
+		"the client gave the silent connection up and dialed again")
+	t.Logf("redialed %s after the connection went silent", time.Since(start).Round(time.Second))
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -31,6 +32,12 @@ type NATS struct {
 // the first publish.
 func NewNATS(url, source string) *NATS { return &NATS{url: url, source: source} }
 
+// natsPingInterval is how often an idle connection is checked: two pings
+// without an answer and it is dropped and dialed anew. nats.go's default
+// (2 minutes) left a connection a dropped network had silently cut for 4
+// to 6 minutes, every publish on it timing out and opening circuits.
+const natsPingInterval = 10 * time.Second
+
 // errNATSClosed is a publish after Close.
 var errNATSClosed = errors.New("the NATS transport is closed")
 
@@ -50,7 +57,8 @@ func (t *NATS) conn() (jetstream.JetStream, error) {
 	if err := t.failed.recent(); err != nil {
 		return nil, err
 	}
-	nc, err := nats.Connect(t.url, nats.Name("outbox-relay"), nats.Timeout(dialTimeout), nats.MaxReconnects(-1))
+	nc, err := nats.Connect(t.url, nats.Name("outbox-relay"), nats.Timeout(dialTimeout), nats.MaxReconnects(-1),
+		nats.PingInterval(natsPingInterval), nats.MaxPingsOutstanding(2))
 	if err != nil {
 		return nil, t.failed.set(fmt.Errorf("connecting to NATS: %w", hideURL(err)))
 	}
