@@ -626,36 +626,66 @@ func (a *Admin) Retry(ctx context.Context, id uuid.UUID) (Message, error) {
 // is due at once. Skipping a message that has not failed is ErrConflict.
 func (a *Admin) Skip(ctx context.Context, id uuid.UUID) (Message, error) {
 	var msg Message
+	var skipped outboxdb.MessageSkipRow
 	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
-		q := outboxdb.New(tx)
-		skipped, err := q.MessageSkip(ctx, "skipped by an operator", id)
-		if errors.Is(err, pgx.ErrNoRows) {
-			m, err := q.MessageGet(ctx, id)
-			if err != nil {
-				return notFound("getting message", err)
-			}
-			return fmt.Errorf("skipping message: %w: it is %s; only failed messages can be skipped", ErrConflict, m.Status)
-		}
-		if err != nil {
-			return fmt.Errorf("skipping message: %w", err)
-		}
-		if skipped.OrderingKey != nil {
-			if _, err := q.MessagePromoteNext(ctx, skipped.Destination, *skipped.OrderingKey, id); err != nil {
-				return fmt.Errorf("promoting the next message of its key: %w", err)
-			}
-		}
-		row, err := q.MessageGet(ctx, id)
-		if err != nil {
-			return fmt.Errorf("getting message: %w", err)
-		}
-		msg = toMessage(outboxdb.MessageListRow(row))
-		return nil
+		var err error
+		msg, skipped, err = skipMessage(ctx, tx, id)
+		return err
 	})
 	if err != nil {
 		return Message{}, err
 	}
 	a.logger.InfoContext(ctx, "failed message skipped", slog.String("message_id", id.String()))
+	if err := promoteAfterSkip(ctx, a.pool, skipped); err != nil {
+		// The skip stands; the destination's next deliver job promotes
+		// what this left parked.
+		a.logger.WarnContext(ctx, "promoting the message after a skipped one", slog.String("message_id", id.String()),
+			slog.Any("error", err))
+	}
 	return msg, nil
+}
+
+// skipMessage is Skip's transaction: the message settled as discarded, the
+// next message of its key promoted, the message as it is now.
+func skipMessage(ctx context.Context, tx pgx.Tx, id uuid.UUID) (Message, outboxdb.MessageSkipRow, error) {
+	q := outboxdb.New(tx)
+	skipped, err := q.MessageSkip(ctx, "skipped by an operator", id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		m, err := q.MessageGet(ctx, id)
+		if err != nil {
+			return Message{}, skipped, notFound("getting message", err)
+		}
+		return Message{}, skipped, fmt.Errorf("skipping message: %w: it is %s; only failed messages can be skipped", ErrConflict, m.Status)
+	}
+	if err != nil {
+		return Message{}, skipped, fmt.Errorf("skipping message: %w", err)
+	}
+	if skipped.OrderingKey != nil {
+		if _, err := q.MessagePromoteNext(ctx, skipped.Destination, *skipped.OrderingKey, id); err != nil {
+			return Message{}, skipped, fmt.Errorf("promoting the next message of its key: %w", err)
+		}
+	}
+	row, err := q.MessageGet(ctx, id)
+	if err != nil {
+		return Message{}, skipped, fmt.Errorf("getting message: %w", err)
+	}
+	return toMessage(outboxdb.MessageListRow(row)), skipped, nil
+}
+
+// promoteAfterSkip promotes, once a skip has committed, the next message of
+// its key if a claim parked it behind the skipped one meanwhile. Such a
+// claim read the message as failed before the skip committed, and parked
+// its follower where the skip's own promotion could not see it; its deliver
+// job promotes what nothing holds back when it ends, but if it ended before
+// the skip committed, nothing else would until the hourly prune. This
+// statement, after the commit, sees any claim that committed before it,
+// and the job's end sees the skip if the claim committed after.
+func promoteAfterSkip(ctx context.Context, db outboxdb.DBTX, skipped outboxdb.MessageSkipRow) error {
+	if skipped.OrderingKey == nil {
+		return nil
+	}
+	_, err := outboxdb.New(db).MessagesPromoteKeys(ctx, []string{*skipped.OrderingKey}, skipped.Destination)
+	return err
 }
 
 func toAttempt(n int32, outcome string, started, finished time.Time, status *int32, errText *string) Attempt {

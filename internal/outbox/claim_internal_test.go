@@ -590,3 +590,53 @@ func testEndpoint(t *testing.T, pool *pgxpool.Pool, lease *uuid.UUID) uuid.UUID 
 		VALUES ('http://127.0.0.1:1/', 'whsec_AAAA', '{order.placed}', $1) RETURNING id`, lease).Scan(&id))
 	return id
 }
+
+// A person's skip of a failed head that races a claim parking the next
+// message of its key still lets that message go. The claim read the head
+// as failed before the skip committed and parked the message; the skip's
+// own promotion ran before the claim committed, and the deliver job's
+// promotion at its end (MessagesPromoteStranded) before the skip committed:
+// neither saw both. The skip's step after its commit does. Before it, the
+// message waited for the destination's next deliver job to end, or for the
+// hourly prune when nothing else came for it.
+func TestSkipRacingAClaimPromotesWhatTheClaimParked(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	lease := uuid.New()
+	dest := testEndpoint(t, pool, &lease)
+	ids := Seed(t, pool, dest, 2, "order-1")
+	head, next := ids[0], ids[1]
+	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET status = 'failed', attempts = 3, failed_at = now(), last_error = 'refused'
+		WHERE id = $1`, head)
+	require.NoError(t, err)
+	parked := func() bool {
+		var p bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT parked FROM outbox_messages WHERE id = $1`, next).Scan(&p))
+		return p
+	}
+
+	// The skip's transaction, up to its commit.
+	skip, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = skip.Rollback(ctx) })
+	_, skipped, err := skipMessage(ctx, skip, head)
+	require.NoError(t, err)
+	// Meanwhile the deliver job claims, and ends.
+	rows, err := claimMessages(ctx, pool, outboxdb.MessageClaimParams{
+		ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 32})
+	require.NoError(t, err)
+	require.Empty(t, rows, "the claim still sees the head failed")
+	_, err = outboxdb.New(pool).MessagesPromoteStranded(ctx, dest)
+	require.NoError(t, err)
+	require.NoError(t, skip.Commit(ctx))
+	require.True(t, parked(), "the race is produced: parked, and neither promotion saw the skip and the park together")
+
+	require.NoError(t, promoteAfterSkip(ctx, pool, skipped))
+	require.False(t, parked(), "nothing holds the next message back once its head is skipped")
+	rows, err = claimMessages(ctx, pool, outboxdb.MessageClaimParams{
+		ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 32})
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+	require.Equal(t, next, rows[0].ID, "the next claim sends it")
+}

@@ -622,8 +622,10 @@ RETURNING m.id;
 -- name: MessageSkip :one
 -- A person gives up on a failed message: it is settled as discarded, never
 -- sent, and the next message of its ordering key, parked behind it, is due
--- again (MessagePromoteNext, in the same transaction). MessagesPromoteStranded
--- catches one that a concurrent claim parked after this statement read.
+-- again (MessagePromoteNext, in the same transaction). A claim that read
+-- the message as failed before the commit may park the next one where this
+-- transaction cannot see it: MessagesPromoteKeys after the commit promotes
+-- it, or the claim's job as it ends (MessagesPromoteStranded).
 UPDATE outbox_messages
 SET status = 'discarded', discarded_at = now(), last_error = @reason::text
 WHERE id = @id AND status = 'failed'

@@ -733,8 +733,10 @@ type MessageSkipRow struct {
 
 // A person gives up on a failed message: it is settled as discarded, never
 // sent, and the next message of its ordering key, parked behind it, is due
-// again (MessagePromoteNext, in the same transaction). MessagesPromoteStranded
-// catches one that a concurrent claim parked after this statement read.
+// again (MessagePromoteNext, in the same transaction). A claim that read
+// the message as failed before the commit may park the next one where this
+// transaction cannot see it: MessagesPromoteKeys after the commit promotes
+// it, or the claim's job as it ends (MessagesPromoteStranded).
 func (q *Queries) MessageSkip(ctx context.Context, reason string, iD uuid.UUID) (MessageSkipRow, error) {
 	row := q.db.QueryRow(ctx, messageSkip, reason, iD)
 	var i MessageSkipRow
