@@ -468,11 +468,14 @@ type MessageFilter struct {
 	Event *uuid.UUID
 	// OrderingKey selects the deliveries of the events of one ordering key
 	// (the orders module's events are keyed by order id). With it,
-	// CreatedFrom and CreatedTo bound the events' time instead, and should:
-	// nothing indexes the key, so the search reads every event of the
-	// window (all of the retention when they are nil).
+	// CreatedFrom and CreatedTo should be given: nothing indexes the key,
+	// so the search reads every event of the window (all of the retention
+	// when they are nil).
 	OrderingKey string
-	// CreatedFrom (inclusive) and CreatedTo (exclusive) bound created_at.
+	// CreatedFrom (inclusive) and CreatedTo (exclusive) bound the time the
+	// messages' events were written (event_created_at), the order Messages
+	// lists them in: the window is a range of the primary key, and only
+	// the window is read. A replayed copy is in its event's window.
 	CreatedFrom, CreatedTo *time.Time
 	// Before is the pagination cursor: only messages older than this id.
 	Before *uuid.UUID
@@ -483,7 +486,15 @@ type MessageFilter struct {
 // Messages lists messages newest first and returns the cursor of the next
 // page (nil on the last page).
 func (a *Admin) Messages(ctx context.Context, f MessageFilter) ([]Message, *uuid.UUID, error) {
-	p := outboxdb.MessageListParams{Destination: f.Destination, EventID: f.Event, CreatedFrom: f.CreatedFrom, CreatedTo: f.CreatedTo,
+	from, to := idTimeMin, idTimeMax
+	if f.CreatedFrom != nil {
+		from = *f.CreatedFrom
+	}
+	if f.CreatedTo != nil {
+		to = *f.CreatedTo
+	}
+	from, to = idTimes(from, to)
+	p := outboxdb.MessageListParams{Destination: f.Destination, EventID: f.Event, EventsFrom: from, EventsTo: to,
 		BeforeID: f.Before, MaxRows: int32(cmp.Or(f.Limit, 50))}
 	if f.Status != "" {
 		if !slices.Contains(Statuses, f.Status) {
@@ -521,16 +532,8 @@ func (a *Admin) Messages(ctx context.Context, f MessageFilter) ([]Message, *uuid
 // messagesByKey is MessageList for one ordering key, within a window of
 // event time (MessageFilter.OrderingKey).
 func (a *Admin) messagesByKey(ctx context.Context, key string, p outboxdb.MessageListParams) ([]outboxdb.MessageListRow, error) {
-	from, to := time.Unix(0, 0), time.Now().Add(time.Hour)
-	if p.CreatedFrom != nil {
-		from = *p.CreatedFrom
-	}
-	if p.CreatedTo != nil {
-		to = *p.CreatedTo
-	}
-	from, to = idTimes(from, to)
 	rows, err := outboxdb.New(a.pool).MessageListByKey(ctx, outboxdb.MessageListByKeyParams{OrderingKey: &key,
-		EventsFrom: from, EventsTo: to, EventID: p.EventID, Status: p.Status, Type: p.Type, Destination: p.Destination,
+		EventsFrom: p.EventsFrom, EventsTo: p.EventsTo, EventID: p.EventID, Status: p.Status, Type: p.Type, Destination: p.Destination,
 		BeforeID: p.BeforeID, MaxRows: p.MaxRows})
 	if err != nil {
 		return nil, err
@@ -627,15 +630,20 @@ func (a *Admin) Retry(ctx context.Context, id uuid.UUID) (Message, error) {
 func (a *Admin) Skip(ctx context.Context, id uuid.UUID) (Message, error) {
 	var msg Message
 	var skipped outboxdb.MessageSkipRow
+	var promoted int64
 	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
 		var err error
-		msg, skipped, err = skipMessage(ctx, tx, id)
+		msg, skipped, promoted, err = skipMessage(ctx, tx, id)
 		return err
 	})
 	if err != nil {
 		return Message{}, err
 	}
 	a.logger.InfoContext(ctx, "failed message skipped", slog.String("message_id", id.String()))
+	if promoted > 0 {
+		// Whatever a claim parked meanwhile waits for the promoted one.
+		return msg, nil
+	}
 	if err := promoteAfterSkip(ctx, a.pool, skipped); err != nil {
 		// The skip stands; the destination's next deliver job promotes
 		// what this left parked.
@@ -646,40 +654,44 @@ func (a *Admin) Skip(ctx context.Context, id uuid.UUID) (Message, error) {
 }
 
 // skipMessage is Skip's transaction: the message settled as discarded, the
-// next message of its key promoted, the message as it is now.
-func skipMessage(ctx context.Context, tx pgx.Tx, id uuid.UUID) (Message, outboxdb.MessageSkipRow, error) {
+// next message of its key promoted (how many: 0 or 1), the message as it is
+// now.
+func skipMessage(ctx context.Context, tx pgx.Tx, id uuid.UUID) (Message, outboxdb.MessageSkipRow, int64, error) {
+	var promoted int64
 	q := outboxdb.New(tx)
 	skipped, err := q.MessageSkip(ctx, "skipped by an operator", id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		m, err := q.MessageGet(ctx, id)
 		if err != nil {
-			return Message{}, skipped, notFound("getting message", err)
+			return Message{}, skipped, 0, notFound("getting message", err)
 		}
-		return Message{}, skipped, fmt.Errorf("skipping message: %w: it is %s; only failed messages can be skipped", ErrConflict, m.Status)
+		return Message{}, skipped, 0, fmt.Errorf("skipping message: %w: it is %s; only failed messages can be skipped", ErrConflict, m.Status)
 	}
 	if err != nil {
-		return Message{}, skipped, fmt.Errorf("skipping message: %w", err)
+		return Message{}, skipped, 0, fmt.Errorf("skipping message: %w", err)
 	}
 	if skipped.OrderingKey != nil {
-		if _, err := q.MessagePromoteNext(ctx, skipped.Destination, *skipped.OrderingKey, id); err != nil {
-			return Message{}, skipped, fmt.Errorf("promoting the next message of its key: %w", err)
+		if promoted, err = q.MessagePromoteNext(ctx, skipped.Destination, *skipped.OrderingKey, id); err != nil {
+			return Message{}, skipped, 0, fmt.Errorf("promoting the next message of its key: %w", err)
 		}
 	}
 	row, err := q.MessageGet(ctx, id)
 	if err != nil {
-		return Message{}, skipped, fmt.Errorf("getting message: %w", err)
+		return Message{}, skipped, 0, fmt.Errorf("getting message: %w", err)
 	}
-	return toMessage(outboxdb.MessageListRow(row)), skipped, nil
+	return toMessage(outboxdb.MessageListRow(row)), skipped, promoted, nil
 }
 
-// promoteAfterSkip promotes, once a skip has committed, the next message of
-// its key if a claim parked it behind the skipped one meanwhile. Such a
-// claim read the message as failed before the skip committed, and parked
-// its follower where the skip's own promotion could not see it; its deliver
-// job promotes what nothing holds back when it ends, but if it ended before
-// the skip committed, nothing else would until the hourly prune. This
-// statement, after the commit, sees any claim that committed before it,
-// and the job's end sees the skip if the claim committed after.
+// promoteAfterSkip promotes, once a skip that found nothing to promote has
+// committed, the next message of its key if a claim parked it behind the
+// skipped one meanwhile. Such a claim read the skipped message as failed
+// before the skip committed, and parked its follower where the skip's own
+// promotion could not see it; its deliver job promotes what nothing holds
+// back when it ends, but if it ended before the skip committed, nothing
+// else would until the hourly prune. This statement, after the commit,
+// sees any claim that committed before it, and the job's end sees the skip
+// if the claim committed after. (Had the skip promoted a message, one
+// parked meanwhile rightly waits for it.)
 func promoteAfterSkip(ctx context.Context, db outboxdb.DBTX, skipped outboxdb.MessageSkipRow) error {
 	if skipped.OrderingKey == nil {
 		return nil

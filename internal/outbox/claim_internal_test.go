@@ -620,8 +620,9 @@ func TestSkipRacingAClaimPromotesWhatTheClaimParked(t *testing.T) {
 	skip, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = skip.Rollback(ctx) })
-	_, skipped, err := skipMessage(ctx, skip, head)
+	_, skipped, promoted, err := skipMessage(ctx, skip, head)
 	require.NoError(t, err)
+	require.Zero(t, promoted, "nothing was parked yet")
 	// Meanwhile the deliver job claims, and ends.
 	rows, err := claimMessages(ctx, pool, outboxdb.MessageClaimParams{
 		ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 32})
