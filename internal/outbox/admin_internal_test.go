@@ -2,9 +2,14 @@ package outbox
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -150,4 +155,73 @@ func TestDeleteEndpointBesideAJobEndingDoesNotDeadlock(t *testing.T) {
 	var status string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT status FROM outbox_messages WHERE id = $1`, ids[0]).Scan(&status))
 	require.Equal(t, "delivered", status, "what the job recorded stands")
+}
+
+// A window of time bounds what Messages reads, not only what it returns:
+// messages are listed in event order, their ids begin with the event's
+// time, and From and To are a range of the primary key. Filtered on
+// created_at instead, a search for a quiet endpoint's messages of one hour
+// walked the whole history newest first, looking for 50 rows that were not
+// there (1.7 s with 1.5 million rows).
+func TestMessagesReadsOnlyTheWindow(t *testing.T) {
+	t.Parallel()
+	pool, trace := tracedPool(t)
+	ctx := context.Background()
+	busy, quiet := testEndpoint(t, pool, nil), testEndpoint(t, pool, nil)
+	// Two days of delivered history for the busy endpoint, one event every
+	// 0.864 s, and 5 events of the quiet one 3 hours ago.
+	history := func(dest uuid.UUID, n int, first, step string) {
+		_, err := pool.Exec(ctx, `
+			WITH ev AS (
+				INSERT INTO outbox_events (id, type, payload, created_at)
+				SELECT outbox_uuid_v7_at(s.at), 'order.placed', '{"total":1}', s.at
+				FROM (SELECT now() - $3::interval - g * $4::interval AS at FROM generate_series(1, $2::int) g) s
+				RETURNING id, type, created_at
+			)
+			INSERT INTO outbox_messages (id, event_id, type, destination, status, delivered_at, next_attempt_at, created_at)
+			SELECT outbox_uuid_sibling(ev.id), ev.id, ev.type, $1, 'delivered', ev.created_at, ev.created_at, ev.created_at
+			FROM ev`, dest, n, first, step)
+		require.NoError(t, err)
+	}
+	history(busy, 200_000, "0", "864 milliseconds")
+	history(quiet, 5, "3 hours", "1 second")
+	_, err := pool.Exec(ctx, `ANALYZE outbox_messages`)
+	require.NoError(t, err)
+	var pages int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT relpages FROM pg_class WHERE relname = 'outbox_messages'`).Scan(&pages))
+
+	admin := NewAdmin(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	from, to := time.Now().Add(-4*time.Hour), time.Now().Add(-2*time.Hour)
+	trace.mu.Lock()
+	trace.last = map[string][]any{}
+	trace.mu.Unlock()
+	msgs, next, err := admin.Messages(ctx, MessageFilter{Destination: &quiet, CreatedFrom: &from, CreatedTo: &to})
+	require.NoError(t, err)
+	require.Len(t, msgs, 5)
+	require.Nil(t, next)
+	trace.mu.Lock()
+	require.Len(t, trace.last, 1, "one statement")
+	var sql string
+	var args []any
+	for sql, args = range trace.last {
+	}
+	trace.last = nil
+	trace.mu.Unlock()
+	var plan []string
+	require.ErrorIs(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		plan = planLines(t, tx, "EXPLAIN (ANALYZE, BUFFERS) "+sql, args...)
+		return errRollback
+	}), errRollback)
+	t.Logf("%s", strings.Join(plan, "\n"))
+	var hit, read int
+	for _, l := range plan {
+		if _, after, ok := strings.Cut(l, "Buffers: shared hit="); ok {
+			// The first is the root's: the statement's whole reading.
+			fmt.Sscanf(after, "%d read=%d", &hit, &read)
+			break
+		}
+	}
+	require.Positive(t, hit+read)
+	require.Less(t, hit+read, pages/5,
+		"a window of 2 hours reads about that much of the 48 hours of history (%d pages), not all of it", pages)
 }

@@ -529,7 +529,9 @@ SELECT
 -- name: MessageList :many
 -- Newest first with optional filters. Delivery ids are UUIDv7 with their
 -- event's time, so the primary key orders by event time and doubles as the
--- pagination cursor.
+-- pagination cursor, and a window of event time, [@events_from,
+-- @events_to), is a range of it: always given (the caller widens a missing
+-- bound), so that even a generic plan reads only the window.
 SELECT m.id, m.event_id, m.type, m.destination, m.status, m.attempts,
        m.parked, m.next_attempt_at,
        m.claimed_at, m.delivered_at, m.discarded_at, m.last_error, m.created_at, m.ordering_key,
@@ -541,8 +543,7 @@ WHERE (sqlc.narg(status)::text IS NULL OR m.status = sqlc.narg(status))
   AND (sqlc.narg(destination)::uuid IS NULL OR m.destination = sqlc.narg(destination))
   AND (sqlc.narg(event_id)::uuid IS NULL OR (m.id BETWEEN outbox_uuid_floor(sqlc.narg(event_id)) AND outbox_uuid_ceil(sqlc.narg(event_id))
                                              AND m.event_id = sqlc.narg(event_id)))
-  AND (sqlc.narg(created_from)::timestamptz IS NULL OR m.created_at >= sqlc.narg(created_from))
-  AND (sqlc.narg(created_to)::timestamptz IS NULL OR m.created_at < sqlc.narg(created_to))
+  AND m.id >= outbox_uuid_at(@events_from::timestamptz) AND m.id < outbox_uuid_at(@events_to::timestamptz)
   AND (sqlc.narg(before_id)::uuid IS NULL OR m.id < sqlc.narg(before_id))
 ORDER BY m.id DESC
 LIMIT @max_rows;

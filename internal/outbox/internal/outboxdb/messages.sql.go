@@ -400,8 +400,7 @@ WHERE ($1::text IS NULL OR m.status = $1)
   AND ($3::uuid IS NULL OR m.destination = $3)
   AND ($4::uuid IS NULL OR (m.id BETWEEN outbox_uuid_floor($4) AND outbox_uuid_ceil($4)
                                              AND m.event_id = $4))
-  AND ($5::timestamptz IS NULL OR m.created_at >= $5)
-  AND ($6::timestamptz IS NULL OR m.created_at < $6)
+  AND m.id >= outbox_uuid_at($5::timestamptz) AND m.id < outbox_uuid_at($6::timestamptz)
   AND ($7::uuid IS NULL OR m.id < $7)
 ORDER BY m.id DESC
 LIMIT $8
@@ -412,8 +411,8 @@ type MessageListParams struct {
 	Type        *string
 	Destination *uuid.UUID
 	EventID     *uuid.UUID
-	CreatedFrom *time.Time
-	CreatedTo   *time.Time
+	EventsFrom  time.Time
+	EventsTo    time.Time
 	BeforeID    *uuid.UUID
 	MaxRows     int32
 }
@@ -439,15 +438,17 @@ type MessageListRow struct {
 
 // Newest first with optional filters. Delivery ids are UUIDv7 with their
 // event's time, so the primary key orders by event time and doubles as the
-// pagination cursor.
+// pagination cursor, and a window of event time, [@events_from,
+// @events_to), is a range of it: always given (the caller widens a missing
+// bound), so that even a generic plan reads only the window.
 func (q *Queries) MessageList(ctx context.Context, arg MessageListParams) ([]MessageListRow, error) {
 	rows, err := q.db.Query(ctx, messageList,
 		arg.Status,
 		arg.Type,
 		arg.Destination,
 		arg.EventID,
-		arg.CreatedFrom,
-		arg.CreatedTo,
+		arg.EventsFrom,
+		arg.EventsTo,
 		arg.BeforeID,
 		arg.MaxRows,
 	)
