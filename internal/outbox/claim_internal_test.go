@@ -537,48 +537,67 @@ func TestMessagesReleaseByTokenReleasesOnlyTheJobsClaims(t *testing.T) {
 // for the recording's keys once both have ended, lets it go.
 func TestAClaimBesideARecordingStrandsNothing(t *testing.T) {
 	t.Parallel()
-	pool := dbtest.Pool(t)
+	k := keyedPair(t)
 	ctx := context.Background()
-	lease := uuid.New()
-	dest := testEndpoint(t, pool, &lease)
-	ids := Seed(t, pool, dest, 2, "order-1")
-	ahead, next := ids[0], ids[1]
-	claim := func(db interface {
-		SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
-	}, n int32) []outboxdb.MessageClaimRow {
-		rows, err := claimMessages(ctx, db, outboxdb.MessageClaimParams{ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: n})
-		require.NoError(t, err)
-		return rows
-	}
-	require.Len(t, claim(pool, 1), 1, "the first of the key is claimed and sent")
+	require.Len(t, k.claim(k.pool, 1), 1, "the first of the key is claimed and sent")
 
 	// The next claim parks the second, and has not committed yet when the
 	// recording of the first's delivery runs.
-	tx, err := pool.Begin(ctx)
+	tx, err := k.pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	require.Empty(t, claim(tx, 10), "the second waits behind the first, still claimed")
+	require.Empty(t, k.claim(tx, 10), "the second waits behind the first, still claimed")
 	now := time.Now()
-	_, err = outboxdb.New(pool).MessagesRecordOutcomes(ctx, outboxdb.MessagesRecordOutcomesParams{
-		Ids: []uuid.UUID{ahead}, Statuses: []string{StatusDelivered}, DelaysSeconds: []float64{0}, LastErrors: []string{""},
+	_, err = outboxdb.New(k.pool).MessagesRecordOutcomes(ctx, outboxdb.MessagesRecordOutcomesParams{
+		Ids: []uuid.UUID{k.ahead}, Statuses: []string{StatusDelivered}, DelaysSeconds: []float64{0}, LastErrors: []string{""},
 		Attempts: []int32{1}, Outcomes: []string{labelDelivered}, StartedAts: []time.Time{now}, FinishedAts: []time.Time{now},
-		StatusCodes: []int32{204}, ClaimToken: lease})
+		StatusCodes: []int32{204}, ClaimToken: k.lease})
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
-	parked := func() bool {
-		var p bool
-		require.NoError(t, pool.QueryRow(ctx, "SELECT parked FROM outbox_messages WHERE id = $1", next).Scan(&p))
-		return p
-	}
-	require.True(t, parked(), "the race: delivered ahead, and still parked behind it")
+	require.True(t, k.parked(), "the race: delivered ahead, and still parked behind it")
 
-	n, err := outboxdb.New(pool).MessagesPromoteKeys(ctx, []string{"order-1"}, dest)
+	n, err := outboxdb.New(k.pool).MessagesPromoteKeys(ctx, []string{"order-1"}, k.dest)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
-	require.False(t, parked())
-	rows := claim(pool, 10)
+	require.False(t, k.parked())
+	rows := k.claim(k.pool, 10)
 	require.Len(t, rows, 1)
-	require.Equal(t, next, rows[0].ID, "and the next claim sends it")
+	require.Equal(t, k.next, rows[0].ID, "and the next claim sends it")
+}
+
+// pair is two messages of the ordering key "order-1" to one destination,
+// whose lease the test holds.
+type pair struct {
+	t           *testing.T
+	pool        *pgxpool.Pool
+	dest, lease uuid.UUID
+	ahead, next uuid.UUID
+}
+
+func keyedPair(t *testing.T) pair {
+	k := pair{t: t, pool: dbtest.Pool(t), lease: uuid.New()}
+	k.dest = testEndpoint(t, k.pool, &k.lease)
+	ids := Seed(t, k.pool, k.dest, 2, "order-1")
+	k.ahead, k.next = ids[0], ids[1]
+	return k
+}
+
+// claim claims up to n of the destination's due messages on db, as the
+// lease holder.
+func (k pair) claim(db interface {
+	SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
+}, n int32) []outboxdb.MessageClaimRow {
+	rows, err := claimMessages(context.Background(), db, outboxdb.MessageClaimParams{
+		ClaimToken: k.lease, RelayID: uuid.New(), Destination: k.dest, BatchSize: n})
+	require.NoError(k.t, err)
+	return rows
+}
+
+// parked is whether the second message is parked.
+func (k pair) parked() bool {
+	var p bool
+	require.NoError(k.t, k.pool.QueryRow(context.Background(), "SELECT parked FROM outbox_messages WHERE id = $1", k.next).Scan(&p))
+	return p
 }
 
 // testEndpoint registers an endpoint for order.placed that nothing
@@ -601,43 +620,29 @@ func testEndpoint(t *testing.T, pool *pgxpool.Pool, lease *uuid.UUID) uuid.UUID 
 // hourly prune when nothing else came for it.
 func TestSkipRacingAClaimPromotesWhatTheClaimParked(t *testing.T) {
 	t.Parallel()
-	pool := dbtest.Pool(t)
+	k := keyedPair(t)
 	ctx := context.Background()
-	lease := uuid.New()
-	dest := testEndpoint(t, pool, &lease)
-	ids := Seed(t, pool, dest, 2, "order-1")
-	head, next := ids[0], ids[1]
-	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET status = 'failed', attempts = 3, failed_at = now(), last_error = 'refused'
-		WHERE id = $1`, head)
+	_, err := k.pool.Exec(ctx, `UPDATE outbox_messages SET status = 'failed', attempts = 3, failed_at = now(), last_error = 'refused'
+		WHERE id = $1`, k.ahead)
 	require.NoError(t, err)
-	parked := func() bool {
-		var p bool
-		require.NoError(t, pool.QueryRow(ctx, `SELECT parked FROM outbox_messages WHERE id = $1`, next).Scan(&p))
-		return p
-	}
 
 	// The skip's transaction, up to its commit.
-	skip, err := pool.Begin(ctx)
+	skip, err := k.pool.Begin(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = skip.Rollback(ctx) })
-	_, skipped, promoted, err := skipMessage(ctx, skip, head)
+	_, skipped, promoted, err := skipMessage(ctx, skip, k.ahead)
 	require.NoError(t, err)
 	require.Zero(t, promoted, "nothing was parked yet")
 	// Meanwhile the deliver job claims, and ends.
-	rows, err := claimMessages(ctx, pool, outboxdb.MessageClaimParams{
-		ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 32})
-	require.NoError(t, err)
-	require.Empty(t, rows, "the claim still sees the head failed")
-	_, err = outboxdb.New(pool).MessagesPromoteStranded(ctx, dest)
+	require.Empty(t, k.claim(k.pool, 10), "the claim still sees the head failed")
+	_, err = outboxdb.New(k.pool).MessagesPromoteStranded(ctx, k.dest)
 	require.NoError(t, err)
 	require.NoError(t, skip.Commit(ctx))
-	require.True(t, parked(), "the race is produced: parked, and neither promotion saw the skip and the park together")
+	require.True(t, k.parked(), "the race is produced: parked, and neither promotion saw the skip and the park together")
 
-	require.NoError(t, promoteAfterSkip(ctx, pool, skipped))
-	require.False(t, parked(), "nothing holds the next message back once its head is skipped")
-	rows, err = claimMessages(ctx, pool, outboxdb.MessageClaimParams{
-		ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 32})
-	require.NoError(t, err)
+	require.NoError(t, promoteAfterSkip(ctx, k.pool, skipped))
+	require.False(t, k.parked(), "nothing holds the next message back once its head is skipped")
+	rows := k.claim(k.pool, 10)
 	require.Len(t, rows, 1)
-	require.Equal(t, next, rows[0].ID, "the next claim sends it")
+	require.Equal(t, k.next, rows[0].ID, "the next claim sends it")
 }
