@@ -58,6 +58,15 @@ func TestMessagesFilterAndPaginate(t *testing.T) {
 	none, _, err := f.admin.Messages(ctx, outbox.MessageFilter{CreatedFrom: &future})
 	require.NoError(t, err)
 	require.Empty(t, none)
+	// A window that ends before 1970 holds nothing, whatever ids can hold.
+	for _, to := range []time.Time{time.Date(1969, 12, 31, 23, 0, 0, 0, time.UTC), time.Date(1960, 1, 1, 0, 0, 0, 0, time.UTC)} {
+		none, _, err = f.admin.Messages(ctx, outbox.MessageFilter{CreatedTo: &to})
+		require.NoError(t, err)
+		require.Empty(t, none, "to %s", to)
+		none, _, err = f.admin.Messages(ctx, outbox.MessageFilter{OrderingKey: "order-1", CreatedTo: &to})
+		require.NoError(t, err)
+		require.Empty(t, none, "to %s, by key", to)
+	}
 
 	_, _, err = f.admin.Messages(ctx, outbox.MessageFilter{Status: "lost"})
 	require.ErrorIs(t, err, outbox.ErrInvalidStatus)

@@ -88,15 +88,21 @@ var (
 func (r Replay) idRange() (from, to time.Time) { return idTimes(r.From, r.To) }
 
 // idTimes bounds a time range to the times an event id can hold, so that a
-// range reaching before 1970 means from the first event, not none.
+// range reaching before 1970 means from the first event, not none, and one
+// ending before 1970 holds nothing (outbox_uuid_at of a time before 1970 is
+// an id above every other: as an upper bound it let everything through).
 func idTimes(from, to time.Time) (time.Time, time.Time) {
-	if from.Before(idTimeMin) {
-		from = idTimeMin
+	return clampIDTime(from), clampIDTime(to)
+}
+
+func clampIDTime(t time.Time) time.Time {
+	if t.Before(idTimeMin) {
+		return idTimeMin
 	}
-	if to.After(idTimeMax) {
-		to = idTimeMax
+	if t.After(idTimeMax) {
+		return idTimeMax
 	}
-	return from, to
+	return t
 }
 
 // ReplayEvents re-sends retained events to an endpoint, under their original
