@@ -342,3 +342,48 @@ func TestNATSDuplicateOfAConsumedMessageIsDelivered(t *testing.T) {
 	require.NoError(t, res.Err)
 	require.True(t, res.Acked, "the duplicate of a consumed message is delivered")
 }
+
+// A work-queue stream serving two destinations of an event (billing and
+// audit, a consumer filtered on each): billing's consumer takes its copy,
+// the stream deletes it, and audit's publish is then acked as a duplicate
+// of a message the stream no longer holds. That is a failed attempt, not a
+// delivery: nothing reached audit. Recorded delivered, the event was lost.
+func TestNATSDuplicateOfAGoneMessageOnAnotherSubjectIsAFailure(t *testing.T) {
+	t.Parallel()
+	_, js := brokertest.JetStream(t)
+	id := strings.ReplaceAll(uuid.NewString(), "-", "")
+	name, prefix := "OUTBOXWQ2_"+id, "outboxwq2."+id
+	s, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: name, Subjects: []string{prefix + ".>"},
+		Retention: jetstream.WorkQueuePolicy, Duplicates: time.Minute})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
+	billing, err := s.CreateConsumer(ctxT(t), jetstream.ConsumerConfig{Durable: "billing", FilterSubject: prefix + ".billing",
+		AckPolicy: jetstream.AckExplicitPolicy})
+	require.NoError(t, err)
+	audit, err := s.CreateConsumer(ctxT(t), jetstream.ConsumerConfig{Durable: "audit", FilterSubject: prefix + ".audit",
+		AckPolicy: jetstream.AckExplicitPolicy})
+	require.NoError(t, err)
+	tr := broker.NewNATS(natsURL(), source)
+	t.Cleanup(tr.Close)
+
+	toBilling := delivery(t, "nats:"+prefix+".billing", "o-1")
+	require.True(t, tr.Deliver(ctxT(t), toBilling).Acked)
+	msgs, err := billing.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	require.NoError(t, err)
+	for m := range msgs.Messages() {
+		require.NoError(t, m.DoubleAck(ctxT(t)))
+	}
+	require.Eventually(t, func() bool {
+		info, err := s.Info(ctxT(t))
+		return err == nil && info.State.Msgs == 0
+	}, 5*time.Second, 10*time.Millisecond, "the work queue deleted the acked message")
+
+	toAudit := delivery(t, "nats:"+prefix+".audit", "o-1")
+	toAudit.EventID = toBilling.EventID
+	res := tr.Deliver(ctxT(t), toAudit)
+	info, err := audit.Info(ctxT(t))
+	require.NoError(t, err)
+	require.Zero(t, info.NumPending, "nothing reached audit")
+	require.False(t, res.Acked, "so the publish is not a delivery")
+	require.ErrorContains(t, res.Err, "no longer holds")
+}

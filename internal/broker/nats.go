@@ -120,9 +120,16 @@ func sameSubject(ctx context.Context, js jetstream.JetStream, ack *jetstream.Pub
 	stored, err := s.GetMsg(ctx, ack.Sequence)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		// Gone since (a work-queue stream deletes what its consumer
-		// acked; limits age messages out): what the stream stored was
-		// taken, and a stream that serves one consumer so is not shared.
-		return nil
+		// acked; limits age messages out). Only a stream that captures
+		// this one subject alone must have held it on this subject; in
+		// any other, it may have been another destination's copy, and
+		// the publish is tried again until the duplicate window is over.
+		if subjects := s.CachedInfo().Config.Subjects; len(subjects) == 1 && subjects[0] == subject {
+			return nil
+		}
+		return fmt.Errorf("stream %q dropped the event as a duplicate of a message it no longer holds, which may have been "+
+			"on another of its subjects; JetStream deduplicates on the event id per stream: give each destination a stream "+
+			"of its own (this publish is stored once the stream's duplicate window is over)", ack.Stream)
 	}
 	if err != nil {
 		return fmt.Errorf("checking a duplicate publish: %w", err)
