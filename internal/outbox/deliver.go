@@ -163,6 +163,14 @@ func (w *deliverWorker) Work(ctx context.Context, job *river.Job[deliverArgs]) e
 		return nil
 	}
 	if err != nil {
+		// The lease may be taken all the same (committed, the answer lost):
+		// held by this live relay, it would keep every other job away.
+		release := func(ctx context.Context) error { return outboxdb.New(r.pool).DestinationLeaseRelease(ctx, dest, token) }
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+		defer cancel()
+		if release(rctx) != nil {
+			r.deferSettle(release)
+		}
 		return fmt.Errorf("leasing destination: %w", err)
 	}
 	r.metrics.deliverJobs.Inc()

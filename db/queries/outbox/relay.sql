@@ -105,6 +105,13 @@ WHERE e.id = @id AND e.enabled
         AND r.heartbeat_at >= now() - make_interval(secs => r.timeout_seconds))
 RETURNING e.url, e.health, e.health_reason, e.health_changed_at, e.consecutive_failures, e.backoff_until;
 
+-- name: DestinationLeaseRelease :exec
+-- Gives up a lease whose taking failed as far as the job could tell: the
+-- update may have committed with its answer lost, and nothing else would
+-- free a lease held by a live relay.
+UPDATE webhook_endpoints SET lease_token = NULL, lease_relay = NULL
+WHERE id = @id AND lease_token = @lease_token::uuid;
+
 -- name: DestinationUndispatch :exec
 -- A relay that is stopping hands back a job it fetched but will not run:
 -- the next poll of any relay dispatches the destination again at once.

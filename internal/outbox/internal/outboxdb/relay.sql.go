@@ -90,6 +90,19 @@ func (q *Queries) DestinationLease(ctx context.Context, leaseToken uuid.UUID, re
 	return i, err
 }
 
+const destinationLeaseRelease = `-- name: DestinationLeaseRelease :exec
+UPDATE webhook_endpoints SET lease_token = NULL, lease_relay = NULL
+WHERE id = $1 AND lease_token = $2::uuid
+`
+
+// Gives up a lease whose taking failed as far as the job could tell: the
+// update may have committed with its answer lost, and nothing else would
+// free a lease held by a live relay.
+func (q *Queries) DestinationLeaseRelease(ctx context.Context, iD uuid.UUID, leaseToken uuid.UUID) error {
+	_, err := q.db.Exec(ctx, destinationLeaseRelease, iD, leaseToken)
+	return err
+}
+
 const destinationSettle = `-- name: DestinationSettle :one
 UPDATE webhook_endpoints e
 SET lease_token = NULL,
