@@ -223,6 +223,9 @@ func (a *Admin) checkDestination(ctx context.Context, rawURL string) error {
 		// bytes that are not UTF-8 in a URL's path, would fail the write.
 		return fmt.Errorf("%w: a destination must be UTF-8 text without NUL", ErrInvalidEndpoint)
 	}
+	if len(rawURL) > maxDestinationBytes {
+		return fmt.Errorf("%w: a destination is at most %d bytes", ErrInvalidEndpoint, maxDestinationBytes)
+	}
 	d, err := ParseDestination(rawURL)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidEndpoint, err)
@@ -243,6 +246,9 @@ func subscription(in []string) ([]string, error) {
 	if len(types) == 0 {
 		return nil, fmt.Errorf("%w: event_types must name at least one event type", ErrInvalidEndpoint)
 	}
+	if len(types) > maxEventTypes {
+		return nil, fmt.Errorf("%w: event_types names %d types; at most %d", ErrInvalidEndpoint, len(types), maxEventTypes)
+	}
 	for _, t := range types {
 		if strings.TrimSpace(t) == "" {
 			return nil, fmt.Errorf("%w: event_types must not contain an empty type", ErrInvalidEndpoint)
@@ -250,9 +256,25 @@ func subscription(in []string) ([]string, error) {
 		if !isText(t) {
 			return nil, fmt.Errorf("%w: event_types must be UTF-8 text without NUL bytes", ErrInvalidEndpoint)
 		}
+		if strings.TrimSpace(t) != t {
+			// No event's type has spaces around it: such a type matches none.
+			return nil, fmt.Errorf("%w: event type %q has spaces around it", ErrInvalidEndpoint, t)
+		}
+		if len(t) > maxEventTypeBytes {
+			return nil, fmt.Errorf("%w: an event type is at most %d bytes", ErrInvalidEndpoint, maxEventTypeBytes)
+		}
 	}
 	return types, nil
 }
+
+// Bounds of an endpoint's registration. Beyond them PostgreSQL refuses the
+// row (a type too long for webhook_endpoints_event_types_idx's entries, which
+// answered 500), and no real destination or subscription comes near them.
+const (
+	maxEventTypes       = 100
+	maxEventTypeBytes   = 255
+	maxDestinationBytes = 2048
+)
 
 // isText reports whether s is text PostgreSQL takes: valid UTF-8 without NUL
 // bytes. Anything else makes the statement fail, which a caller would see

@@ -2,6 +2,9 @@ package outbox_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
 	"testing"
 	"time"
 
@@ -90,6 +93,40 @@ func TestDestinationsThatAreNotTextAreRefused(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, eps, 1, "nothing written")
 	require.Equal(t, ep.URL, eps[0].URL, "nothing changed")
+}
+
+// Registrations beyond the bounds are refused with a reason and write
+// nothing: an incompressible event type of 6,000 characters was too long
+// for the subscription index's entries, and answered 500.
+func TestOversizedRegistrationsAreRefused(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	ep := f.endpoint(t, newReceiver(t), "order.placed")
+	random := func(n int) string {
+		b := make([]byte, n/2)
+		_, _ = rand.Read(b)
+		return hex.EncodeToString(b)
+	}
+	many := make([]string, 101)
+	for i := range many {
+		many[i] = fmt.Sprintf("order.type%d", i)
+	}
+	for name, types := range map[string][]string{
+		"a long type": {random(6000)}, "101 types": many, "a type with a space around it": {" order.placed"},
+	} {
+		_, err := f.admin.CreateEndpoint(ctx, ep.URL, types)
+		require.ErrorIs(t, err, outbox.ErrInvalidEndpoint, name)
+		_, err = f.admin.UpdateEndpoint(ctx, ep.ID, outbox.EndpointChange{EventTypes: types})
+		require.ErrorIs(t, err, outbox.ErrInvalidEndpoint, name)
+	}
+	long := ep.URL + "?" + random(3000)
+	_, err := f.admin.CreateEndpoint(ctx, long, []string{"order.placed"})
+	require.ErrorIs(t, err, outbox.ErrInvalidEndpoint, "a long URL")
+	eps, err := f.admin.Endpoints(ctx)
+	require.NoError(t, err)
+	require.Len(t, eps, 1, "nothing written")
+	require.Equal(t, []string{"order.placed"}, eps[0].EventTypes, "nothing changed")
 }
 
 // An ordering key's messages found from a time before 1970, where no event
