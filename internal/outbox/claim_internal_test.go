@@ -646,3 +646,35 @@ func TestSkipRacingAClaimPromotesWhatTheClaimParked(t *testing.T) {
 	require.Len(t, rows, 1)
 	require.Equal(t, k.next, rows[0].ID, "the next claim sends it")
 }
+
+// A recovery brings forward the messages the outage sent into a later
+// retry, not one a broker refused on its own (too large): that one keeps
+// its schedule. Both were recorded as "retry" with no status code, and the
+// recovery made the refused message due at once, to be refused again.
+func TestRecoveryLeavesAMessageRefusedOnItsOwnOnItsSchedule(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	lease := uuid.New()
+	dest := testEndpoint(t, pool, &lease)
+	Seed(t, pool, dest, 2, "")
+	rows, err := claimMessages(ctx, pool, outboxdb.MessageClaimParams{
+		ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 2})
+	require.NoError(t, err)
+	require.Len(t, rows, 2)
+	s := &session{r: &Relay{cfg: DefaultRelayConfig()}, token: lease}
+	now := time.Now()
+	refused := s.r.judge(sent{row: rows[0], started: now, finished: now,
+		res: Result{Err: errors.New("message size exceeds maximum allowed"), MessageFault: true}})
+	unreachable := s.r.judge(sent{row: rows[1], started: now, finished: now, res: Result{Err: errors.New("connection refused")}})
+	_, err = outboxdb.New(pool).MessagesRecordOutcomes(ctx, s.recordParams([]outcome{refused, unreachable}))
+	require.NoError(t, err)
+
+	n, err := outboxdb.New(pool).DestinationHealthy(ctx, dest, lease)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "one message brought forward")
+	var due uuid.UUID
+	require.NoError(t, pool.QueryRow(ctx, `SELECT id FROM outbox_messages WHERE destination = $1 AND next_attempt_at <= now()`,
+		dest).Scan(&due))
+	require.Equal(t, rows[1].ID, due, "the one the outage held back")
+}

@@ -539,6 +539,10 @@ const (
 	labelFailed      = "failed"
 	labelGone        = "gone"
 	labelInterrupted = "interrupted"
+	// labelRefused is a retry after a refusal of this message alone
+	// (Result.MessageFault: too large for the broker): it says nothing of
+	// the destination, so a recovery does not bring it forward.
+	labelRefused = "refused"
 )
 
 // judge turns a request's end into the message's next state.
@@ -594,6 +598,9 @@ func (r *Relay) judge(s sent) outcome {
 		return o
 	}
 	o.status, o.label = StatusPending, labelRetry
+	if res.MessageFault {
+		o.label = labelRefused
+	}
 	o.delay = r.cfg.retryDelay(attempt)
 	if o.retryAfter > 0 {
 		o.delay = o.retryAfter

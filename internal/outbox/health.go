@@ -177,7 +177,7 @@ func activity(ctx context.Context, q *outboxdb.Queries, b backlog, arrived *arri
 		case "delivered":
 			m.Delivered += r.Attempts
 			settled[i] += r.Attempts
-		case "retry", "timeout", "interrupted", "gone":
+		case "retry", "refused", "timeout", "interrupted", "gone":
 			m.Retried += r.Attempts
 		default: // failed: the message gave up
 			m.Failed += r.Attempts

@@ -39,7 +39,8 @@ WHERE m.destination = h.id AND m.status = 'pending' AND NOT m.parked
 // 401, 403, 404, 405, 408, 429, 5xx) are due now, instead of waiting out a schedule
 // that grew through the outage (hours, after a long one), each holding its
 // ordering key meanwhile. A message the receiver refused on its own (any
-// other answer) keeps its schedule. Returns how many were brought forward:
+// other answer, or a broker's refusal of this message alone, recorded
+// 'refused') keeps its schedule. Returns how many were brought forward:
 // few, as the outage's other messages waited without an attempt. Reads
 // only the destination's messages due later (on the pending index) and
 // each one's latest attempt (on the attempts' primary key).
