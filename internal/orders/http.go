@@ -35,6 +35,12 @@ func (s *Service) handlePlace(w http.ResponseWriter, r *http.Request) {
 		httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusBadRequest, "Idempotency-Key must be given at most once, got %d", len(keys)))
 		return
 	}
+	if len(keys) == 1 && strings.TrimSpace(keys[0]) == "" {
+		// Sent, but empty: placed without a key, a retry would be a
+		// second order.
+		httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusBadRequest, "Idempotency-Key must not be empty"))
+		return
+	}
 	req.IdempotencyKey = r.Header.Get("Idempotency-Key")
 	order, replayed, err := s.Place(r.Context(), req)
 	if err != nil {

@@ -90,6 +90,7 @@ func TestPlaceRefusesBadInputAndWritesNothing(t *testing.T) {
 		"too many lines":            {body: body("c-1", orders.MaxLines+1, ok), status: 422, mentions: []string{"lines", fmt.Sprint(orders.MaxLines)}},
 		"idempotency key too long":  {body: validBody, headers: []string{"Idempotency-Key", strings.Repeat("k", 256)}, status: 422, mentions: []string{"idempotency key"}},
 		"idempotency key not UTF-8": {body: validBody, headers: []string{"Idempotency-Key", "k\xff"}, status: 422, mentions: []string{"idempotency key"}},
+		"idempotency key empty":     {body: validBody, headers: []string{"Idempotency-Key", "  "}, status: 400, mentions: []string{"Idempotency-Key", "empty"}},
 		"idempotency key twice":     {body: validBody, headers: []string{"Idempotency-Key", "k-1", "Idempotency-Key", "k-2"}, status: 400, mentions: []string{"Idempotency-Key", "once"}},
 
 		// Transport: 413 and 415.
