@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -99,8 +101,9 @@ func (c *Consumer) ConsumeNATS(ctx context.Context, cons jetstream.Consumer) err
 // handleNATS applies one message and settles it with the broker.
 func (c *Consumer) handleNATS(ctx context.Context, msg jetstream.Msg) {
 	h := msg.Headers()
-	env := envelope{ID: h.Get("ce-id"), Type: h.Get("ce-type"), Data: msg.Data()}
-	at, err := time.Parse(time.RFC3339Nano, h.Get("ce-time"))
+	env := envelope{ID: header(h, "ce-id"), Type: header(h, "ce-type"), Data: msg.Data()}
+	// RFC 3339 allows a lowercase t and z; Go's layout does not.
+	at, err := time.Parse(time.RFC3339Nano, strings.ToUpper(header(h, "ce-time")))
 	if env.ID == "" || env.Type == "" || err != nil {
 		// Redelivering it cannot help: terminate it, and say so.
 		c.counts[BadRequest].Add(1)
@@ -200,4 +203,19 @@ func (o *outOfOrderCounts) forget(id string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	delete(o.n, id)
+}
+
+// header reads a header whatever the case of its name, as the CloudEvents
+// NATS binding reads names (another producer, or a bridge, may send Ce-Id);
+// NATS headers are case-sensitive, and Get is an exact lookup.
+func header(h nats.Header, name string) string {
+	if v := h.Get(name); v != "" {
+		return v
+	}
+	for k, v := range h {
+		if strings.EqualFold(k, name) && len(v) > 0 {
+			return v[0]
+		}
+	}
+	return ""
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -243,4 +244,28 @@ func TestJetStreamOutageDoesNotCountAsOutOfOrder(t *testing.T) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	require.NotContains(t, f.logs.String(), "terminated")
+}
+
+// A CloudEvent whose header names are not lowercase (Ce-Id, as another
+// producer or a bridge may write them: the NATS binding reads names
+// whatever their case) and whose time has a lowercase t and z (RFC 3339
+// allows them) is applied. Both were terminated as "not a CloudEvent", and
+// so lost.
+func TestJetStreamReadsHeadersWhateverTheirCase(t *testing.T) {
+	t.Parallel()
+	f := setup(t, newSecret(t))
+	js, cons, subject, url := jetStream(t)
+	f.consumeNATS(t, cons, subject, url)
+	placed := orderEvent("order.placed", "c-1", uuid.New(), 1000)
+	m := nats.NewMsg(subject)
+	m.Data = placed.Data
+	m.Header.Set("Ce-Id", placed.EventID.String())
+	m.Header.Set("Ce-Type", placed.Type)
+	m.Header.Set("Ce-Source", "urn:test:orders")
+	m.Header.Set("Ce-Specversion", "1.0")
+	m.Header.Set("Ce-Time", strings.ToLower(placed.CreatedAt.UTC().Format(time.RFC3339Nano)))
+	_, err := js.PublishMsg(context.Background(), m)
+	require.NoError(t, err)
+	within(t, 5*time.Second, func() bool { return f.stats(t).Applied == 1 }, "applied")
+	require.Zero(t, f.stats(t).BadRequest)
 }
