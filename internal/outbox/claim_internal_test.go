@@ -678,3 +678,49 @@ func TestRecoveryLeavesAMessageRefusedOnItsOwnOnItsSchedule(t *testing.T) {
 		dest).Scan(&due))
 	require.Equal(t, rows[1].ID, due, "the one the outage held back")
 }
+
+// An outcome recorded twice (its recording committed with the answer lost,
+// so the job put it back and flushed it again) changes nothing the second
+// time, even when the same job has meanwhile claimed the message again for
+// its retry: matched on the job's token alone, the old outcome settled the
+// new claim, with its request still in flight, and a third request went out
+// beside it.
+func TestAnOutcomeRecordedAgainLeavesALaterClaimAlone(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	lease := uuid.New()
+	dest := testEndpoint(t, pool, &lease)
+	Seed(t, pool, dest, 1, "")
+	s := &session{r: &Relay{cfg: DefaultRelayConfig()}, token: lease}
+	claim := func() outboxdb.MessageClaimRow {
+		rows, err := claimMessages(ctx, pool, outboxdb.MessageClaimParams{
+			ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 1})
+		require.NoError(t, err)
+		require.Len(t, rows, 1)
+		return rows[0]
+	}
+	now := time.Now()
+	first := s.r.judge(sent{row: claim(), started: now, finished: now, res: Result{StatusCode: 503}})
+	first.delay = 0 // due again at once, within the job
+	record := func(o outcome) int64 {
+		n, err := outboxdb.New(pool).MessagesRecordOutcomes(ctx, s.recordParams([]outcome{o}))
+		require.NoError(t, err)
+		return n
+	}
+	require.EqualValues(t, 1, record(first))
+
+	again := claim()
+	require.EqualValues(t, 1, again.Attempts)
+	require.Zero(t, record(first), "the first outcome, put back, is recorded already")
+	var status string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT status FROM outbox_messages WHERE id = $1`, again.ID).Scan(&status))
+	require.Equal(t, StatusClaimed, status, "the second claim stands")
+	require.EqualValues(t, 1, record(s.r.judge(sent{row: again, started: now, finished: now, res: Result{StatusCode: 204}})))
+	var outcomes []string
+	rows, err := pool.Query(ctx, `SELECT outcome FROM outbox_attempts WHERE message_id = $1 ORDER BY attempt`, again.ID)
+	require.NoError(t, err)
+	outcomes, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{labelRetry, labelDelivered}, outcomes)
+}

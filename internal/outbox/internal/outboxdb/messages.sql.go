@@ -1051,7 +1051,10 @@ WITH o AS (
                                ELSE m.next_attempt_at END,
         last_error = COALESCE(NULLIF(o.last_error, ''), m.last_error)
     FROM o
-    WHERE m.id = o.id AND m.claim_token = $10::uuid
+    -- The attempt follows the row's count: an outcome recorded already
+    -- (its answer lost, so the job put it back) finds the count past it,
+    -- even on a later claim of the message by the same job.
+    WHERE m.id = o.id AND m.claim_token = $10::uuid AND m.attempts = o.attempt - 1
     RETURNING m.id, m.attempts_before, m.status, m.destination, m.ordering_key
 ), promoted AS (
     UPDATE outbox_messages n SET parked = false
