@@ -83,6 +83,7 @@ func TestNATSPublishesACloudEventOnceByEventID(t *testing.T) {
 	require.Equal(t, "2026-12-01T10:00:00.000005Z", h.Get("ce-time"))
 	require.Equal(t, "o-1", h.Get("ce-partitionkey"))
 	require.Equal(t, "application/json", h.Get("content-type"))
+	require.Equal(t, "application/json", h.Get("ce-datacontenttype"), "the NATS binding's name for the data's media type")
 	require.Equal(t, d.Header.Get("traceparent"), h.Get("traceparent"), "the trace continues through the broker")
 }
 

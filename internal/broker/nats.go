@@ -88,6 +88,9 @@ func (t *NATS) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result {
 	for _, a := range trace {
 		msg.Header.Set(a.name, a.value)
 	}
+	// The NATS binding names the data's media type ce-datacontenttype;
+	// content-type is kept for consumers that read that.
+	msg.Header.Set("ce-datacontenttype", contentType)
 	msg.Header.Set("content-type", contentType)
 	ack, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(d.EventID.String()))
 	if err != nil {
