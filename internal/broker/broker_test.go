@@ -329,15 +329,7 @@ func TestNATSDuplicateOfAConsumedMessageIsDelivered(t *testing.T) {
 	require.True(t, tr.Deliver(ctxT(t), d).Acked)
 	c, err := s.CreateConsumer(ctxT(t), jetstream.ConsumerConfig{AckPolicy: jetstream.AckExplicitPolicy})
 	require.NoError(t, err)
-	msgs, err := c.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
-	require.NoError(t, err)
-	for m := range msgs.Messages() {
-		require.NoError(t, m.DoubleAck(ctxT(t)))
-	}
-	require.Eventually(t, func() bool {
-		info, err := s.Info(ctxT(t))
-		return err == nil && info.State.Msgs == 0
-	}, 5*time.Second, 10*time.Millisecond, "the work queue deleted the acked message")
+	consumeOne(t, s, c)
 
 	res := tr.Deliver(ctxT(t), d)
 	require.NoError(t, res.Err)
@@ -369,15 +361,7 @@ func TestNATSDuplicateOfAGoneMessageOnAnotherSubjectIsAFailure(t *testing.T) {
 
 	toBilling := delivery(t, "nats:"+prefix+".billing", "o-1")
 	require.True(t, tr.Deliver(ctxT(t), toBilling).Acked)
-	msgs, err := billing.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
-	require.NoError(t, err)
-	for m := range msgs.Messages() {
-		require.NoError(t, m.DoubleAck(ctxT(t)))
-	}
-	require.Eventually(t, func() bool {
-		info, err := s.Info(ctxT(t))
-		return err == nil && info.State.Msgs == 0
-	}, 5*time.Second, 10*time.Millisecond, "the work queue deleted the acked message")
+	consumeOne(t, s, billing)
 
 	toAudit := delivery(t, "nats:"+prefix+".audit", "o-1")
 	toAudit.EventID = toBilling.EventID
@@ -387,4 +371,19 @@ func TestNATSDuplicateOfAGoneMessageOnAnotherSubjectIsAFailure(t *testing.T) {
 	require.Zero(t, info.NumPending, "nothing reached audit")
 	require.False(t, res.Acked, "so the publish is not a delivery")
 	require.ErrorContains(t, res.Err, "no longer holds")
+}
+
+// consumeOne takes and acks one message of the work-queue stream s through
+// c, and waits until the stream has deleted it.
+func consumeOne(t *testing.T, s jetstream.Stream, c jetstream.Consumer) {
+	t.Helper()
+	msgs, err := c.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	require.NoError(t, err)
+	for m := range msgs.Messages() {
+		require.NoError(t, m.DoubleAck(ctxT(t)))
+	}
+	require.Eventually(t, func() bool {
+		info, err := s.Info(ctxT(t))
+		return err == nil && info.State.Msgs == 0
+	}, 5*time.Second, 10*time.Millisecond, "the work queue deleted the acked message")
 }

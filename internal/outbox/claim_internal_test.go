@@ -575,8 +575,8 @@ type pair struct {
 }
 
 func keyedPair(t *testing.T) pair {
-	k := pair{t: t, pool: dbtest.Pool(t), lease: uuid.New()}
-	k.dest = testEndpoint(t, k.pool, &k.lease)
+	k := pair{t: t}
+	k.pool, k.dest, k.lease = leased(t)
 	ids := Seed(t, k.pool, k.dest, 2, "order-1")
 	k.ahead, k.next = ids[0], ids[1]
 	return k
@@ -598,6 +598,12 @@ func (k pair) parked() bool {
 	var p bool
 	require.NoError(k.t, k.pool.QueryRow(context.Background(), "SELECT parked FROM outbox_messages WHERE id = $1", k.next).Scan(&p))
 	return p
+}
+
+// leased is a database with one endpoint whose lease the test holds.
+func leased(t *testing.T) (pool *pgxpool.Pool, dest, lease uuid.UUID) {
+	pool, lease = dbtest.Pool(t), uuid.New()
+	return pool, testEndpoint(t, pool, &lease), lease
 }
 
 // testEndpoint registers an endpoint for order.placed that nothing
@@ -653,10 +659,8 @@ func TestSkipRacingAClaimPromotesWhatTheClaimParked(t *testing.T) {
 // recovery made the refused message due at once, to be refused again.
 func TestRecoveryLeavesAMessageRefusedOnItsOwnOnItsSchedule(t *testing.T) {
 	t.Parallel()
-	pool := dbtest.Pool(t)
+	pool, dest, lease := leased(t)
 	ctx := context.Background()
-	lease := uuid.New()
-	dest := testEndpoint(t, pool, &lease)
 	Seed(t, pool, dest, 2, "")
 	rows, err := claimMessages(ctx, pool, outboxdb.MessageClaimParams{
 		ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 2})
@@ -687,10 +691,8 @@ func TestRecoveryLeavesAMessageRefusedOnItsOwnOnItsSchedule(t *testing.T) {
 // beside it.
 func TestAnOutcomeRecordedAgainLeavesALaterClaimAlone(t *testing.T) {
 	t.Parallel()
-	pool := dbtest.Pool(t)
+	pool, dest, lease := leased(t)
 	ctx := context.Background()
-	lease := uuid.New()
-	dest := testEndpoint(t, pool, &lease)
 	Seed(t, pool, dest, 1, "")
 	s := &session{r: &Relay{cfg: DefaultRelayConfig()}, token: lease}
 	claim := func() outboxdb.MessageClaimRow {
