@@ -426,10 +426,8 @@ func TestClaimDoesNotCompileForABacklog(t *testing.T) {
 // prunes it. Without it the row, its event and its history stayed forever.
 func TestMessagesFailedByAReleaseArePrunedWithTheFailed(t *testing.T) {
 	t.Parallel()
-	pool := dbtest.Pool(t)
+	pool, dest, ids := seededEndpoint(t, 2, "")
 	ctx := context.Background()
-	dest := testEndpoint(t, pool, nil)
-	ids := Seed(t, pool, dest, 2, "")
 	dead, stale := ids[0], ids[1]
 	const maxAttempts = 3
 	// Both claimed at their last attempt: one by a relay now dead, one an
@@ -604,6 +602,14 @@ func (k pair) parked() bool {
 func leased(t *testing.T) (pool *pgxpool.Pool, dest, lease uuid.UUID) {
 	pool, lease = dbtest.Pool(t), uuid.New()
 	return pool, testEndpoint(t, pool, &lease), lease
+}
+
+// seededEndpoint is a database with one endpoint nothing listens on and n
+// pending messages for it (of one ordering key, unless key is empty).
+func seededEndpoint(t *testing.T, n int, key string) (pool *pgxpool.Pool, ep uuid.UUID, ids []uuid.UUID) {
+	pool = dbtest.Pool(t)
+	ep = testEndpoint(t, pool, nil)
+	return pool, ep, Seed(t, pool, ep, n, key)
 }
 
 // testEndpoint registers an endpoint for order.placed that nothing

@@ -52,10 +52,8 @@ func TestEventPruneWalksPastKeptEventsOnce(t *testing.T) {
 // endpoint waits any more (they were found only beside unparked ones).
 func TestOrphanJobDiscardsParkedMessagesOfADeletedEndpoint(t *testing.T) {
 	t.Parallel()
-	pool := dbtest.Pool(t)
+	pool, ep, ids := seededEndpoint(t, 3, "order-1")
 	ctx := context.Background()
-	ep := testEndpoint(t, pool, nil)
-	ids := Seed(t, pool, ep, 3, "order-1")
 	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET parked = true WHERE id = ANY ($1)`, ids)
 	require.NoError(t, err)
 	// Deleted with only parked messages left, as a deletion leaves a
@@ -76,10 +74,8 @@ func TestOrphanJobDiscardsParkedMessagesOfADeletedEndpoint(t *testing.T) {
 // delivered meanwhile (READ COMMITTED re-checks only the outer WHERE).
 func TestSettlingStatementsRecheckRowsTheyWaitedFor(t *testing.T) {
 	t.Parallel()
-	pool := dbtest.Pool(t)
+	pool, ep, ids := seededEndpoint(t, 2, "")
 	ctx := context.Background()
-	ep := testEndpoint(t, pool, nil)
-	ids := Seed(t, pool, ep, 2, "")
 	requeued, delivered := ids[0], ids[1]
 	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET status = 'failed', attempts = 1, failed_at = now() - interval '1 hour' WHERE id = $1`, requeued)
 	require.NoError(t, err)
