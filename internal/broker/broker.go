@@ -17,6 +17,7 @@
 package broker
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/url"
@@ -159,8 +160,20 @@ func attributes(d outbox.Delivery, source string) (ce []attribute, trace []attri
 // contentType is the body's media type, the CloudEvents datacontenttype.
 const contentType = "application/json"
 
+// awaitDial waits for a transport's dial in progress to end, or for ctx:
+// a publish waits for a connection no longer than its own deadline, while
+// the dial goes on for the publishes after it.
+func awaitDial(ctx context.Context, dialing <-chan struct{}, broker string) error {
+	select {
+	case <-dialing:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("connecting to %s: %w", broker, ctx.Err())
+	}
+}
+
 // failedDial remembers a dial that failed, for redialAfter: the publishes
-// that waited behind it (a dial holds its transport's lock) fail at once
+// that waited for it (they share one dial) fail at once
 // with its error instead of each dialing in turn, which against a broker
 // that drops packets took a dial timeout apiece, one after another. Guarded
 // by its transport's lock.

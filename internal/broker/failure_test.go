@@ -233,30 +233,7 @@ func TestNATSClosedPublishesNothing(t *testing.T) {
 // behind it.
 func TestSilentBrokerFailsWaitingPublishesTogether(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { ln.Close() })
-	var accepted []net.Conn
-	var mu sync.Mutex
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			accepted = append(accepted, c) // held open, never answered
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range accepted {
-			c.Close()
-		}
-	})
-	addr := ln.Addr().String()
+	addr := silentServer(t)
 	for _, tc := range []struct {
 		name string
 		tr   outbox.Transport
@@ -307,4 +284,69 @@ func TestNATSNoticesASilentlyCutConnection(t *testing.T) {
 	require.Eventually(t, func() bool { return f.accepted.Load() >= 2 }, 45*time.Second, 100*time.Millisecond,
 		"the client gave the silent connection up and dialed again")
 	t.Logf("redialed %s after the connection went silent", time.Since(start).Round(time.Second))
+}
+
+// silentServer listens on a loopback port, accepts connections and never
+// answers them: a broker that takes the TCP connection and then hangs.
+func silentServer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	var accepted []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			accepted = append(accepted, c) // held open, never answered
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range accepted {
+			c.Close()
+		}
+	})
+	return ln.Addr().String()
+}
+
+// A publish waits for a dial no longer than its own deadline: against a
+// server that accepts and never answers, a dial takes its timeout (5 s)
+// per seed address, and the delivery's deadline (OUTBOX_DELIVERY_TIMEOUT)
+// bounds what the relay waits for any destination.
+func TestADialHoldsNoPublishPastItsDeadline(t *testing.T) {
+	t.Parallel()
+	addr := silentServer(t)
+	for _, tc := range []struct {
+		name string
+		tr   outbox.Transport
+		dest string
+	}{
+		// Three seeds, all silent: 15 s of dialing.
+		{"nats", broker.NewNATS("nats://"+addr+",nats://"+addr+",nats://"+addr, source), "nats:orders.events"},
+		{"rabbitmq", broker.NewRabbitMQ("amqp://guest:guest@"+addr+"/", source), "rabbitmq:orders/placed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var wg sync.WaitGroup
+			for range 4 {
+				wg.Go(func() {
+					ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+					defer cancel()
+					start := time.Now()
+					res := tc.tr.Deliver(ctx, delivery(t, tc.dest, ""))
+					waited := time.Since(start)
+					assert.ErrorIs(t, res.Err, context.DeadlineExceeded)
+					assert.Less(t, waited, 2*time.Second, "the publish ended at its deadline (1 s), not the dial's (5 s or more)")
+				})
+			}
+			wg.Wait()
+		})
+	}
 }

@@ -26,6 +26,8 @@ type NATS struct {
 	js     jetstream.JetStream
 	closed bool
 	failed failedDial
+	// dialing is closed when the dial in progress ends; nil when none is.
+	dialing chan struct{}
 }
 
 // NewNATS returns a transport to the NATS servers at url. It connects at
@@ -43,38 +45,69 @@ var errNATSClosed = errors.New("the NATS transport is closed")
 
 // conn returns the JetStream context, connecting if there is none. A
 // connection reconnects by itself once made; a closed one is replaced. The
-// connection's options outlive this call (its reconnects use them), so
-// its timeout is a fixed one, not what is left of this publish's.
-func (t *NATS) conn() (jetstream.JetStream, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed {
-		return nil, errNATSClosed
+// dial runs in the background and the publishes that need it share it,
+// each waiting no longer than its own deadline: nats.go tries every seed
+// address in turn, a timeout apiece against servers that accept and never
+// answer, past any delivery's deadline.
+func (t *NATS) conn(ctx context.Context) (jetstream.JetStream, error) {
+	for {
+		t.mu.Lock()
+		if t.closed {
+			t.mu.Unlock()
+			return nil, errNATSClosed
+		}
+		if t.nc != nil && !t.nc.IsClosed() {
+			js := t.js
+			t.mu.Unlock()
+			return js, nil
+		}
+		if err := t.failed.recent(); err != nil {
+			t.mu.Unlock()
+			return nil, err
+		}
+		if t.dialing == nil {
+			t.dialing = make(chan struct{})
+			go t.dial(t.dialing)
+		}
+		dialing := t.dialing
+		t.mu.Unlock()
+		if err := awaitDial(ctx, dialing, "NATS"); err != nil {
+			return nil, err
+		}
 	}
-	if t.nc != nil && !t.nc.IsClosed() {
-		return t.js, nil
-	}
-	if err := t.failed.recent(); err != nil {
-		return nil, err
-	}
+}
+
+// dial connects and keeps the connection, or the failure, then closes
+// done. The connection's options outlive the dial (its reconnects use
+// them), so its timeout is a fixed one, not a publish's.
+func (t *NATS) dial(done chan struct{}) {
 	nc, err := nats.Connect(t.url, nats.Name("outbox-relay"), nats.Timeout(dialTimeout), nats.MaxReconnects(-1),
 		nats.PingInterval(natsPingInterval), nats.MaxPingsOutstanding(2))
+	var js jetstream.JetStream
 	if err != nil {
-		return nil, t.failed.set(fmt.Errorf("connecting to NATS: %w", hideURL(err)))
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
+		err = fmt.Errorf("connecting to NATS: %w", hideURL(err))
+	} else if js, err = jetstream.New(nc); err != nil {
 		nc.Close()
-		return nil, fmt.Errorf("opening JetStream: %w", err)
+		err = fmt.Errorf("opening JetStream: %w", err)
 	}
-	t.nc, t.js = nc, js
-	return js, nil
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	defer close(done)
+	t.dialing = nil
+	switch {
+	case err != nil:
+		t.failed.set(err)
+	case t.closed:
+		nc.Close()
+	default:
+		t.nc, t.js = nc, js
+	}
 }
 
 // Deliver implements outbox.Transport.
 func (t *NATS) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result {
 	dest := d.Target()
-	js, err := t.conn()
+	js, err := t.conn(ctx)
 	if err != nil {
 		return outbox.Result{Err: err}
 	}

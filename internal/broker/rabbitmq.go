@@ -30,6 +30,8 @@ type RabbitMQ struct {
 	idle   []*confirmChannel
 	closed bool
 	failed failedDial
+	// dialing is closed when the dial in progress ends; nil when none is.
+	dialing chan struct{}
 	// confirmedAt is when a publish was last confirmed (Unix nanoseconds):
 	// a confirm that does not come in time says the connection is not
 	// answering only if no other publish was confirmed meanwhile.
@@ -65,7 +67,7 @@ var errRabbitMQClosed = errors.New("the RabbitMQ transport is closed")
 // connection, and keeps sending heartbeats): it is waited for no longer
 // than ctx, and then the connection is dropped (abandon).
 func (t *RabbitMQ) channel(ctx context.Context) (*confirmChannel, error) {
-	c, conn, err := t.idleOrConn()
+	c, conn, err := t.idleOrConn(ctx)
 	if c != nil || err != nil {
 		return c, err
 	}
@@ -111,33 +113,66 @@ func (t *RabbitMQ) abandon(conn *amqp.Connection) {
 }
 
 // idleOrConn returns an idle channel, or else the connection to open one
-// on, dialing if there is none. Dialing holds the lock, so that one dial
-// serves every waiting publish; it is bounded by dialTimeout.
-func (t *RabbitMQ) idleOrConn() (*confirmChannel, *amqp.Connection, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+// on, dialing if there is none. The dial runs in the background and the
+// publishes that need it share it, each waiting no longer than its own
+// deadline; the dial itself is bounded by dialTimeout.
+func (t *RabbitMQ) idleOrConn(ctx context.Context) (*confirmChannel, *amqp.Connection, error) {
+	for {
+		t.mu.Lock()
+		c, conn, dialing, err := t.idleOrConnLocked()
+		t.mu.Unlock()
+		if dialing == nil {
+			return c, conn, err
+		}
+		if err := awaitDial(ctx, dialing, "RabbitMQ"); err != nil {
+			return nil, nil, err
+		}
+	}
+}
+
+// idleOrConnLocked is idleOrConn under the lock: an idle channel, the
+// connection, an error, or the dial to wait for.
+func (t *RabbitMQ) idleOrConnLocked() (*confirmChannel, *amqp.Connection, <-chan struct{}, error) {
 	if t.closed {
-		return nil, nil, errRabbitMQClosed
+		return nil, nil, nil, errRabbitMQClosed
 	}
 	for len(t.idle) > 0 {
 		c := t.idle[len(t.idle)-1]
 		t.idle = t.idle[:len(t.idle)-1]
 		if !c.ch.IsClosed() {
-			return c, nil, nil
+			return c, nil, nil, nil
 		}
 	}
-	if t.conn == nil || t.conn.IsClosed() {
-		if err := t.failed.recent(); err != nil {
-			return nil, nil, err
-		}
-		conn, err := amqp.DialConfig(t.url, amqp.Config{Dial: amqp.DefaultDial(dialTimeout),
-			Properties: amqp.Table{"connection_name": "outbox-relay"}})
-		if err != nil {
-			return nil, nil, t.failed.set(fmt.Errorf("connecting to RabbitMQ: %w", hideURL(err)))
-		}
+	if t.conn != nil && !t.conn.IsClosed() {
+		return nil, t.conn, nil, nil
+	}
+	if err := t.failed.recent(); err != nil {
+		return nil, nil, nil, err
+	}
+	if t.dialing == nil {
+		t.dialing = make(chan struct{})
+		go t.dial(t.dialing)
+	}
+	return nil, nil, t.dialing, nil
+}
+
+// dial connects and keeps the connection, or the failure, then closes
+// done.
+func (t *RabbitMQ) dial(done chan struct{}) {
+	conn, err := amqp.DialConfig(t.url, amqp.Config{Dial: amqp.DefaultDial(dialTimeout),
+		Properties: amqp.Table{"connection_name": "outbox-relay"}})
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	defer close(done)
+	t.dialing = nil
+	switch {
+	case err != nil:
+		t.failed.set(fmt.Errorf("connecting to RabbitMQ: %w", hideURL(err)))
+	case t.closed:
+		go conn.CloseDeadline(time.Now().Add(closeTimeout)) //nolint:errcheck
+	default:
 		t.conn = conn
 	}
-	return nil, t.conn, nil
 }
 
 // openChannel opens a channel in confirm mode on conn.
