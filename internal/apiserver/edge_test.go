@@ -272,3 +272,45 @@ func TestAdminIDsHaveOneSpelling(t *testing.T) {
 		requireProblem(t, resp, body, http.StatusNotFound, "no such id")
 	}
 }
+
+// Rotating a secret without a body keeps the previous one for the default
+// overlap (24 h), whether the empty body came with Content-Length: 0 or
+// chunked; a body that is there must be valid.
+func TestRotateSecretWithoutABodyUsesTheDefaultOverlap(t *testing.T) {
+	t.Parallel()
+	tok := strings.Repeat("k", 32)
+	s := setup(t, map[string]string{"DATABASE_URL": dbtest.URL(t), "ADMIN_TOKEN": tok, "OUTBOX_ALLOW_PRIVATE_TARGETS": "true"})
+	auth := map[string]string{"Authorization": "Bearer " + tok, "Content-Type": "application/json"}
+	resp, body := send(t, http.MethodPost, s.url+"/webhook-endpoints", auth, `{"url":"http://127.0.0.1:9/hook","event_types":["order.placed"]}`)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", body)
+	var ep struct{ ID, Secret string }
+	require.NoError(t, json.Unmarshal(body, &ep))
+	rotate := func(chunked bool) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, s.url+"/webhook-endpoints/"+ep.ID+"/rotate-secret", http.NoBody)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		if chunked {
+			req.ContentLength, req.TransferEncoding = -1, []string{"chunked"}
+		}
+		start := time.Now()
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "chunked %v: %s", chunked, b)
+		var rotated struct {
+			Secret                  string
+			PreviousSecretExpiresAt time.Time `json:"previous_secret_expires_at"`
+		}
+		require.NoError(t, json.Unmarshal(b, &rotated))
+		require.NotEqual(t, ep.Secret, rotated.Secret, "a new secret")
+		require.WithinDuration(t, start.Add(24*time.Hour), rotated.PreviousSecretExpiresAt, time.Minute, "the default overlap")
+		ep.Secret = rotated.Secret
+	}
+	rotate(false)
+	rotate(true)
+	resp, body = send(t, http.MethodPost, s.url+"/webhook-endpoints/"+ep.ID+"/rotate-secret", auth, `{"overlap":"1h"`)
+	requireProblem(t, resp, body, http.StatusBadRequest, "")
+}

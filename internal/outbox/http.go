@@ -1,9 +1,11 @@
 package outbox
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -201,7 +203,18 @@ func (a *Admin) handleRotateSecret(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	overlap := 24 * time.Hour
-	if r.ContentLength != 0 {
+	// No body is the default overlap, whether it came with Content-Length:
+	// 0 or chunked (a client streaming an empty body); only the first
+	// tells by its header.
+	body := bufio.NewReader(r.Body)
+	if _, err := body.Peek(1); err != nil && !errors.Is(err, io.EOF) {
+		httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusBadRequest, "reading the request body: %v", err))
+		return
+	} else if err == nil {
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{body, r.Body}
 		var req rotateSecretRequest
 		if err := httpjson.Decode(w, r, &req); err != nil {
 			httpjson.WriteError(w, err)
