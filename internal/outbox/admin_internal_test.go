@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/outboxkit/orders/internal/dbtest"
 	"github.com/outboxkit/orders/internal/netguard"
+	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
 )
 
 // Two replays of one endpoint at once make one copy of an event, not two:
@@ -155,6 +157,62 @@ func TestDeleteEndpointBesideAJobEndingDoesNotDeadlock(t *testing.T) {
 	var status string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT status FROM outbox_messages WHERE id = $1`, ids[0]).Scan(&status))
 	require.Equal(t, "delivered", status, "what the job recorded stands")
+}
+
+// A destination's recovery, as its probe gets an answer, takes its row
+// locks in the same order as a deletion, its messages before the endpoint:
+// the deletion, having settled the messages, deletes the endpoint while the
+// recovery waits for a message, and both finish. The recovery locked the
+// endpoint first, and one of the two was aborted as a deadlock (the
+// deletion answering 500, or the recovery unrecorded).
+func TestDeleteEndpointBesideARecoveryDoesNotDeadlock(t *testing.T) {
+	t.Parallel()
+	pool, dest, lease := leased(t)
+	ctx := context.Background()
+	Seed(t, pool, dest, 1, "")
+	var logs strings.Builder
+	r, err := NewRelay(pool, RelayConfig{}, &HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
+		slog.New(slog.NewTextHandler(&logs, nil)), nil)
+	require.NoError(t, err)
+	// A retry the outage pushed back: what the recovery brings forward.
+	rows, err := claimMessages(ctx, pool, outboxdb.MessageClaimParams{ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 1})
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+	s := &session{r: r, dest: dest, token: lease}
+	now := time.Now()
+	unreachable := r.judge(sent{row: rows[0], started: now, finished: now, res: Result{Err: errors.New("connection refused")}})
+	_, err = outboxdb.New(pool).MessagesRecordOutcomes(ctx, s.recordParams([]outcome{unreachable}))
+	require.NoError(t, err)
+
+	// The deletion: its messages settled first.
+	del, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer del.Rollback(ctx) //nolint:errcheck
+	n, err := outboxdb.New(del).MessagesDiscardForDestination(ctx, "endpoint deleted", dest, discardBatch)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+
+	recovered := make(chan struct{})
+	go func() {
+		defer close(recovered)
+		s.recovered(ctx)
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting)
+		return err == nil && waiting
+	}, 10*time.Second, 5*time.Millisecond, "the recovery waits for the message the deletion holds")
+
+	deleted, err := outboxdb.New(del).EndpointDelete(ctx, dest)
+	require.NoError(t, err, "the deletion's lock on the endpoint is not a deadlock")
+	require.EqualValues(t, 1, deleted)
+	require.NoError(t, del.Commit(ctx))
+	<-recovered
+	require.NotContains(t, logs.String(), "recording destination recovered", "the recovery's write did not fail")
+	var status string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT status FROM outbox_messages WHERE destination = $1`, dest).Scan(&status))
+	require.Equal(t, StatusDiscarded, status, "what the deletion settled stands")
 }
 
 // A window of time bounds what Messages reads, not only what it returns:

@@ -680,7 +680,7 @@ func TestRecoveryLeavesAMessageRefusedOnItsOwnOnItsSchedule(t *testing.T) {
 	_, err = outboxdb.New(pool).MessagesRecordOutcomes(ctx, s.recordParams([]outcome{refused, unreachable}))
 	require.NoError(t, err)
 
-	n, err := outboxdb.New(pool).DestinationHealthy(ctx, dest, lease)
+	n, err := outboxdb.New(pool).MessagesBringForward(ctx, dest, lease)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n, "one message brought forward")
 	var due uuid.UUID

@@ -504,7 +504,7 @@ func (s *session) handle(ctx context.Context, res sent) {
 
 // recovered marks a destination that was backing off healthy again, at
 // once, so the ops page and the other relays see it while this job goes on,
-// and makes due the retries the outage pushed back (DestinationHealthy). If
+// and makes due the retries the outage pushed back (MessagesBringForward). If
 // that write fails, the settle stores the health and says it; the retries
 // then keep their schedule.
 func (s *session) recovered(ctx context.Context) {
@@ -513,7 +513,15 @@ func (s *session) recovered(ctx context.Context) {
 	// Bounded: the session's loop waits on it, and holds the lease meanwhile.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	forward, err := outboxdb.New(r.pool).DestinationHealthy(ctx, s.dest, s.token)
+	var forward int64
+	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		q := outboxdb.New(tx)
+		var err error
+		if forward, err = q.MessagesBringForward(ctx, s.dest, s.token); err != nil {
+			return fmt.Errorf("bringing retries forward: %w", err)
+		}
+		return q.DestinationHealthy(ctx, s.dest, s.token)
+	})
 	if err != nil {
 		r.logger.WarnContext(ctx, "recording destination recovered", slog.String("destination", s.dest.String()), slog.Any("error", err))
 		return

@@ -117,36 +117,41 @@ WHERE id = @id AND lease_token = @lease_token::uuid;
 -- the next poll of any relay dispatches the destination again at once.
 UPDATE webhook_endpoints SET dispatched_at = NULL WHERE id = @id AND lease_token IS NULL;
 
--- name: DestinationHealthy :execrows
--- A probe got an answer: the destination is healthy again. Its messages
--- that the outage sent into a later retry (the probes, and the failures
--- that opened the circuit: their latest attempt was refused, timed out, or
--- got an endpoint-wide answer, as endpointWide in deliver.go judges it:
--- 401, 403, 404, 405, 408, 429, 5xx) are due now, instead of waiting out a schedule
+-- name: MessagesBringForward :execrows
+-- A probe got an answer: the destination is healthy again (the caller then
+-- runs DestinationHealthy in the same transaction). Its messages that the
+-- outage sent into a later retry (the probes, and the failures that opened
+-- the circuit: their latest attempt was refused, timed out, or got an
+-- endpoint-wide answer, as endpointWide in deliver.go judges it: 401, 403,
+-- 404, 405, 408, 429, 5xx) are due now, instead of waiting out a schedule
 -- that grew through the outage (hours, after a long one), each holding its
 -- ordering key meanwhile. A message the receiver refused on its own (any
 -- other answer, or a broker's refusal of this message alone, recorded
 -- 'refused') keeps its schedule. Returns how many were brought forward:
 -- few, as the outage's other messages waited without an attempt. Reads
 -- only the destination's messages due later (on the pending index) and
--- each one's latest attempt (on the attempts' primary key).
-WITH healthy AS (
-    UPDATE webhook_endpoints e
-    SET health = 'healthy', health_reason = NULL, health_changed_at = now(),
-        consecutive_failures = 0, backoff_until = NULL
-    WHERE e.id = @destination::uuid AND e.lease_token = @lease_token::uuid
-    RETURNING e.id
-)
+-- each one's latest attempt (on the attempts' primary key). It locks the
+-- messages before the endpoint, as a deletion does (MessagesDiscard-
+-- ForDestination, then EndpointDelete) and a job's end (outcomes, then
+-- DestinationSettle): the other order deadlocked with a deletion. The
+-- lease is read, not locked: only its holder gives it up.
 UPDATE outbox_messages m
 SET next_attempt_at = now()
-FROM healthy h
-WHERE m.destination = h.id AND m.status = 'pending' AND NOT m.parked
+WHERE m.destination = @destination::uuid AND m.status = 'pending' AND NOT m.parked
   AND m.next_attempt_at > now() AND m.attempts > 0
+  AND EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = @destination::uuid AND e.lease_token = @lease_token::uuid)
   AND EXISTS (
       SELECT 1 FROM outbox_attempts a
       WHERE a.message_id = m.id AND a.attempt = m.attempts_before + m.attempts
         AND a.outcome = 'retry'
         AND (a.status_code IS NULL OR a.status_code IN (401, 403, 404, 405, 408, 429) OR a.status_code >= 500));
+
+-- name: DestinationHealthy :exec
+-- Marks a destination healthy again, after MessagesBringForward.
+UPDATE webhook_endpoints
+SET health = 'healthy', health_reason = NULL, health_changed_at = now(),
+    consecutive_failures = 0, backoff_until = NULL
+WHERE id = @destination::uuid AND lease_token = @lease_token::uuid;
 
 -- name: DestinationSettle :one
 -- Ends a job's lease and stores the destination's health as the job leaves

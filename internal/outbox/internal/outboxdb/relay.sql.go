@@ -12,44 +12,17 @@ import (
 	"github.com/google/uuid"
 )
 
-const destinationHealthy = `-- name: DestinationHealthy :execrows
-WITH healthy AS (
-    UPDATE webhook_endpoints e
-    SET health = 'healthy', health_reason = NULL, health_changed_at = now(),
-        consecutive_failures = 0, backoff_until = NULL
-    WHERE e.id = $1::uuid AND e.lease_token = $2::uuid
-    RETURNING e.id
-)
-UPDATE outbox_messages m
-SET next_attempt_at = now()
-FROM healthy h
-WHERE m.destination = h.id AND m.status = 'pending' AND NOT m.parked
-  AND m.next_attempt_at > now() AND m.attempts > 0
-  AND EXISTS (
-      SELECT 1 FROM outbox_attempts a
-      WHERE a.message_id = m.id AND a.attempt = m.attempts_before + m.attempts
-        AND a.outcome = 'retry'
-        AND (a.status_code IS NULL OR a.status_code IN (401, 403, 404, 405, 408, 429) OR a.status_code >= 500))
+const destinationHealthy = `-- name: DestinationHealthy :exec
+UPDATE webhook_endpoints
+SET health = 'healthy', health_reason = NULL, health_changed_at = now(),
+    consecutive_failures = 0, backoff_until = NULL
+WHERE id = $1::uuid AND lease_token = $2::uuid
 `
 
-// A probe got an answer: the destination is healthy again. Its messages
-// that the outage sent into a later retry (the probes, and the failures
-// that opened the circuit: their latest attempt was refused, timed out, or
-// got an endpoint-wide answer, as endpointWide in deliver.go judges it:
-// 401, 403, 404, 405, 408, 429, 5xx) are due now, instead of waiting out a schedule
-// that grew through the outage (hours, after a long one), each holding its
-// ordering key meanwhile. A message the receiver refused on its own (any
-// other answer, or a broker's refusal of this message alone, recorded
-// 'refused') keeps its schedule. Returns how many were brought forward:
-// few, as the outage's other messages waited without an attempt. Reads
-// only the destination's messages due later (on the pending index) and
-// each one's latest attempt (on the attempts' primary key).
-func (q *Queries) DestinationHealthy(ctx context.Context, destination uuid.UUID, leaseToken uuid.UUID) (int64, error) {
-	result, err := q.db.Exec(ctx, destinationHealthy, destination, leaseToken)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+// Marks a destination healthy again, after MessagesBringForward.
+func (q *Queries) DestinationHealthy(ctx context.Context, destination uuid.UUID, leaseToken uuid.UUID) error {
+	_, err := q.db.Exec(ctx, destinationHealthy, destination, leaseToken)
+	return err
 }
 
 const destinationLease = `-- name: DestinationLease :one
@@ -240,6 +213,44 @@ WHERE lease_relay = ANY ($1::uuid[])
 func (q *Queries) DestinationsReleaseLeases(ctx context.Context, relayIds []uuid.UUID) error {
 	_, err := q.db.Exec(ctx, destinationsReleaseLeases, relayIds)
 	return err
+}
+
+const messagesBringForward = `-- name: MessagesBringForward :execrows
+UPDATE outbox_messages m
+SET next_attempt_at = now()
+WHERE m.destination = $1::uuid AND m.status = 'pending' AND NOT m.parked
+  AND m.next_attempt_at > now() AND m.attempts > 0
+  AND EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = $1::uuid AND e.lease_token = $2::uuid)
+  AND EXISTS (
+      SELECT 1 FROM outbox_attempts a
+      WHERE a.message_id = m.id AND a.attempt = m.attempts_before + m.attempts
+        AND a.outcome = 'retry'
+        AND (a.status_code IS NULL OR a.status_code IN (401, 403, 404, 405, 408, 429) OR a.status_code >= 500))
+`
+
+// A probe got an answer: the destination is healthy again (the caller then
+// runs DestinationHealthy in the same transaction). Its messages that the
+// outage sent into a later retry (the probes, and the failures that opened
+// the circuit: their latest attempt was refused, timed out, or got an
+// endpoint-wide answer, as endpointWide in deliver.go judges it: 401, 403,
+// 404, 405, 408, 429, 5xx) are due now, instead of waiting out a schedule
+// that grew through the outage (hours, after a long one), each holding its
+// ordering key meanwhile. A message the receiver refused on its own (any
+// other answer, or a broker's refusal of this message alone, recorded
+// 'refused') keeps its schedule. Returns how many were brought forward:
+// few, as the outage's other messages waited without an attempt. Reads
+// only the destination's messages due later (on the pending index) and
+// each one's latest attempt (on the attempts' primary key). It locks the
+// messages before the endpoint, as a deletion does (MessagesDiscard-
+// ForDestination, then EndpointDelete) and a job's end (outcomes, then
+// DestinationSettle): the other order deadlocked with a deletion. The
+// lease is read, not locked: only its holder gives it up.
+func (q *Queries) MessagesBringForward(ctx context.Context, destination uuid.UUID, leaseToken uuid.UUID) (int64, error) {
+	result, err := q.db.Exec(ctx, messagesBringForward, destination, leaseToken)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const relayHeartbeat = `-- name: RelayHeartbeat :one
