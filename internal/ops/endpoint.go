@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/outboxkit/orders/internal/outbox"
 )
 
@@ -70,6 +72,10 @@ type endpointForm struct {
 	URL        string
 	EventTypes string
 	Error      string
+	// NewID, when creating, is the id the endpoint will have, chosen when
+	// the form is shown: submitted twice (a double click), the form
+	// creates one endpoint, and the second answer shows its secret too.
+	NewID string
 }
 
 // eventTypes reads the form's event types: separated by commas, spaces or
@@ -80,8 +86,17 @@ func eventTypes(s string) []string {
 
 // postedForm reads the create or edit form (ep nil when creating).
 func (h *Handler) postedForm(r *http.Request, title string, ep *outbox.Endpoint) endpointForm {
-	return endpointForm{Layout: h.layout(r, title), Endpoint: ep, URL: strings.TrimSpace(r.PostForm.Get("url")),
+	f := endpointForm{Layout: h.layout(r, title), Endpoint: ep, URL: strings.TrimSpace(r.PostForm.Get("url")),
 		EventTypes: r.PostForm.Get("event_types")}
+	if ep == nil {
+		// A form from before this field (or altered) gets an id of its own.
+		id, err := uuid.Parse(r.PostForm.Get("endpoint_id"))
+		if err != nil || id == uuid.Nil {
+			id = uuid.New()
+		}
+		f.NewID = id.String()
+	}
+	return f
 }
 
 // refuseForm shows the form again, as filled in, with why it was refused.
@@ -103,7 +118,7 @@ func (h *Handler) formFailed(w http.ResponseWriter, r *http.Request, f endpointF
 
 func (h *Handler) handleNewEndpointForm(w http.ResponseWriter, r *http.Request) {
 	h.render(w, r, http.StatusOK, "endpoint_form", endpointForm{Layout: h.layout(r, "New endpoint"),
-		EventTypes: "order.placed, order.cancelled"})
+		EventTypes: "order.placed, order.cancelled", NewID: uuid.NewString()})
 }
 
 // secretPage shows a signing secret, once.
@@ -122,7 +137,7 @@ type secretPage struct {
 // event is committed.
 func (h *Handler) handleCreateEndpoint(w http.ResponseWriter, r *http.Request) {
 	f := h.postedForm(r, "New endpoint", nil)
-	ep, err := h.admin.CreateEndpoint(r.Context(), f.URL, eventTypes(f.EventTypes))
+	ep, err := h.admin.CreateEndpointOnce(r.Context(), uuid.MustParse(f.NewID), f.URL, eventTypes(f.EventTypes))
 	if err != nil {
 		h.formFailed(w, r, f, err)
 		return

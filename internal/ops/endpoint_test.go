@@ -253,6 +253,39 @@ func TestEndpointActionsFromThePage(t *testing.T) {
 	require.Equal(t, int64(1), e.count(t, `SELECT count(*) FROM webhook_endpoints`))
 }
 
+// The new-endpoint form submitted twice (a double click: the browser shows
+// the second answer) creates one endpoint, and both answers show its
+// secret; the same form with another URL is a conflict. Each submission
+// made an endpoint of its own, the first with a secret nobody saw.
+func TestNewEndpointFormSubmittedTwiceCreatesOne(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, token)
+	c := e.loggedIn(t)
+	csrf := e.csrf(t, c)
+	_, page := get(t, c, e.srv.URL+"/ops/endpoints/new")
+	m := regexp.MustCompile(`name="endpoint_id" value="([^"]+)"`).FindStringSubmatch(page)
+	require.NotNil(t, m, "the form carries the id it will create: %s", page)
+	form := url.Values{"csrf": {csrf}, "endpoint_id": {m[1]}, "url": {"http://127.0.0.1:9/hook"}, "event_types": {"order.placed"}}
+	var secrets []string
+	for range 2 {
+		res, body := postPage(t, c, e.srv.URL+"/ops/endpoints/new", form)
+		require.Equal(t, http.StatusCreated, res.StatusCode, "%s", body)
+		s := secretOn(body)
+		require.NotNil(t, s, "the secret is on the page: %s", body)
+		secrets = append(secrets, s[1])
+	}
+	require.Equal(t, secrets[0], secrets[1], "the endpoint's one secret, shown by both answers")
+	require.Equal(t, int64(1), e.count(t, `SELECT count(*) FROM webhook_endpoints`))
+	ep, err := e.admin.Endpoint(context.Background(), uuid.MustParse(m[1]))
+	require.NoError(t, err)
+	require.Equal(t, "http://127.0.0.1:9/hook", ep.URL)
+
+	form.Set("url", "http://127.0.0.1:9/other")
+	res, _ := postPage(t, c, e.srv.URL+"/ops/endpoints/new", form)
+	require.Equal(t, http.StatusConflict, res.StatusCode, "one id, another endpoint")
+	require.Equal(t, int64(1), e.count(t, `SELECT count(*) FROM webhook_endpoints`))
+}
+
 // A discard of more than a request can settle stops after the batches of
 // its budget and asks to continue, saying how many it has settled; the
 // continuations finish and the notice counts them all. The budget is

@@ -136,6 +136,17 @@ func NewAdmin(pool *pgxpool.Pool, checker URLChecker, logger *slog.Logger, opts 
 // CreateEndpoint registers a destination for eventTypes and returns it with its
 // newly generated signing secret.
 func (a *Admin) CreateEndpoint(ctx context.Context, rawURL string, eventTypes []string) (Endpoint, error) {
+	return a.CreateEndpointOnce(ctx, uuid.New(), rawURL, eventTypes)
+}
+
+// CreateEndpointOnce is CreateEndpoint under an id the caller chose, for a
+// request that may come twice (a form submitted with a double click, a
+// client retrying after its answer was lost). A second call with the id
+// creates nothing and returns the endpoint the first one made, with its
+// secret, so that whoever sees only the second answer can still verify
+// its webhooks; if it asks for another URL or other event types, or the
+// secret was rotated since, it is ErrConflict.
+func (a *Admin) CreateEndpointOnce(ctx context.Context, id uuid.UUID, rawURL string, eventTypes []string) (Endpoint, error) {
 	types, err := subscription(eventTypes)
 	if err != nil {
 		return Endpoint{}, err
@@ -147,18 +158,44 @@ func (a *Admin) CreateEndpoint(ctx context.Context, rawURL string, eventTypes []
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("generating secret: %w", err)
 	}
-	id := uuid.New()
 	stored, err := a.sealSecret(id, secret)
 	if err != nil {
 		return Endpoint{}, err
 	}
 	row, err := outboxdb.New(a.pool).EndpointInsert(ctx, outboxdb.EndpointInsertParams{
 		ID: id, Url: rawURL, Secret: stored, EventTypes: types})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return a.createdBefore(ctx, id, rawURL, types)
+	}
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("inserting endpoint: %w", err)
 	}
 	a.logger.InfoContext(ctx, "webhook endpoint created", slog.String("endpoint_id", row.ID.String()),
 		slog.String("url", row.Url), slog.Any("event_types", row.EventTypes))
+	ep := toEndpoint(row)
+	ep.Secret = secret
+	return ep, nil
+}
+
+// createdBefore is the endpoint an earlier CreateEndpointOnce made under
+// id, with its secret, if it was asked for the same URL and event types
+// and its secret has not been rotated since.
+func (a *Admin) createdBefore(ctx context.Context, id uuid.UUID, rawURL string, types []string) (Endpoint, error) {
+	row, err := outboxdb.New(a.pool).EndpointGet(ctx, id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Endpoint{}, fmt.Errorf("creating endpoint: %w: endpoint %s was created and deleted since", ErrConflict, id)
+	}
+	if err != nil {
+		return Endpoint{}, fmt.Errorf("reading endpoint: %w", err)
+	}
+	if row.Url != rawURL || !slices.Equal(row.EventTypes, types) || row.PreviousSecretExpiresAt != nil {
+		return Endpoint{}, fmt.Errorf("creating endpoint: %w: endpoint %s exists, with another URL, other event types or a rotated secret",
+			ErrConflict, id)
+	}
+	secret, err := a.keys.Open(row.Secret, id[:])
+	if err != nil {
+		return Endpoint{}, fmt.Errorf("decrypting endpoint %s's secret: %w", id, err)
+	}
 	ep := toEndpoint(row)
 	ep.Secret = secret
 	return ep, nil

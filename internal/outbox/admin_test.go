@@ -142,3 +142,28 @@ func TestMessagesOfAKeyFromBeforeTheEpoch(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, msgs, 1)
 }
+
+// A creation repeated under its id makes nothing new and answers with the
+// endpoint and secret the first one made; once the secret was rotated, or
+// for another URL, the id is a conflict.
+func TestCreateEndpointOnceUnderOneID(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	id := uuid.New()
+	first, err := f.admin.CreateEndpointOnce(ctx, id, "http://127.0.0.1:9/hook", []string{"order.placed"})
+	require.NoError(t, err)
+	again, err := f.admin.CreateEndpointOnce(ctx, id, "http://127.0.0.1:9/hook", []string{"order.placed"})
+	require.NoError(t, err)
+	require.Equal(t, first.Secret, again.Secret, "the first one's secret")
+	require.Equal(t, first.ID, again.ID)
+	_, err = f.admin.CreateEndpointOnce(ctx, id, "http://127.0.0.1:9/other", []string{"order.placed"})
+	require.ErrorIs(t, err, outbox.ErrConflict, "another URL")
+	_, err = f.admin.RotateSecret(ctx, id, time.Hour)
+	require.NoError(t, err)
+	_, err = f.admin.CreateEndpointOnce(ctx, id, "http://127.0.0.1:9/hook", []string{"order.placed"})
+	require.ErrorIs(t, err, outbox.ErrConflict, "the secret it showed is no longer the one that signs")
+	eps, err := f.admin.Endpoints(ctx)
+	require.NoError(t, err)
+	require.Len(t, eps, 1)
+}

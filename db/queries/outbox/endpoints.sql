@@ -1,7 +1,10 @@
 -- name: EndpointInsert :one
--- The id is chosen by the caller: a sealed secret is bound to it.
+-- The id is chosen by the caller: a sealed secret is bound to it, and a
+-- form submitted twice carries the same one. An id that exists inserts
+-- nothing and returns no row.
 INSERT INTO webhook_endpoints (id, url, secret, event_types)
 VALUES (@id, @url, @secret, @event_types)
+ON CONFLICT (id) DO NOTHING
 RETURNING *;
 
 -- name: EndpointGet :one

@@ -63,6 +63,7 @@ func (q *Queries) EndpointGet(ctx context.Context, id uuid.UUID) (WebhookEndpoin
 const endpointInsert = `-- name: EndpointInsert :one
 INSERT INTO webhook_endpoints (id, url, secret, event_types)
 VALUES ($1, $2, $3, $4)
+ON CONFLICT (id) DO NOTHING
 RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error
 `
 
@@ -73,7 +74,9 @@ type EndpointInsertParams struct {
 	EventTypes []string
 }
 
-// The id is chosen by the caller: a sealed secret is bound to it.
+// The id is chosen by the caller: a sealed secret is bound to it, and a
+// form submitted twice carries the same one. An id that exists inserts
+// nothing and returns no row.
 func (q *Queries) EndpointInsert(ctx context.Context, arg EndpointInsertParams) (WebhookEndpoint, error) {
 	row := q.db.QueryRow(ctx, endpointInsert,
 		arg.ID,
