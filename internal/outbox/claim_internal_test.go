@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/outboxkit/orders/internal/dbtest"
 	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
@@ -731,4 +732,23 @@ func TestAnOutcomeRecordedAgainLeavesALaterClaimAlone(t *testing.T) {
 	outcomes, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	require.Equal(t, []string{labelRetry, labelDelivered}, outcomes)
+}
+
+// A request cut off by a stop is no answer from the receiver, on its last
+// attempt too (judged "failed" there): the destination's failures and its
+// probe stay as they were, so a circuit no receiver answered stays open.
+func TestAnInterruptedLastAttemptSaysNothingOfTheDestination(t *testing.T) {
+	t.Parallel()
+	r := &Relay{cfg: RelayConfig{MaxAttempts: 3}.withDefaults()}
+	s := &session{r: r, failures: 4, probing: true}
+	s.inFlight = 1
+	s.handle(context.Background(), sent{
+		row: outboxdb.MessageClaimRow{Attempts: 2}, res: Result{Err: context.Canceled}, interrupted: true,
+		span: noop.Span{},
+	})
+	require.Len(t, s.outcomes, 1)
+	require.Equal(t, labelFailed, s.outcomes[0].label, "at the cap the message fails")
+	require.Equal(t, 4, s.failures, "no answer: the failures in a row stand")
+	require.True(t, s.probing, "no answer: still probing")
+	require.False(t, s.probeFailed, "nor a failed probe: the receiver was not heard from")
 }

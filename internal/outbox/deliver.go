@@ -479,8 +479,10 @@ func (s *session) handle(ctx context.Context, res sent) {
 	endDeliverSpan(res.span, res.res, o)
 	s.outcomes = append(s.outcomes, o)
 	switch {
-	case o.label == labelInterrupted:
-		// Says nothing about the destination.
+	case res.interrupted:
+		// Says nothing about the destination, whatever its label: at the
+		// cap it is "failed", and taking that for an answer would close a
+		// circuit no receiver answered.
 	case o.gone:
 		s.gone = true
 	case o.endpointFailure:
