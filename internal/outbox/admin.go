@@ -362,7 +362,7 @@ const (
 func (a *Admin) DeleteEndpoint(ctx context.Context, id uuid.UUID) (int64, error) {
 	const reason = "endpoint deleted"
 	var discarded, n int64
-	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+	err := inTx(ctx, a.pool, func(tx pgx.Tx) error {
 		q := outboxdb.New(tx)
 		// Messages first, then the endpoint: the order a deliver job locks
 		// them in as it ends (outcomes, then the lease), so the two wait

@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -140,12 +143,7 @@ func TestDeleteEndpointBesideAJobEndingDoesNotDeadlock(t *testing.T) {
 		_, err := admin.DeleteEndpoint(ctx, ep)
 		deleted <- err
 	}()
-	require.Eventually(t, func() bool {
-		var waiting bool
-		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting)
-		return err == nil && waiting
-	}, 10*time.Second, 5*time.Millisecond, "the deletion waits for the message the job holds")
+	waitForALockWait(t, pool, "the deletion waits for the message the job holds")
 
 	// Then the lease settled: the endpoint's row, which a deletion that
 	// had locked it first would hold while waiting for the message.
@@ -197,12 +195,7 @@ func TestDeleteEndpointBesideARecoveryDoesNotDeadlock(t *testing.T) {
 		defer close(recovered)
 		s.recovered(ctx)
 	}()
-	require.Eventually(t, func() bool {
-		var waiting bool
-		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting)
-		return err == nil && waiting
-	}, 10*time.Second, 5*time.Millisecond, "the recovery waits for the message the deletion holds")
+	waitForALockWait(t, pool, "the recovery waits for the message the deletion holds")
 
 	deleted, err := outboxdb.New(del).EndpointDelete(ctx, dest)
 	require.NoError(t, err, "the deletion's lock on the endpoint is not a deadlock")
@@ -282,4 +275,107 @@ func TestMessagesReadsOnlyTheWindow(t *testing.T) {
 	require.Positive(t, hit+read)
 	require.Less(t, hit+read, pages/5,
 		"a window of 2 hours reads about that much of the 48 hours of history (%d pages), not all of it", pages)
+}
+
+// A job's end and an endpoint's deletion each lock several of the
+// destination's messages, in their own order: here the deletion holds the
+// message the job releases (never sent) and waits for the one it recorded.
+// PostgreSQL aborts the job's transaction to break the deadlock; run again,
+// it finds the deletion's settlement and finishes. The job's end failed,
+// and its writes waited for the next heartbeats.
+func TestJobEndBesideADeletionOutlastsADeadlock(t *testing.T) {
+	t.Parallel()
+	pool, dest, lease := leased(t)
+	ctx := context.Background()
+	Seed(t, pool, dest, 2, "")
+	r, err := NewRelay(pool, RelayConfig{}, &HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
+		slog.New(slog.DiscardHandler), nil)
+	require.NoError(t, err)
+	rows, err := claimMessages(ctx, pool, outboxdb.MessageClaimParams{ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 2})
+	require.NoError(t, err)
+	require.Len(t, rows, 2)
+	s := &session{r: r, dest: dest, token: lease}
+	now := time.Now()
+	s.outcomes = []outcome{r.judge(sent{row: rows[0], started: now, finished: now, res: Result{StatusCode: http.StatusNoContent}})}
+	s.unsent = []uuid.UUID{rows[1].ID}
+
+	// The deletion holds the unsent message.
+	del, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer del.Rollback(ctx) //nolint:errcheck
+	_, err = del.Exec(ctx, `SELECT 1 FROM outbox_messages WHERE id = $1 FOR UPDATE`, rows[1].ID)
+	require.NoError(t, err)
+
+	settled := make(chan error, 1)
+	go func() {
+		settled <- inTx(ctx, pool, func(tx pgx.Tx) error { return s.settleWrite(ctx, tx, HealthHealthy, nil, nil) })
+	}()
+	waitForALockWait(t, pool, "the job's end waits for the message the deletion holds")
+
+	// The deletion reaches the message the job recorded: the cycle.
+	n, err := outboxdb.New(del).MessagesDiscardForDestination(ctx, "endpoint deleted", dest, discardBatch)
+	require.NoError(t, err, "the deletion goes on once the job's transaction is aborted")
+	require.EqualValues(t, 2, n)
+	require.NoError(t, del.Commit(ctx))
+	require.NoError(t, <-settled, "the job's end, run again, finishes")
+
+	var discarded int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE destination = $1 AND status = 'discarded'`, dest).Scan(&discarded))
+	require.Equal(t, 2, discarded, "what the deletion settled stands")
+}
+
+// The same cycle the other way round: the deletion waits first, so it is
+// the one PostgreSQL aborts, and DeleteEndpoint runs it again rather than
+// answering 500. Here the job holds the message it recorded and then
+// releases one the deletion locked meanwhile.
+func TestDeleteEndpointBesideAJobEndOutlastsADeadlock(t *testing.T) {
+	t.Parallel()
+	pool, dest, lease := leased(t)
+	ctx := context.Background()
+	admin := NewAdmin(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	Seed(t, pool, dest, 2, "")
+	rows, err := claimMessages(ctx, pool, outboxdb.MessageClaimParams{ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 2})
+	require.NoError(t, err)
+	require.Len(t, rows, 2)
+	slices.SortFunc(rows, func(a, b outboxdb.MessageClaimRow) int { return strings.Compare(a.ID.String(), b.ID.String()) })
+
+	// The job records the later message.
+	job, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer job.Rollback(ctx) //nolint:errcheck
+	_, err = job.Exec(ctx, `UPDATE outbox_messages SET status = 'delivered', attempts = 1, delivered_at = now(),
+		claim_token = NULL, claimed_at = NULL, claimed_by = NULL WHERE id = $1`, rows[1].ID)
+	require.NoError(t, err)
+
+	deleted := make(chan error, 1)
+	go func() {
+		_, err := admin.DeleteEndpoint(ctx, dest)
+		deleted <- err
+	}()
+	waitForALockWait(t, pool, "the deletion, holding the earlier message, waits for the later")
+
+	// The job releases the earlier message: the cycle.
+	_, err = outboxdb.New(job).MessagesRelease(ctx, []uuid.UUID{rows[0].ID}, lease)
+	require.NoError(t, err, "the job goes on once the deletion's transaction is aborted")
+	require.NoError(t, job.Commit(ctx))
+	require.NoError(t, <-deleted, "the deletion, run again, finishes")
+
+	var statuses []string
+	r, err := pool.Query(ctx, `SELECT status FROM outbox_messages WHERE destination = $1 ORDER BY id`, dest)
+	require.NoError(t, err)
+	statuses, err = pgx.CollectRows(r, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{StatusDiscarded, StatusDelivered}, statuses, "the released message discarded, the delivered one kept")
+}
+
+// waitForALockWait waits until a session of the test's database waits for
+// a lock.
+func waitForALockWait(t *testing.T, pool *pgxpool.Pool, msg string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting)
+		return err == nil && waiting
+	}, 10*time.Second, 5*time.Millisecond, msg)
 }

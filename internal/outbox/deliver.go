@@ -516,7 +516,7 @@ func (s *session) recovered(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
 	var forward int64
-	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+	err := inTx(ctx, r.pool, func(tx pgx.Tx) error {
 		q := outboxdb.New(tx)
 		var err error
 		if forward, err = q.MessagesBringForward(ctx, s.dest, s.token); err != nil {
@@ -748,50 +748,12 @@ func (s *session) settle(ctx context.Context) error {
 	r := s.r
 	ctx = context.WithoutCancel(ctx)
 	health, backoffUntil, reason := s.verdict()
-	var redispatch bool
 	write := func(ctx context.Context, tx pgx.Tx) error {
-		q := outboxdb.New(tx)
-		if len(s.outcomes) > 0 {
-			if _, err := q.MessagesRecordOutcomes(ctx, s.recordParams(s.outcomes)); err != nil {
-				return fmt.Errorf("recording delivery outcomes: %w", err)
-			}
-		}
-		if len(s.unsent) > 0 {
-			if _, err := q.MessagesRelease(ctx, s.unsent, s.token); err != nil {
-				return fmt.Errorf("releasing unsent messages: %w", err)
-			}
-		}
-		if s.claimFailed {
-			if _, err := q.MessagesReleaseByToken(ctx, s.token); err != nil {
-				return fmt.Errorf("releasing messages of failed claims: %w", err)
-			}
-		}
-		if _, err := q.MessagesPromoteStranded(ctx, s.dest); err != nil {
-			return fmt.Errorf("promoting stranded messages: %w", err)
-		}
-		var err error
-		redispatch, err = q.DestinationSettle(ctx, outboxdb.DestinationSettleParams{
-			ID: s.dest, LeaseToken: s.token, Health: health, HealthReason: reason,
-			ConsecutiveFailures: int32(s.failures), BackoffUntil: backoffUntil, Gone: s.gone,
-		})
-		if errors.Is(err, pgx.ErrNoRows) {
-			// The lease is no longer ours (this relay was declared dead,
-			// or the endpoint deleted): whoever holds it now decides.
-			err, redispatch = nil, false
-		}
-		if err != nil {
-			return fmt.Errorf("settling destination: %w", err)
-		}
-		if redispatch {
-			if _, err := r.client.InsertTx(ctx, tx, deliverArgs{Destination: s.dest}, nil); err != nil {
-				return fmt.Errorf("queueing the next deliver job: %w", err)
-			}
-		}
-		return nil
+		return s.settleWrite(ctx, tx, health, backoffUntil, reason)
 	}
 	settleCtx, cancel := context.WithTimeout(ctx, settleTimeout)
 	defer cancel()
-	err := pgx.BeginFunc(settleCtx, r.pool, func(tx pgx.Tx) error {
+	err := inTx(settleCtx, r.pool, func(tx pgx.Tx) error {
 		if err := write(settleCtx, tx); err != nil {
 			return err
 		}
@@ -804,7 +766,7 @@ func (s *session) settle(ctx context.Context) error {
 		// Retried by the heartbeat loop until it succeeds; the River job is
 		// left to River's retry, which finds the lease and does nothing.
 		r.deferSettle(func(ctx context.Context) error {
-			if err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error { return write(ctx, tx) }); err != nil {
+			if err := inTx(ctx, r.pool, func(tx pgx.Tx) error { return write(ctx, tx) }); err != nil {
 				return err
 			}
 			// Counted and said once recorded, as on time.
@@ -816,6 +778,50 @@ func (s *session) settle(ctx context.Context) error {
 	}
 	s.counted(ctx, s.outcomes)
 	s.announce(ctx, health, backoffUntil)
+	return nil
+}
+
+// settleWrite is the settle's writes but the River job's completion: the
+// last outcomes recorded, the unsent released, the stranded promoted, the
+// destination's health stored and its lease freed, and the next deliver
+// job queued when due work remains.
+func (s *session) settleWrite(ctx context.Context, tx pgx.Tx, health string, backoffUntil *time.Time, reason *string) error {
+	q := outboxdb.New(tx)
+	if len(s.outcomes) > 0 {
+		if _, err := q.MessagesRecordOutcomes(ctx, s.recordParams(s.outcomes)); err != nil {
+			return fmt.Errorf("recording delivery outcomes: %w", err)
+		}
+	}
+	if len(s.unsent) > 0 {
+		if _, err := q.MessagesRelease(ctx, s.unsent, s.token); err != nil {
+			return fmt.Errorf("releasing unsent messages: %w", err)
+		}
+	}
+	if s.claimFailed {
+		if _, err := q.MessagesReleaseByToken(ctx, s.token); err != nil {
+			return fmt.Errorf("releasing messages of failed claims: %w", err)
+		}
+	}
+	if _, err := q.MessagesPromoteStranded(ctx, s.dest); err != nil {
+		return fmt.Errorf("promoting stranded messages: %w", err)
+	}
+	redispatch, err := q.DestinationSettle(ctx, outboxdb.DestinationSettleParams{
+		ID: s.dest, LeaseToken: s.token, Health: health, HealthReason: reason,
+		ConsecutiveFailures: int32(s.failures), BackoffUntil: backoffUntil, Gone: s.gone,
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		// The lease is no longer ours (this relay was declared dead,
+		// or the endpoint deleted): whoever holds it now decides.
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("settling destination: %w", err)
+	}
+	if redispatch {
+		if _, err := s.r.client.InsertTx(ctx, tx, deliverArgs{Destination: s.dest}, nil); err != nil {
+			return fmt.Errorf("queueing the next deliver job: %w", err)
+		}
+	}
 	return nil
 }
 

@@ -181,7 +181,7 @@ func (r *Relay) register(host string) outboxdb.RelayRegisterParams {
 func (r *Relay) reapDead(ctx context.Context, conn *pgx.Conn) error {
 	var dead []uuid.UUID
 	var released int64
-	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) (err error) {
+	err := inTx(ctx, conn, func(tx pgx.Tx) (err error) {
 		q := outboxdb.New(tx)
 		if dead, err = q.RelaysDeclareDead(ctx); err != nil || len(dead) == 0 {
 			return err
@@ -224,7 +224,7 @@ func (r *Relay) releaseRelays(ctx context.Context, q *outboxdb.Queries, relays [
 func (r *Relay) leave(ctx context.Context) error {
 	r.retryUnsettled(ctx)
 	var released int64
-	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+	err := inTx(ctx, r.pool, func(tx pgx.Tx) error {
 		q := outboxdb.New(tx)
 		if err := r.releaseRelays(ctx, q, []uuid.UUID{r.id}, "the relay delivering it stopped before recording the outcome", &released); err != nil {
 			return err
