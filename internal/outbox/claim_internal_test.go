@@ -752,3 +752,51 @@ func TestAnInterruptedLastAttemptSaysNothingOfTheDestination(t *testing.T) {
 	require.True(t, s.probing, "no answer: still probing")
 	require.False(t, s.probeFailed, "nor a failed probe: the receiver was not heard from")
 }
+
+// An outcome recorded already and put back (its answer lost) may be flushed
+// in one batch with the message's next outcome: only the next one is
+// recorded, and it alone is added to the minute's sums and to the
+// endpoint's latest attempt. Joined on the message alone, the old outcome
+// rode along and was counted twice.
+func TestAnOutcomeRecordedAgainBesideTheNextIsCountedOnce(t *testing.T) {
+	t.Parallel()
+	pool, dest, lease := leased(t)
+	ctx := context.Background()
+	Seed(t, pool, dest, 1, "")
+	s := &session{r: &Relay{cfg: DefaultRelayConfig()}, token: lease}
+	claim := func() outboxdb.MessageClaimRow {
+		rows, err := claimMessages(ctx, pool, outboxdb.MessageClaimParams{
+			ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 1})
+		require.NoError(t, err)
+		require.Len(t, rows, 1)
+		return rows[0]
+	}
+	start := time.Now()
+	first := s.r.judge(sent{row: claim(), started: start, finished: start.Add(time.Millisecond), res: Result{StatusCode: 503}})
+	first.delay = 0
+	n, err := outboxdb.New(pool).MessagesRecordOutcomes(ctx, s.recordParams([]outcome{first}))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+
+	// The first outcome put back, then flushed with the retry's.
+	second := s.r.judge(sent{row: claim(), started: start, finished: start.Add(2 * time.Millisecond), res: Result{StatusCode: 204}})
+	first.finished = start.Add(3 * time.Millisecond) // were it taken, it would be the latest
+	n, err = outboxdb.New(pool).MessagesRecordOutcomes(ctx, s.recordParams([]outcome{first, second}))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "the retry's outcome alone")
+
+	sums := map[string]int{}
+	rows, err := pool.Query(ctx, `SELECT outcome, sum(attempts)::int FROM outbox_attempt_minutes WHERE destination = $1 GROUP BY outcome`, dest)
+	require.NoError(t, err)
+	for rows.Next() {
+		var outcome string
+		var n int
+		require.NoError(t, rows.Scan(&outcome, &n))
+		sums[outcome] = n
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, map[string]int{labelRetry: 1, labelDelivered: 1}, sums, "one attempt each, as the history holds")
+	var latest string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT last_attempt_outcome FROM webhook_endpoints WHERE id = $1`, dest).Scan(&latest))
+	require.Equal(t, labelDelivered, latest, "the endpoint's latest attempt is the one recorded")
+}

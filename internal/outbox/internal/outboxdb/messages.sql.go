@@ -1055,7 +1055,10 @@ WITH o AS (
     -- (its answer lost, so the job put it back) finds the count past it,
     -- even on a later claim of the message by the same job.
     WHERE m.id = o.id AND m.claim_token = $10::uuid AND m.attempts = o.attempt - 1
-    RETURNING m.id, m.attempts_before, m.status, m.destination, m.ordering_key
+    -- Its attempt too: the rest joins the outcomes on (id, attempt), so an
+    -- outcome recorded already, flushed again beside the message's next,
+    -- is neither summed again nor taken for the endpoint's latest.
+    RETURNING m.id, m.attempts, m.attempts_before, m.status, m.destination, m.ordering_key
 ), promoted AS (
     UPDATE outbox_messages n SET parked = false
     FROM held h
@@ -1074,7 +1077,7 @@ WITH o AS (
                AS error_status_code,
            (array_agg(NULLIF(o.last_error, '') ORDER BY o.finished_at DESC) FILTER (WHERE o.outcome <> 'delivered'))[1]
                AS error
-    FROM held h JOIN o ON o.id = h.id
+    FROM held h JOIN o ON o.id = h.id AND o.attempt = h.attempts
     GROUP BY h.destination
 ), endpoint AS (
     UPDATE webhook_endpoints e
@@ -1095,7 +1098,7 @@ WITH o AS (
            CASE WHEN o.outcome = 'delivered' THEN outbox_latency_bucket_ms(x.ms) ELSE 0 END,
            count(*), min(x.ms), max(x.ms)
     FROM held h
-    JOIN o ON o.id = h.id
+    JOIN o ON o.id = h.id AND o.attempt = h.attempts
     CROSS JOIN LATERAL (SELECT GREATEST(EXTRACT(epoch FROM o.finished_at - o.started_at) * 1000, 0)::float8 AS ms) x
     GROUP BY 1, 2, 3, 4
     ORDER BY 1, 2, 3, 4
@@ -1107,7 +1110,7 @@ WITH o AS (
 INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code, error)
 SELECT h.id, h.attempts_before + o.attempt, o.outcome, o.started_at, o.finished_at,
        NULLIF(o.status_code, 0), NULLIF(o.last_error, '')
-FROM held h JOIN o ON o.id = h.id
+FROM held h JOIN o ON o.id = h.id AND o.attempt = h.attempts
 ON CONFLICT DO NOTHING
 `
 
