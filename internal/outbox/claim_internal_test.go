@@ -800,3 +800,33 @@ func TestAnOutcomeRecordedAgainBesideTheNextIsCountedOnce(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT last_attempt_outcome FROM webhook_endpoints WHERE id = $1`, dest).Scan(&latest))
 	require.Equal(t, labelDelivered, latest, "the endpoint's latest attempt is the one recorded")
 }
+
+// A claim goes stale after its own relay's claim timeout, not the timeout
+// of whichever relay looks: during a rollout that shortens
+// OUTBOX_CLAIM_TIMEOUT, a new relay would otherwise release an old one's
+// claims with their requests still in flight, and they would be sent
+// twice. A claim whose relay is not registered (no row: its timeout is
+// unknown) goes stale after the looking relay's.
+func TestAClaimGoesStaleAfterItsOwnRelaysClaimTimeout(t *testing.T) {
+	t.Parallel()
+	pool, _, ids := seededEndpoint(t, 2, "")
+	ctx := context.Background()
+	q := outboxdb.New(pool)
+	patient := uuid.New()
+	_, err := q.RelayRegister(ctx, outboxdb.RelayRegisterParams{ID: patient, Hostname: "old", Pid: 1, TimeoutSeconds: 5,
+		ClaimTimeoutSeconds: (10 * time.Minute).Seconds()})
+	require.NoError(t, err)
+	// Both claimed two minutes ago: one by the patient relay, one by a
+	// relay nobody knows.
+	_, err = pool.Exec(ctx, `UPDATE outbox_messages SET status = 'claimed', claim_token = gen_random_uuid(),
+		claimed_by = CASE WHEN id = $2 THEN $3 ELSE gen_random_uuid() END, claimed_at = now() - interval '2 minutes'
+		WHERE id = ANY ($1)`, ids, ids[0], patient)
+	require.NoError(t, err)
+
+	n, err := q.MessageReleaseStale(ctx, time.Minute.Seconds(), 8)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "the unknown relay's claim, past the looking relay's minute")
+	var status string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT status FROM outbox_messages WHERE id = $1`, ids[0]).Scan(&status))
+	require.Equal(t, StatusClaimed, status, "within its own relay's 10 minutes, the claim stands")
+}

@@ -173,7 +173,7 @@ func (r *Relay) forgetDeleted(ctx context.Context, conn *pgx.Conn) error {
 // register is this relay's row of outbox_relays.
 func (r *Relay) register(host string) outboxdb.RelayRegisterParams {
 	return outboxdb.RelayRegisterParams{ID: r.id, Hostname: host, Pid: int32(os.Getpid()),
-		TimeoutSeconds: r.cfg.RelayTimeout.Seconds()}
+		TimeoutSeconds: r.cfg.RelayTimeout.Seconds(), ClaimTimeoutSeconds: r.cfg.ClaimTimeout.Seconds()}
 }
 
 // reapDead declares dead the relays silent for longer than RelayTimeout and

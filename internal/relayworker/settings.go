@@ -65,7 +65,7 @@ var settings = []setting{
 		"a worker silent this long (its own setting: workers may differ) is declared dead and its claimed messages are delivered by the others",
 		func(c *config) any { return &c.relay.RelayTimeout }},
 	{"OUTBOX_CLAIM_TIMEOUT", "ClaimTimeout",
-		"last resort: a claim older than this is released whatever its worker",
+		"last resort: a claim older than its worker's claim timeout is released, whichever worker looks",
 		func(c *config) any { return &c.relay.ClaimTimeout }},
 	{"OUTBOX_DELIVERY_TIMEOUT", "DeliveryTimeout",
 		"one webhook request",

@@ -292,11 +292,22 @@ ON CONFLICT DO NOTHING;
 -- alive but stuck leaves one this old; a dead relay's claims are released
 -- within seconds by MessagesReleaseLost. Their endpoints' latest attempt
 -- and error say so, and their minute's sums count them.
+--
+-- A claim is stale after the claim timeout of the relay that made it
+-- (outbox_relays), or after @claim_timeout_seconds when that relay is not
+-- registered: relays may run with different timeouts during a rollout, and
+-- one must not release another's claims while their requests may still be
+-- in flight. The shortest timeout of all bounds the scan on the claimed
+-- index first.
 WITH stale AS (
-    SELECT id, destination, attempts, attempts_before, claimed_at FROM outbox_messages
-    WHERE status = 'claimed'
-      AND claimed_at < now() - make_interval(secs => @claim_timeout_seconds::float8)
-    FOR UPDATE SKIP LOCKED
+    SELECT m.id, m.destination, m.attempts, m.attempts_before, m.claimed_at
+    FROM outbox_messages m
+    LEFT JOIN outbox_relays r ON r.id = m.claimed_by
+    WHERE m.status = 'claimed'
+      AND m.claimed_at < now() - make_interval(secs => LEAST(@claim_timeout_seconds::float8,
+              (SELECT min(a.claim_timeout_seconds) FROM outbox_relays a)))
+      AND m.claimed_at < now() - make_interval(secs => COALESCE(r.claim_timeout_seconds, @claim_timeout_seconds::float8))
+    FOR UPDATE OF m SKIP LOCKED
 ), released AS (
     UPDATE outbox_messages m
     SET status = CASE WHEN m.attempts + 1 >= @max_attempts::integer THEN 'failed' ELSE 'pending' END,

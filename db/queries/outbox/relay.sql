@@ -6,8 +6,8 @@
 -- Registers a relay process, or brings back one that was declared dead
 -- while it lived (a long pause, a lost connection). Returns the database's
 -- clock, as RelayHeartbeat does.
-INSERT INTO outbox_relays (id, hostname, pid, timeout_seconds)
-VALUES (@id, @hostname, @pid, @timeout_seconds)
+INSERT INTO outbox_relays (id, hostname, pid, timeout_seconds, claim_timeout_seconds)
+VALUES (@id, @hostname, @pid, @timeout_seconds, @claim_timeout_seconds::float8)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 RETURNING now()::timestamptz AS db_now;
 

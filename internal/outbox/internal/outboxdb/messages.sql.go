@@ -642,10 +642,14 @@ func (q *Queries) MessagePromoteNext(ctx context.Context, destination uuid.UUID,
 
 const messageReleaseStale = `-- name: MessageReleaseStale :execrows
 WITH stale AS (
-    SELECT id, destination, attempts, attempts_before, claimed_at FROM outbox_messages
-    WHERE status = 'claimed'
-      AND claimed_at < now() - make_interval(secs => $1::float8)
-    FOR UPDATE SKIP LOCKED
+    SELECT m.id, m.destination, m.attempts, m.attempts_before, m.claimed_at
+    FROM outbox_messages m
+    LEFT JOIN outbox_relays r ON r.id = m.claimed_by
+    WHERE m.status = 'claimed'
+      AND m.claimed_at < now() - make_interval(secs => LEAST($1::float8,
+              (SELECT min(a.claim_timeout_seconds) FROM outbox_relays a)))
+      AND m.claimed_at < now() - make_interval(secs => COALESCE(r.claim_timeout_seconds, $1::float8))
+    FOR UPDATE OF m SKIP LOCKED
 ), released AS (
     UPDATE outbox_messages m
     SET status = CASE WHEN m.attempts + 1 >= $2::integer THEN 'failed' ELSE 'pending' END,
@@ -691,6 +695,13 @@ ON CONFLICT DO NOTHING
 // alive but stuck leaves one this old; a dead relay's claims are released
 // within seconds by MessagesReleaseLost. Their endpoints' latest attempt
 // and error say so, and their minute's sums count them.
+//
+// A claim is stale after the claim timeout of the relay that made it
+// (outbox_relays), or after @claim_timeout_seconds when that relay is not
+// registered: relays may run with different timeouts during a rollout, and
+// one must not release another's claims while their requests may still be
+// in flight. The shortest timeout of all bounds the scan on the claimed
+// index first.
 func (q *Queries) MessageReleaseStale(ctx context.Context, claimTimeoutSeconds float64, maxAttempts int32) (int64, error) {
 	result, err := q.db.Exec(ctx, messageReleaseStale, claimTimeoutSeconds, maxAttempts)
 	if err != nil {

@@ -76,13 +76,14 @@ type OutboxMessagesInconsistent struct {
 }
 
 type OutboxRelay struct {
-	ID             uuid.UUID
-	Hostname       string
-	Pid            int32
-	StartedAt      time.Time
-	HeartbeatAt    time.Time
-	TimeoutSeconds float64
-	LastClaimAt    *time.Time
+	ID                  uuid.UUID
+	Hostname            string
+	Pid                 int32
+	StartedAt           time.Time
+	HeartbeatAt         time.Time
+	TimeoutSeconds      float64
+	LastClaimAt         *time.Time
+	ClaimTimeoutSeconds *float64
 }
 
 type WebhookEndpoint struct {

@@ -275,17 +275,18 @@ func (q *Queries) RelayHeartbeat(ctx context.Context, lastClaimAt *time.Time, iD
 
 const relayRegister = `-- name: RelayRegister :one
 
-INSERT INTO outbox_relays (id, hostname, pid, timeout_seconds)
-VALUES ($1, $2, $3, $4)
+INSERT INTO outbox_relays (id, hostname, pid, timeout_seconds, claim_timeout_seconds)
+VALUES ($1, $2, $3, $4, $5::float8)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 RETURNING now()::timestamptz AS db_now
 `
 
 type RelayRegisterParams struct {
-	ID             uuid.UUID
-	Hostname       string
-	Pid            int32
-	TimeoutSeconds float64
+	ID                  uuid.UUID
+	Hostname            string
+	Pid                 int32
+	TimeoutSeconds      float64
+	ClaimTimeoutSeconds float64
 }
 
 // Queries of the relay's scheduling: which relays are alive, which
@@ -300,6 +301,7 @@ func (q *Queries) RelayRegister(ctx context.Context, arg RelayRegisterParams) (t
 		arg.Hostname,
 		arg.Pid,
 		arg.TimeoutSeconds,
+		arg.ClaimTimeoutSeconds,
 	)
 	var db_now time.Time
 	err := row.Scan(&db_now)
