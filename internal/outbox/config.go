@@ -53,9 +53,9 @@ type RelayConfig struct {
 	// RelayTimeout is how long a relay's heartbeat may be silent before the
 	// other relays declare it dead and deliver its claimed messages.
 	RelayTimeout time.Duration
-	// ClaimTimeout is the last resort: a claim older than this is returned
-	// to pending whatever its relay, as a relay that is alive but stuck
-	// would otherwise hold it forever.
+	// ClaimTimeout is the last resort: a claim this relay made, older than
+	// this, is returned to pending by whichever relay looks, as a relay
+	// that is alive but stuck would otherwise hold it forever.
 	ClaimTimeout time.Duration
 	// DeliveryTimeout bounds one webhook request.
 	DeliveryTimeout time.Duration
