@@ -4,6 +4,7 @@
 package httpjson
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding"
@@ -120,6 +121,25 @@ func Decode(w http.ResponseWriter, r *http.Request, dst any) error {
 		return err
 	}
 	return loneSurrogate(body)
+}
+
+// DecodeOptional is Decode for a request whose body may be left out: an
+// empty body leaves dst as it was and reports false. Empty whether the
+// client said so by its header (Content-Length: 0) or sent a chunked body
+// with nothing in it, which only reading tells. A body that could not be
+// read is answered as Decode answers it.
+func DecodeOptional(w http.ResponseWriter, r *http.Request, dst any) (present bool, err error) {
+	body := bufio.NewReader(r.Body)
+	if _, err := body.Peek(1); errors.Is(err, io.EOF) {
+		return false, nil
+	} else if err != nil {
+		return false, readProblem(err)
+	}
+	r.Body = struct {
+		io.Reader
+		io.Closer
+	}{body, r.Body}
+	return true, Decode(w, r, dst)
 }
 
 const formType = "application/x-www-form-urlencoded"

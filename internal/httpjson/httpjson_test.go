@@ -3,6 +3,7 @@ package httpjson_test
 import (
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -141,14 +142,54 @@ func TestDecodeAnswersABodyThatCouldNotBeRead(t *testing.T) {
 		{timeoutError{}, http.StatusRequestTimeout},
 		{errors.New("read tcp 10.0.0.7:8080->203.0.113.9:51234: connection reset by peer"), http.StatusBadRequest},
 	} {
-		r := httptest.NewRequest(http.MethodPost, "/", failingBody{tc.err})
-		r.Header.Set("Content-Type", "application/json")
-		var dst struct{}
-		err := httpjson.Decode(httptest.NewRecorder(), r, &dst)
-		var p *httpjson.Problem
-		require.ErrorAs(t, err, &p)
-		require.Equal(t, tc.status, p.Status)
-		require.NotContains(t, p.Detail, "10.0.0.7", "the server's address")
-		require.NotContains(t, p.Detail, "JSON", "nothing was wrong with the JSON")
+		for name, decode := range map[string]func(http.ResponseWriter, *http.Request, any) error{
+			"Decode": httpjson.Decode,
+			"DecodeOptional": func(w http.ResponseWriter, r *http.Request, dst any) error {
+				_, err := httpjson.DecodeOptional(w, r, dst)
+				return err
+			},
+		} {
+			r := httptest.NewRequest(http.MethodPost, "/", failingBody{tc.err})
+			r.Header.Set("Content-Type", "application/json")
+			var dst struct{}
+			err := decode(httptest.NewRecorder(), r, &dst)
+			var p *httpjson.Problem
+			require.ErrorAs(t, err, &p, name)
+			require.Equal(t, tc.status, p.Status, name)
+			require.NotContains(t, p.Detail, "10.0.0.7", "%s: the server's address", name)
+			require.NotContains(t, p.Detail, "JSON", "%s: nothing was wrong with the JSON", name)
+		}
 	}
+}
+
+// An optional body may be absent, whether the client said so by its
+// Content-Length (0) or sent a chunked body with nothing in it; one that
+// is there is decoded as Decode does.
+func TestDecodeOptionalTakesAnEmptyBodyForNone(t *testing.T) {
+	t.Parallel()
+	type req struct {
+		Overlap string `json:"overlap"`
+	}
+	empty := httptest.NewRequest(http.MethodPost, "/", http.NoBody)
+	chunked := httptest.NewRequest(http.MethodPost, "/", io.MultiReader())
+	chunked.ContentLength = -1
+	for name, r := range map[string]*http.Request{"Content-Length: 0": empty, "chunked": chunked} {
+		dst := req{Overlap: "default"}
+		present, err := httpjson.DecodeOptional(httptest.NewRecorder(), r, &dst)
+		require.NoError(t, err, name)
+		require.False(t, present, name)
+		require.Equal(t, "default", dst.Overlap, "%s: left as it was", name)
+	}
+
+	var dst req
+	r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(`{"overlap":"1h"}`))
+	present, err := httpjson.DecodeOptional(httptest.NewRecorder(), r, &dst)
+	require.NoError(t, err)
+	require.True(t, present)
+	require.Equal(t, "1h", dst.Overlap)
+
+	r = httptest.NewRequest(http.MethodPost, "/", strings.NewReader(`{"overlap":1}`))
+	_, err = httpjson.DecodeOptional(httptest.NewRecorder(), r, &dst)
+	var p *httpjson.Problem
+	require.ErrorAs(t, err, &p, "a body that is there is held to Decode's rules")
 }

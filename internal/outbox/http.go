@@ -1,11 +1,9 @@
 package outbox
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -203,31 +201,18 @@ func (a *Admin) handleRotateSecret(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	overlap := 24 * time.Hour
-	// No body is the default overlap, whether it came with Content-Length:
-	// 0 or chunked (a client streaming an empty body); only the first
-	// tells by its header.
-	body := bufio.NewReader(r.Body)
-	if _, err := body.Peek(1); err != nil && !errors.Is(err, io.EOF) {
-		httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusBadRequest, "reading the request body: %v", err))
+	var req rotateSecretRequest
+	if _, err := httpjson.DecodeOptional(w, r, &req); err != nil {
+		httpjson.WriteError(w, err)
 		return
-	} else if err == nil {
-		r.Body = struct {
-			io.Reader
-			io.Closer
-		}{body, r.Body}
-		var req rotateSecretRequest
-		if err := httpjson.Decode(w, r, &req); err != nil {
-			httpjson.WriteError(w, err)
+	}
+	if req.Overlap != "" {
+		d, err := time.ParseDuration(req.Overlap)
+		if err != nil {
+			httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusUnprocessableEntity, "overlap must be a Go duration such as 24h, got %q", req.Overlap))
 			return
 		}
-		if req.Overlap != "" {
-			d, err := time.ParseDuration(req.Overlap)
-			if err != nil {
-				httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusUnprocessableEntity, "overlap must be a Go duration such as 24h, got %q", req.Overlap))
-				return
-			}
-			overlap = d
-		}
+		overlap = d
 	}
 	ep, err := a.RotateSecret(r.Context(), id, overlap)
 	if err != nil {
