@@ -235,6 +235,9 @@ func (a *Admin) CheckEndpointChange(ctx context.Context, c EndpointChange) error
 // checkChange vets a change and returns its event types sorted and
 // deduplicated (nil when it does not change them).
 func (a *Admin) checkChange(ctx context.Context, c EndpointChange) ([]string, error) {
+	if c.URL == nil && c.EventTypes == nil {
+		return nil, fmt.Errorf("%w: a change names a destination (url, or kind and its fields), event_types, or both", ErrInvalidEndpoint)
+	}
 	var types []string
 	if c.EventTypes != nil {
 		var err error

@@ -88,10 +88,30 @@ func (a *Admin) handleGetEndpoint(w http.ResponseWriter, r *http.Request) {
 
 // updateEndpointRequest moves the endpoint when it names a destination
 // (the same fields as a creation, kind included), and changes its types
-// when it names those.
+// when it names those. Pointers tell a field left out from one sent empty:
+// {"url":""} is a move to nowhere, refused, not a change of nothing.
 type updateEndpointRequest struct {
-	DestinationSpec
+	Kind       *string  `json:"kind"`
+	URL        *string  `json:"url"`
+	Subject    *string  `json:"subject"`
+	Topic      *string  `json:"topic"`
+	Exchange   *string  `json:"exchange"`
+	RoutingKey *string  `json:"routing_key"`
 	EventTypes []string `json:"event_types"`
+}
+
+// destination is the destination the request names, if it names one.
+func (req updateEndpointRequest) destination() (spec DestinationSpec, named bool) {
+	for _, f := range []struct {
+		from *string
+		to   *string
+	}{{req.Kind, &spec.Kind}, {req.URL, &spec.URL}, {req.Subject, &spec.Subject}, {req.Topic, &spec.Topic},
+		{req.Exchange, &spec.Exchange}, {req.RoutingKey, &spec.RoutingKey}} {
+		if f.from != nil {
+			*f.to, named = *f.from, true
+		}
+	}
+	return spec, named
 }
 
 func (a *Admin) handleUpdateEndpoint(w http.ResponseWriter, r *http.Request) {
@@ -105,8 +125,11 @@ func (a *Admin) handleUpdateEndpoint(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	change := EndpointChange{EventTypes: req.EventTypes}
-	if req.DestinationSpec != (DestinationSpec{}) {
-		u, err := req.URLOf()
+	if spec, named := req.destination(); named {
+		u, err := spec.URLOf()
+		if err == nil && u == "" {
+			err = errors.New("the destination is empty")
+		}
 		if err != nil {
 			a.writeError(w, r, fmt.Errorf("%w: %w", ErrInvalidEndpoint, err))
 			return

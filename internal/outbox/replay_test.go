@@ -209,6 +209,7 @@ func TestUpdateEndpointInPlace(t *testing.T) {
 	require.Zero(t, oldRC.total())
 
 	for name, c := range map[string]outbox.EndpointChange{
+		"no change":   {},
 		"no types":    {EventTypes: []string{}},
 		"blank type":  {EventTypes: []string{" "}},
 		"bad url":     {URL: ptr("ftp://example.com")},

@@ -92,6 +92,10 @@ func TestEventAdminRoutes(t *testing.T) {
 		`{"event_types":[]}`, nil), "an endpoint subscribes to something")
 	require.Equal(t, http.StatusUnprocessableEntity, api.admin(t, http.MethodPatch, "/webhook-endpoints/"+ep.ID,
 		`{"urll":"x"}`, nil), "unknown fields are refused")
+	for _, body := range []string{`{}`, `{"event_types":null}`, `{"url":""}`, `{"url":"","event_types":["order.placed"]}`, `{"kind":"nats"}`} {
+		require.Equal(t, http.StatusUnprocessableEntity, api.admin(t, http.MethodPatch, "/webhook-endpoints/"+ep.ID, body, nil),
+			"%s changes nothing, or to nowhere", body)
+	}
 
 	// Replay: a dry run counts, the run replays.
 	rng := fmt.Sprintf(`"from":%q,"to":%q`, start.UTC().Format(time.RFC3339Nano), time.Now().Add(time.Second).UTC().Format(time.RFC3339Nano))
