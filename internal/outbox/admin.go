@@ -791,7 +791,11 @@ func toEndpoint(r outboxdb.WebhookEndpoint) Endpoint {
 	}
 	switch {
 	case !r.Enabled:
-		ep.State, ep.StateSince, ep.StateReason = HealthPaused, &r.UpdatedAt, ""
+		ep.State, ep.StateSince, ep.StateReason = HealthPaused, r.DisabledAt, ""
+		if ep.StateSince == nil {
+			// Paused by a hand in the table: its last update is the best there is.
+			ep.StateSince = &r.UpdatedAt
+		}
 		if r.DisabledReason != nil {
 			ep.DisabledReason = *r.DisabledReason
 			ep.StateReason = *r.DisabledReason

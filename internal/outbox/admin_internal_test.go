@@ -379,3 +379,61 @@ func waitForALockWait(t *testing.T, pool *pgxpool.Pool, msg string) {
 		return err == nil && waiting
 	}, 10*time.Second, 5*time.Millisecond, msg)
 }
+
+// A paused endpoint keeps when and why it was paused: changing its URL or
+// types, rotating its secret or pausing it again moves neither. StateSince
+// was the endpoint's last update, and a person's pause of an endpoint a
+// 410 had paused replaced the receiver's reason with theirs.
+func TestAPausedEndpointKeepsWhenAndWhyItWasPaused(t *testing.T) {
+	t.Parallel()
+	pool, dest, lease := leased(t)
+	ctx := context.Background()
+	admin := NewAdmin(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	_, err := outboxdb.New(pool).DestinationSettle(ctx, outboxdb.DestinationSettleParams{
+		ID: dest, LeaseToken: lease, Health: HealthHealthy, Gone: true})
+	require.NoError(t, err)
+	gone, err := admin.Endpoint(ctx, dest)
+	require.NoError(t, err)
+	require.Equal(t, HealthPaused, gone.State)
+	require.Equal(t, "receiver answered 410 Gone", gone.StateReason)
+	require.NotNil(t, gone.StateSince)
+
+	_, err = admin.UpdateEndpoint(ctx, dest, EndpointChange{EventTypes: []string{"order.placed", "order.cancelled"}})
+	require.NoError(t, err)
+	_, err = admin.RotateSecret(ctx, dest, time.Hour)
+	require.NoError(t, err)
+	_, err = admin.SetEndpointEnabled(ctx, dest, false)
+	require.NoError(t, err)
+	still, err := admin.Endpoint(ctx, dest)
+	require.NoError(t, err)
+	require.Equal(t, HealthPaused, still.State)
+	require.Equal(t, gone.StateSince, still.StateSince, "paused since the 410")
+	require.Equal(t, gone.StateReason, still.StateReason, "paused because of the 410")
+
+	// Resumed, then paused by a person: a new pause, with its own time and
+	// reason.
+	_, err = admin.SetEndpointEnabled(ctx, dest, true)
+	require.NoError(t, err)
+	again, err := admin.SetEndpointEnabled(ctx, dest, false)
+	require.NoError(t, err)
+	require.Equal(t, "disabled by an operator", again.StateReason)
+	require.True(t, again.StateSince.After(*gone.StateSince), "%v after %v", again.StateSince, gone.StateSince)
+}
+
+// Enabling an endpoint that is enabled and healthy leaves a receiver's
+// Retry-After in force; only an endpoint backing off is probed at once.
+// Before, the wait the receiver asked for was cut short.
+func TestEnablingAThrottledEndpointKeepsItsRetryAfter(t *testing.T) {
+	t.Parallel()
+	pool, dest, lease := leased(t)
+	ctx := context.Background()
+	admin := NewAdmin(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	until := time.Now().Add(time.Hour)
+	_, err := outboxdb.New(pool).DestinationSettle(ctx, outboxdb.DestinationSettleParams{
+		ID: dest, LeaseToken: lease, Health: HealthHealthy, BackoffUntil: &until})
+	require.NoError(t, err)
+	ep, err := admin.SetEndpointEnabled(ctx, dest, true)
+	require.NoError(t, err)
+	require.NotNil(t, ep.ThrottledUntil, "still throttled")
+	require.WithinDuration(t, until, *ep.ThrottledUntil, time.Millisecond)
+}

@@ -78,7 +78,7 @@ func endpointsHealth(ctx context.Context, q *outboxdb.Queries, b backlog, window
 		w := waiting[r.ID]
 		h := EndpointHealth{
 			Endpoint: toEndpoint(outboxdb.WebhookEndpoint{ID: r.ID, Url: r.Url, EventTypes: r.EventTypes,
-				Enabled: r.Enabled, DisabledReason: r.DisabledReason, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
+				Enabled: r.Enabled, DisabledReason: r.DisabledReason, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, DisabledAt: r.DisabledAt,
 				Health: r.Health, HealthReason: r.HealthReason, HealthChangedAt: r.HealthChangedAt,
 				ConsecutiveFailures: r.ConsecutiveFailures, BackoffUntil: r.BackoffUntil}),
 			Waiting: w.Pending + w.Parked + w.Claimed, InFlight: w.Claimed, BackingOff: w.BackingOff, Parked: w.Parked, Failed: w.Failed,

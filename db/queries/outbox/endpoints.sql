@@ -19,11 +19,20 @@ DELETE FROM webhook_endpoints WHERE id = @id;
 -- name: EndpointSetEnabled :one
 -- Pauses or resumes an endpoint. Messages for a paused endpoint are written
 -- and wait; resuming an endpoint that is backing off also probes it at once,
--- instead of at its next scheduled probe.
+-- instead of at its next scheduled probe, while a healthy one's Retry-After
+-- (backoff_until too) stands: the receiver asked for that wait. Pausing an
+-- endpoint already paused keeps when and why it was (a 410's reason is not
+-- replaced by the person's).
 UPDATE webhook_endpoints
 SET enabled = @enabled,
-    disabled_reason = CASE WHEN @enabled::boolean THEN NULL ELSE @reason END,
-    backoff_until = CASE WHEN @enabled::boolean AND backoff_until > now() THEN now() ELSE backoff_until END,
+    disabled_reason = CASE WHEN @enabled::boolean THEN NULL
+                           WHEN NOT enabled THEN disabled_reason
+                           ELSE @reason END,
+    disabled_at = CASE WHEN @enabled::boolean THEN NULL
+                       WHEN NOT enabled THEN COALESCE(disabled_at, updated_at)
+                       ELSE now() END,
+    backoff_until = CASE WHEN @enabled::boolean AND health = 'backing_off' AND backoff_until > now() THEN now()
+                         ELSE backoff_until END,
     updated_at = now()
 WHERE id = @id
 RETURNING *;

@@ -28,7 +28,7 @@ ORDER BY 1;
 -- clock, before which the caller drops them. What waits for each endpoint
 -- comes from OpsBacklog.
 SELECT e.id, e.url, e.event_types, e.enabled, e.disabled_reason, e.created_at,
-       e.health, e.health_reason, e.health_changed_at, e.consecutive_failures, e.backoff_until, e.updated_at,
+       e.health, e.health_reason, e.health_changed_at, e.consecutive_failures, e.backoff_until, e.updated_at, e.disabled_at,
        e.last_success_at, e.last_error_at, e.last_error_status_code, e.last_error, e.last_attempt_at, e.last_attempt_outcome,
        (now() - make_interval(secs => @window_seconds::float8))::timestamptz AS since
 FROM webhook_endpoints e

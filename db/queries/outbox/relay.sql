@@ -171,6 +171,7 @@ SET lease_token = NULL,
     backoff_until = sqlc.narg(backoff_until),
     enabled = e.enabled AND NOT @gone::boolean,
     disabled_reason = CASE WHEN @gone::boolean AND e.enabled THEN 'receiver answered 410 Gone' ELSE e.disabled_reason END,
+    disabled_at = CASE WHEN @gone::boolean AND e.enabled THEN now() ELSE e.disabled_at END,
     updated_at = CASE WHEN @gone::boolean AND e.enabled THEN now() ELSE e.updated_at END,
     dispatched_at = CASE
         WHEN e.enabled AND NOT @gone::boolean AND sqlc.narg(backoff_until)::timestamptz IS NULL

@@ -25,7 +25,7 @@ func (q *Queries) EndpointDelete(ctx context.Context, id uuid.UUID) (int64, erro
 }
 
 const endpointGet = `-- name: EndpointGet :one
-SELECT id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error FROM webhook_endpoints WHERE id = $1
+SELECT id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at FROM webhook_endpoints WHERE id = $1
 `
 
 func (q *Queries) EndpointGet(ctx context.Context, id uuid.UUID) (WebhookEndpoint, error) {
@@ -56,6 +56,7 @@ func (q *Queries) EndpointGet(ctx context.Context, id uuid.UUID) (WebhookEndpoin
 		&i.LastErrorAt,
 		&i.LastErrorStatusCode,
 		&i.LastError,
+		&i.DisabledAt,
 	)
 	return i, err
 }
@@ -64,7 +65,7 @@ const endpointInsert = `-- name: EndpointInsert :one
 INSERT INTO webhook_endpoints (id, url, secret, event_types)
 VALUES ($1, $2, $3, $4)
 ON CONFLICT (id) DO NOTHING
-RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error
+RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at
 `
 
 type EndpointInsertParams struct {
@@ -110,12 +111,13 @@ func (q *Queries) EndpointInsert(ctx context.Context, arg EndpointInsertParams) 
 		&i.LastErrorAt,
 		&i.LastErrorStatusCode,
 		&i.LastError,
+		&i.DisabledAt,
 	)
 	return i, err
 }
 
 const endpointList = `-- name: EndpointList :many
-SELECT id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error FROM webhook_endpoints ORDER BY created_at, id
+SELECT id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at FROM webhook_endpoints ORDER BY created_at, id
 `
 
 func (q *Queries) EndpointList(ctx context.Context) ([]WebhookEndpoint, error) {
@@ -152,6 +154,7 @@ func (q *Queries) EndpointList(ctx context.Context) ([]WebhookEndpoint, error) {
 			&i.LastErrorAt,
 			&i.LastErrorStatusCode,
 			&i.LastError,
+			&i.DisabledAt,
 		); err != nil {
 			return nil, err
 		}
@@ -304,7 +307,7 @@ SET previous_secret = secret,
     updated_at = now()
 WHERE id = $3
   AND (NOT $4::boolean OR previous_secret_expires_at IS NOT DISTINCT FROM $5::timestamptz)
-RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error
+RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at
 `
 
 type EndpointRotateSecretParams struct {
@@ -355,6 +358,7 @@ func (q *Queries) EndpointRotateSecret(ctx context.Context, arg EndpointRotateSe
 		&i.LastErrorAt,
 		&i.LastErrorStatusCode,
 		&i.LastError,
+		&i.DisabledAt,
 	)
 	return i, err
 }
@@ -423,16 +427,25 @@ func (q *Queries) EndpointSecretsSet(ctx context.Context, secret string, previou
 const endpointSetEnabled = `-- name: EndpointSetEnabled :one
 UPDATE webhook_endpoints
 SET enabled = $1,
-    disabled_reason = CASE WHEN $1::boolean THEN NULL ELSE $2 END,
-    backoff_until = CASE WHEN $1::boolean AND backoff_until > now() THEN now() ELSE backoff_until END,
+    disabled_reason = CASE WHEN $1::boolean THEN NULL
+                           WHEN NOT enabled THEN disabled_reason
+                           ELSE $2 END,
+    disabled_at = CASE WHEN $1::boolean THEN NULL
+                       WHEN NOT enabled THEN COALESCE(disabled_at, updated_at)
+                       ELSE now() END,
+    backoff_until = CASE WHEN $1::boolean AND health = 'backing_off' AND backoff_until > now() THEN now()
+                         ELSE backoff_until END,
     updated_at = now()
 WHERE id = $3
-RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error
+RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at
 `
 
 // Pauses or resumes an endpoint. Messages for a paused endpoint are written
 // and wait; resuming an endpoint that is backing off also probes it at once,
-// instead of at its next scheduled probe.
+// instead of at its next scheduled probe, while a healthy one's Retry-After
+// (backoff_until too) stands: the receiver asked for that wait. Pausing an
+// endpoint already paused keeps when and why it was (a 410's reason is not
+// replaced by the person's).
 func (q *Queries) EndpointSetEnabled(ctx context.Context, enabled bool, reason *string, iD uuid.UUID) (WebhookEndpoint, error) {
 	row := q.db.QueryRow(ctx, endpointSetEnabled, enabled, reason, iD)
 	var i WebhookEndpoint
@@ -461,6 +474,7 @@ func (q *Queries) EndpointSetEnabled(ctx context.Context, enabled bool, reason *
 		&i.LastErrorAt,
 		&i.LastErrorStatusCode,
 		&i.LastError,
+		&i.DisabledAt,
 	)
 	return i, err
 }
@@ -493,7 +507,7 @@ SET url = COALESCE($1, url),
     event_types = COALESCE($2::text[], event_types),
     updated_at = now()
 WHERE id = $3
-RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error
+RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at
 `
 
 // Changes an endpoint's URL and event types in place (NULL keeps one as it
@@ -527,6 +541,7 @@ func (q *Queries) EndpointUpdate(ctx context.Context, url *string, eventTypes []
 		&i.LastErrorAt,
 		&i.LastErrorStatusCode,
 		&i.LastError,
+		&i.DisabledAt,
 	)
 	return i, err
 }

@@ -111,4 +111,5 @@ type WebhookEndpoint struct {
 	LastErrorAt             *time.Time
 	LastErrorStatusCode     *int32
 	LastError               *string
+	DisabledAt              *time.Time
 }

@@ -332,7 +332,7 @@ func (q *Queries) OpsEndpointAttemptStats(ctx context.Context, destination uuid.
 
 const opsEndpointHealth = `-- name: OpsEndpointHealth :many
 SELECT e.id, e.url, e.event_types, e.enabled, e.disabled_reason, e.created_at,
-       e.health, e.health_reason, e.health_changed_at, e.consecutive_failures, e.backoff_until, e.updated_at,
+       e.health, e.health_reason, e.health_changed_at, e.consecutive_failures, e.backoff_until, e.updated_at, e.disabled_at,
        e.last_success_at, e.last_error_at, e.last_error_status_code, e.last_error, e.last_attempt_at, e.last_attempt_outcome,
        (now() - make_interval(secs => $1::float8))::timestamptz AS since
 FROM webhook_endpoints e
@@ -352,6 +352,7 @@ type OpsEndpointHealthRow struct {
 	ConsecutiveFailures int32
 	BackoffUntil        *time.Time
 	UpdatedAt           time.Time
+	DisabledAt          *time.Time
 	LastSuccessAt       *time.Time
 	LastErrorAt         *time.Time
 	LastErrorStatusCode *int32
@@ -388,6 +389,7 @@ func (q *Queries) OpsEndpointHealth(ctx context.Context, windowSeconds float64) 
 			&i.ConsecutiveFailures,
 			&i.BackoffUntil,
 			&i.UpdatedAt,
+			&i.DisabledAt,
 			&i.LastSuccessAt,
 			&i.LastErrorAt,
 			&i.LastErrorStatusCode,

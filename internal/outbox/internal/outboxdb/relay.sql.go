@@ -88,6 +88,7 @@ SET lease_token = NULL,
     backoff_until = $4,
     enabled = e.enabled AND NOT $5::boolean,
     disabled_reason = CASE WHEN $5::boolean AND e.enabled THEN 'receiver answered 410 Gone' ELSE e.disabled_reason END,
+    disabled_at = CASE WHEN $5::boolean AND e.enabled THEN now() ELSE e.disabled_at END,
     updated_at = CASE WHEN $5::boolean AND e.enabled THEN now() ELSE e.updated_at END,
     dispatched_at = CASE
         WHEN e.enabled AND NOT $5::boolean AND $4::timestamptz IS NULL
