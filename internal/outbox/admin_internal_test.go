@@ -437,3 +437,20 @@ func TestEnablingAThrottledEndpointKeepsItsRetryAfter(t *testing.T) {
 	require.NotNil(t, ep.ThrottledUntil, "still throttled")
 	require.WithinDuration(t, until, *ep.ThrottledUntil, time.Millisecond)
 }
+
+// How long a destination backed off is measured on the database's clock,
+// which wrote when it began: a worker whose clock is an hour behind says
+// 10s, not an hour less.
+func TestARecoverySaysHowLongItBackedOffOnTheDatabasesClock(t *testing.T) {
+	t.Parallel()
+	pool, dest, lease := leased(t)
+	var logs strings.Builder
+	r, err := NewRelay(pool, RelayConfig{}, &HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
+		slog.New(slog.NewTextHandler(&logs, nil)), nil)
+	require.NoError(t, err)
+	r.skew.Store(int64(time.Hour)) // the database's clock is an hour ahead
+	began := r.dbNow().Add(-10 * time.Second)
+	s := &session{r: r, dest: dest, token: lease, ep: outboxdb.DestinationLeaseRow{HealthChangedAt: &began}}
+	s.announceRecovered(context.Background())
+	require.Contains(t, logs.String(), "backed_off_for=10s")
+}

@@ -537,7 +537,7 @@ func (s *session) announceRecovered(ctx context.Context, attrs ...any) {
 	s.r.metrics.stateChanges.WithLabelValues(HealthHealthy).Inc()
 	attrs = append([]any{slog.String("destination", s.dest.String()), slog.String("url", s.ep.Url)}, attrs...)
 	if s.ep.HealthChangedAt != nil {
-		attrs = append(attrs, slog.Duration("backed_off_for", time.Since(*s.ep.HealthChangedAt).Round(time.Second)))
+		attrs = append(attrs, slog.Duration("backed_off_for", s.r.dbNow().Sub(*s.ep.HealthChangedAt).Round(time.Second)))
 	}
 	s.r.logger.InfoContext(ctx, "destination recovered", attrs...)
 }
