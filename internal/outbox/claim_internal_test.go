@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -829,4 +830,19 @@ func TestAClaimGoesStaleAfterItsOwnRelaysClaimTimeout(t *testing.T) {
 	var status string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT status FROM outbox_messages WHERE id = $1`, ids[0]).Scan(&status))
 	require.Equal(t, StatusClaimed, status, "within its own relay's 10 minutes, the claim stands")
+}
+
+// A 410 on a message's last attempt pauses the endpoint and leaves the
+// message waiting, so once enabled it has one more try, past the cap: its
+// error says so rather than "attempt 4 of 3".
+func TestAnAttemptPastTheCapSaysWhy(t *testing.T) {
+	t.Parallel()
+	r := &Relay{cfg: RelayConfig{MaxAttempts: 3}.withDefaults()}
+	gone := r.judge(sent{row: outboxdb.MessageClaimRow{Attempts: 2}, res: Result{StatusCode: http.StatusGone}})
+	require.Equal(t, StatusPending, gone.status, "a 410 on the last attempt: the message waits with its paused endpoint")
+	o := r.judge(sent{row: outboxdb.MessageClaimRow{Attempts: 3}, res: Result{StatusCode: http.StatusInternalServerError}})
+	require.Equal(t, StatusFailed, o.status)
+	require.Equal(t, "attempt 4, past the cap of 3: 500 Internal Server Error", o.err)
+	o = r.judge(sent{row: outboxdb.MessageClaimRow{Attempts: 2}, res: Result{StatusCode: http.StatusInternalServerError}})
+	require.Equal(t, "attempt 3 of 3: 500 Internal Server Error", o.err)
 }

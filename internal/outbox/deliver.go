@@ -579,7 +579,7 @@ func (r *Relay) judge(s sent) outcome {
 			// every time cannot keep stopping relays. Its attempt is the
 			// failed one, as every attempt that reaches the cap is.
 			o.status, o.label = StatusFailed, labelFailed
-			o.err = fmt.Sprintf("attempt %d of %d: %s", attempt, r.cfg.MaxAttempts, o.err)
+			o.err = r.lastAttempt(attempt) + ": " + o.err
 		}
 		return o
 	case code == http.StatusGone:
@@ -604,7 +604,7 @@ func (r *Relay) judge(s sent) outcome {
 	}
 	if attempt >= r.cfg.MaxAttempts {
 		o.status, o.label = StatusFailed, labelFailed
-		o.err = fmt.Sprintf("attempt %d of %d: %s", attempt, r.cfg.MaxAttempts, o.err)
+		o.err = r.lastAttempt(attempt) + ": " + o.err
 		return o
 	}
 	o.status, o.label = StatusPending, labelRetry
@@ -616,6 +616,17 @@ func (r *Relay) judge(s sent) outcome {
 		o.delay = o.retryAfter
 	}
 	return o
+}
+
+// lastAttempt names a message's last attempt. One can be past the cap: a
+// 410 Gone on the last attempt pauses the endpoint and leaves the message
+// waiting, to be tried once more when the endpoint is enabled again, and
+// the cap may have been lowered since the message's earlier attempts.
+func (r *Relay) lastAttempt(attempt int) string {
+	if attempt > r.cfg.MaxAttempts {
+		return fmt.Sprintf("attempt %d, past the cap of %d", attempt, r.cfg.MaxAttempts)
+	}
+	return fmt.Sprintf("attempt %d of %d", attempt, r.cfg.MaxAttempts)
 }
 
 // endpointWide reports whether an answer is the destination's trouble
