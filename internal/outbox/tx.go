@@ -15,9 +15,9 @@ const deadlockRetries = 3
 // inTx runs fn in a transaction, as pgx.BeginFunc does, and runs it again
 // when PostgreSQL aborted it to break a deadlock (SQLSTATE 40P01). A deliver
 // job's end and an endpoint's deletion each lock several of one
-// destination's messages, in orders no single rule fixes (the rows a job
-// recorded, then those it releases; the deletion's claimed rows in index
-// order): each may hold a row the other waits for. PostgreSQL finds the
+// destination's messages, each in its own order (the rows a job recorded,
+// then those it releases; the deletion's claimed rows as its scan finds
+// them): each may hold a row the other waits for. PostgreSQL finds the
 // cycle after deadlock_timeout (1 s) and aborts one of the two, whose locks
 // then let the other finish; run again, the aborted one finds the rows
 // settled and finishes too. fn must be safe to run again: it is, when it
