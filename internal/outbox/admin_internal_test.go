@@ -138,11 +138,7 @@ func TestDeleteEndpointBesideAJobEndingDoesNotDeadlock(t *testing.T) {
 	_, err = job.Exec(ctx, `UPDATE outbox_messages SET status = 'delivered', delivered_at = now(), claim_token = NULL, claimed_at = NULL WHERE id = $1`, ids[0])
 	require.NoError(t, err)
 
-	deleted := make(chan error, 1)
-	go func() {
-		_, err := admin.DeleteEndpoint(ctx, ep)
-		deleted <- err
-	}()
+	deleted := deleteAside(admin, ep)
 	waitForALockWait(t, pool, "the deletion waits for the message the job holds")
 
 	// Then the lease settled: the endpoint's row, which a deletion that
@@ -169,9 +165,7 @@ func TestDeleteEndpointBesideARecoveryDoesNotDeadlock(t *testing.T) {
 	ctx := context.Background()
 	Seed(t, pool, dest, 1, "")
 	var logs strings.Builder
-	r, err := NewRelay(pool, RelayConfig{}, &HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
-		slog.New(slog.NewTextHandler(&logs, nil)), nil)
-	require.NoError(t, err)
+	r := defaultRelay(t, pool, slog.New(slog.NewTextHandler(&logs, nil)))
 	// A retry the outage pushed back: what the recovery brings forward.
 	rows, err := claimMessages(ctx, pool, outboxdb.MessageClaimParams{ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 1})
 	require.NoError(t, err)
@@ -288,9 +282,7 @@ func TestJobEndBesideADeletionOutlastsADeadlock(t *testing.T) {
 	pool, dest, lease := leased(t)
 	ctx := context.Background()
 	Seed(t, pool, dest, 2, "")
-	r, err := NewRelay(pool, RelayConfig{}, &HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
-		slog.New(slog.DiscardHandler), nil)
-	require.NoError(t, err)
+	r := defaultRelay(t, pool, slog.New(slog.DiscardHandler))
 	rows, err := claimMessages(ctx, pool, outboxdb.MessageClaimParams{ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 2})
 	require.NoError(t, err)
 	require.Len(t, rows, 2)
@@ -347,11 +339,7 @@ func TestDeleteEndpointBesideAJobEndOutlastsADeadlock(t *testing.T) {
 		claim_token = NULL, claimed_at = NULL, claimed_by = NULL WHERE id = $1`, rows[1].ID)
 	require.NoError(t, err)
 
-	deleted := make(chan error, 1)
-	go func() {
-		_, err := admin.DeleteEndpoint(ctx, dest)
-		deleted <- err
-	}()
+	deleted := deleteAside(admin, dest)
 	waitForALockWait(t, pool, "the deletion, holding the earlier message, waits for the later")
 
 	// The job releases the earlier message: the cycle.
@@ -445,12 +433,29 @@ func TestARecoverySaysHowLongItBackedOffOnTheDatabasesClock(t *testing.T) {
 	t.Parallel()
 	pool, dest, lease := leased(t)
 	var logs strings.Builder
-	r, err := NewRelay(pool, RelayConfig{}, &HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
-		slog.New(slog.NewTextHandler(&logs, nil)), nil)
-	require.NoError(t, err)
+	r := defaultRelay(t, pool, slog.New(slog.NewTextHandler(&logs, nil)))
 	r.skew.Store(int64(time.Hour)) // the database's clock is an hour ahead
 	began := r.dbNow().Add(-10 * time.Second)
 	s := &session{r: r, dest: dest, token: lease, ep: outboxdb.DestinationLeaseRow{HealthChangedAt: &began}}
 	s.announceRecovered(context.Background())
 	require.Contains(t, logs.String(), "backed_off_for=10s")
+}
+
+// deleteAside deletes an endpoint in the background and reports the end.
+func deleteAside(admin *Admin, ep uuid.UUID) <-chan error {
+	deleted := make(chan error, 1)
+	go func() {
+		_, err := admin.DeleteEndpoint(context.Background(), ep)
+		deleted <- err
+	}()
+	return deleted
+}
+
+// defaultRelay is a relay at the default settings delivering webhooks to
+// any address, local ones included, that is not started.
+func defaultRelay(t *testing.T, pool *pgxpool.Pool, logger *slog.Logger) *Relay {
+	t.Helper()
+	r, err := NewRelay(pool, RelayConfig{}, &HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()}, logger, nil)
+	require.NoError(t, err)
+	return r
 }

@@ -699,17 +699,8 @@ func TestRecoveryLeavesAMessageRefusedOnItsOwnOnItsSchedule(t *testing.T) {
 // beside it.
 func TestAnOutcomeRecordedAgainLeavesALaterClaimAlone(t *testing.T) {
 	t.Parallel()
-	pool, dest, lease := leased(t)
+	pool, _, s, claim := oneLeasedMessage(t)
 	ctx := context.Background()
-	Seed(t, pool, dest, 1, "")
-	s := &session{r: &Relay{cfg: DefaultRelayConfig()}, token: lease}
-	claim := func() outboxdb.MessageClaimRow {
-		rows, err := claimMessages(ctx, pool, outboxdb.MessageClaimParams{
-			ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 1})
-		require.NoError(t, err)
-		require.Len(t, rows, 1)
-		return rows[0]
-	}
 	now := time.Now()
 	first := s.r.judge(sent{row: claim(), started: now, finished: now, res: Result{StatusCode: 503}})
 	first.delay = 0 // due again at once, within the job
@@ -761,17 +752,8 @@ func TestAnInterruptedLastAttemptSaysNothingOfTheDestination(t *testing.T) {
 // rode along and was counted twice.
 func TestAnOutcomeRecordedAgainBesideTheNextIsCountedOnce(t *testing.T) {
 	t.Parallel()
-	pool, dest, lease := leased(t)
+	pool, dest, s, claim := oneLeasedMessage(t)
 	ctx := context.Background()
-	Seed(t, pool, dest, 1, "")
-	s := &session{r: &Relay{cfg: DefaultRelayConfig()}, token: lease}
-	claim := func() outboxdb.MessageClaimRow {
-		rows, err := claimMessages(ctx, pool, outboxdb.MessageClaimParams{
-			ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 1})
-		require.NoError(t, err)
-		require.Len(t, rows, 1)
-		return rows[0]
-	}
 	start := time.Now()
 	first := s.r.judge(sent{row: claim(), started: start, finished: start.Add(time.Millisecond), res: Result{StatusCode: 503}})
 	first.delay = 0
@@ -845,4 +827,21 @@ func TestAnAttemptPastTheCapSaysWhy(t *testing.T) {
 	require.Equal(t, "attempt 4, past the cap of 3: 500 Internal Server Error", o.err)
 	o = r.judge(sent{row: outboxdb.MessageClaimRow{Attempts: 2}, res: Result{StatusCode: http.StatusInternalServerError}})
 	require.Equal(t, "attempt 3 of 3: 500 Internal Server Error", o.err)
+}
+
+// oneLeasedMessage is a destination with one message, a deliver job's
+// session holding its lease, and claim, which claims the message as the
+// job does.
+func oneLeasedMessage(t *testing.T) (pool *pgxpool.Pool, dest uuid.UUID, s *session, claim func() outboxdb.MessageClaimRow) {
+	pool, dest, lease := leased(t)
+	Seed(t, pool, dest, 1, "")
+	s = &session{r: &Relay{cfg: DefaultRelayConfig()}, token: lease}
+	return pool, dest, s, func() outboxdb.MessageClaimRow {
+		t.Helper()
+		rows, err := claimMessages(context.Background(), pool, outboxdb.MessageClaimParams{
+			ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 1})
+		require.NoError(t, err)
+		require.Len(t, rows, 1)
+		return rows[0]
+	}
 }

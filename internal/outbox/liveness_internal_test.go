@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/dbtest"
-	"github.com/outboxkit/orders/internal/netguard"
 )
 
 // A job's final writes retried while the pool is slow (here one that waits
@@ -49,9 +48,7 @@ func TestASlowSettleRetryDoesNotHoldTheHeartbeat(t *testing.T) {
 // test ends.
 func startRelay(t *testing.T, pool *pgxpool.Pool, before func(*Relay)) *Relay {
 	t.Helper()
-	r, err := NewRelay(pool, RelayConfig{}, &HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
-		slog.New(slog.DiscardHandler), nil)
-	require.NoError(t, err)
+	r := defaultRelay(t, pool, slog.New(slog.DiscardHandler))
 	if before != nil {
 		before(r)
 	}
