@@ -368,8 +368,9 @@ func (a *Admin) DeleteEndpoint(ctx context.Context, id uuid.UUID) (int64, error)
 	err := inTx(ctx, a.pool, func(tx pgx.Tx) error {
 		q := outboxdb.New(tx)
 		// Messages first, then the endpoint: the order a deliver job locks
-		// them in as it ends (outcomes, then the lease), so the two wait
-		// for one another instead of deadlocking.
+		// them in as it ends (outcomes, then the lease), so the endpoint's
+		// row never closes a cycle. Two messages still can, each held by
+		// one side: inTx runs the aborted side again.
 		var err error
 		n, err = q.MessagesDiscardForDestination(ctx, reason, id, discardBatch)
 		if err != nil {
