@@ -18,6 +18,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/proctest"
@@ -404,10 +406,18 @@ func crashSuite(t *testing.T, viaJetStream bool) {
 	if viaJetStream {
 		// And the consumer has settled every message: what a killed
 		// consumer held comes back after the consumer's ack wait (30 s).
-		require.Eventually(t, func() bool {
-			info := stream.consumerInfo()
+		var info *jetstream.ConsumerInfo
+		if !assert.Eventually(t, func() bool {
+			info = stream.consumerInfo()
 			return info != nil && info.NumPending == 0 && info.NumAckPending == 0
-		}, 2*time.Minute, 100*time.Millisecond, "the JetStream consumer never settled")
+		}, 2*time.Minute, 100*time.Millisecond) {
+			// What it was waiting for, and whether the consumer still ran.
+			if info == nil {
+				t.Fatalf("the JetStream consumer never settled: its info could not be read")
+			}
+			t.Fatalf("the JetStream consumer never settled: %d pending, %d delivered and not acked, %d redelivered; consumer ready: %v; its logs:\n%s",
+				info.NumPending, info.NumAckPending, info.NumRedelivered, cons.ready(), tail(cons.logs.String(), 4000))
+		}
 	}
 	drainTime := time.Since(drainStart)
 
