@@ -405,12 +405,16 @@ func crashSuite(t *testing.T, viaJetStream bool) {
 	}, 3*time.Minute, 100*time.Millisecond, "the backlog never drained: last stats %+v", last)
 	if viaJetStream {
 		// And the consumer has settled every message: what a killed
-		// consumer held comes back after the consumer's ack wait (30 s).
+		// consumer held comes back after the consumer's ack wait (30 s),
+		// and one it refused (its database cut, a cancel before its
+		// placement) after its redelivery delay, which doubles with each
+		// refusal up to 5 minutes: after a few unlucky refusals in the
+		// chaos, minutes. Two minutes were not always enough.
 		var info *jetstream.ConsumerInfo
 		if !assert.Eventually(t, func() bool {
 			info = stream.consumerInfo()
 			return info != nil && info.NumPending == 0 && info.NumAckPending == 0
-		}, 2*time.Minute, 100*time.Millisecond) {
+		}, 6*time.Minute, 100*time.Millisecond) {
 			// What it was waiting for, and whether the consumer still ran.
 			if info == nil {
 				t.Fatalf("the JetStream consumer never settled: its info could not be read")
