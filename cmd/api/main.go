@@ -29,7 +29,7 @@ func main() {
 		stop()
 		cancel()
 	}()
-	if err := apiserver.Run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
+	if err := apiserver.Run(ctx, os.Args[1:], os.Environ(), os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "api:", err)
 		os.Exit(1)
 	}

@@ -77,7 +77,7 @@ func main() {
 		stop()
 		cancel()
 	}()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
+	if err := run(ctx, os.Args[1:], os.Environ(), os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "consumer:", err)
 		os.Exit(1)
 	}
@@ -93,16 +93,20 @@ type config struct {
 	natsStream  string
 	natsDurable string
 	retention   time.Duration
+	// misspelt are warnings about variables set but never read.
+	misspelt []string
 }
 
-func parseConfig(getenv func(string) string) (config, error) {
+// parseConfig reads the consumer's configuration through getenv; environ,
+// the variables set, is checked for misspellings of the names read.
+func parseConfig(getenv func(string) string, environ []string) (config, error) {
 	env := process.NewEnv(getenv)
 	c := config{
 		databaseURL: env.DatabaseURL(),
 		addr:        env.Addr("CONSUMER_ADDR", "127.0.0.1:8090"),
 		logFormat:   env.OneOf("LOG_FORMAT", "", "", "text", "json"),
-		natsURL:     getenv("NATS_URL"),
-		natsStream:  getenv("NATS_STREAM"),
+		natsURL:     env.String("NATS_URL", ""),
+		natsStream:  env.String("NATS_STREAM", ""),
 		natsDurable: env.String("NATS_DURABLE", "ledger"),
 		retention:   env.Duration("CONSUMER_INBOX_RETENTION", 30*24*time.Hour),
 	}
@@ -115,7 +119,7 @@ func parseConfig(getenv func(string) string) (config, error) {
 		env.Fail("NATS_STREAM", errors.New("required with NATS_URL: the stream to consume"))
 	}
 	var secrets []string
-	for s := range strings.SplitSeq(getenv("WEBHOOK_SECRETS"), ",") {
+	for s := range strings.SplitSeq(env.String("WEBHOOK_SECRETS", ""), ",") {
 		if s = strings.TrimSpace(s); s != "" {
 			secrets = append(secrets, s)
 		}
@@ -130,18 +134,22 @@ func parseConfig(getenv func(string) string) (config, error) {
 		}
 		c.verifier = v
 	}
+	c.misspelt = env.Misspelt(environ)
 	return c, env.Err()
 }
 
-func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+func run(ctx context.Context, args []string, environ []string, stdout io.Writer) error {
 	if len(args) > 0 {
 		return fmt.Errorf("unexpected arguments %q", args)
 	}
-	cfg, err := parseConfig(getenv)
+	cfg, err := parseConfig(process.Getenv(environ), environ)
 	if err != nil {
 		return err
 	}
 	logger := process.NewLogger(stdout, cfg.logFormat).With(slog.String("service", "consumer"))
+	for _, w := range cfg.misspelt {
+		logger.WarnContext(ctx, w)
+	}
 
 	pool, err := process.OpenPool(ctx, cfg.databaseURL, 10)
 	if err != nil {

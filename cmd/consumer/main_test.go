@@ -51,7 +51,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			var out proctest.Output
-			err := run(context.Background(), nil, proctest.Getenv(tc.env), &out)
+			err := run(context.Background(), nil, proctest.Environ(tc.env), &out)
 			require.ErrorContains(t, err, "invalid configuration")
 			for _, name := range tc.want {
 				require.ErrorContains(t, err, name)
@@ -62,12 +62,12 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	}
 	t.Run("valid config reaches the database", func(t *testing.T) {
 		t.Parallel()
-		err := run(context.Background(), nil, proctest.Getenv(map[string]string{"DATABASE_URL": closedDB, "WEBHOOK_SECRETS": good}), io.Discard)
+		err := run(context.Background(), nil, proctest.Environ(map[string]string{"DATABASE_URL": closedDB, "WEBHOOK_SECRETS": good}), io.Discard)
 		require.ErrorContains(t, err, "connecting to database")
 	})
 	t.Run("arguments", func(t *testing.T) {
 		t.Parallel()
-		err := run(context.Background(), []string{"serve"}, proctest.Getenv(nil), io.Discard)
+		err := run(context.Background(), []string{"serve"}, proctest.Environ(nil), io.Discard)
 		require.ErrorContains(t, err, "unexpected arguments")
 	})
 }
@@ -162,7 +162,7 @@ func start(t *testing.T, env map[string]string) (*proctest.Output, func() error)
 	logs := &proctest.Output{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, nil, proctest.Getenv(env), logs) }()
+	go func() { done <- run(ctx, nil, proctest.Environ(env), logs) }()
 	var once sync.Once
 	var result error
 	stop := func() error {

@@ -17,10 +17,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"os/signal"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -51,16 +53,17 @@ func main() {
 		stop()
 		cancel()
 	}()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
+	if err := run(ctx, os.Args[1:], os.Environ(), os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "dev:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+func run(ctx context.Context, args []string, environ []string, stdout io.Writer) error {
 	if len(args) > 0 {
 		return fmt.Errorf("unexpected arguments %q", args)
 	}
+	getenv := process.Getenv(environ)
 	env := process.NewEnv(getenv)
 	logFormat := env.OneOf("LOG_FORMAT", "", "", "text", "json")
 	receiverAddr := env.String("DEV_RECEIVER_ADDR", "127.0.0.1:8082")
@@ -89,12 +92,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		"API_ADDR":                     "127.0.0.1:8080",
 		"OUTBOX_ALLOW_PRIVATE_TARGETS": "true",
 	}
-	childEnv := func(name string) string {
-		if v := getenv(name); v != "" && name != "DATABASE_URL" {
-			return v
+	// The children's environment: the defaults first, where the first of a
+	// name wins, for the variables unset or empty, and always the database.
+	var child []string
+	for _, name := range slices.Sorted(maps.Keys(defaults)) {
+		if name == "DATABASE_URL" || getenv(name) == "" {
+			child = append(child, name+"="+defaults[name])
 		}
-		return defaults[name]
 	}
+	for _, kv := range environ {
+		if name, _, _ := strings.Cut(kv, "="); name != "DATABASE_URL" {
+			child = append(child, kv)
+		}
+	}
+	childEnv := process.Getenv(child)
 
 	pool, err := process.OpenPool(ctx, database.URL, 4)
 	if err != nil {
@@ -127,8 +138,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		attrs = append(attrs, slog.String("admin", "http://"+a))
 	}
 	logger.InfoContext(ctx, "dev: api, worker and receiver starting", attrs...)
-	g.Go(func() error { return apiserver.Run(gctx, nil, childEnv, stdout) })
-	g.Go(func() error { return relayworker.Run(gctx, nil, childEnv, stdout) })
+	g.Go(func() error { return apiserver.Run(gctx, nil, child, stdout) })
+	g.Go(func() error { return relayworker.Run(gctx, nil, child, stdout) })
 	return g.Wait()
 }
 

@@ -37,7 +37,7 @@ func TestDevRunsTheWholeService(t *testing.T) {
 	var logs proctest.Output
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, nil, func(k string) string { return env[k] }, &logs) }()
+	go func() { done <- run(ctx, nil, proctest.Environ(env), &logs) }()
 
 	require.Eventually(t, func() bool {
 		resp, err := http.Get("http://" + apiAddr + "/readyz")

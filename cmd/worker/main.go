@@ -26,7 +26,7 @@ func main() {
 		stop()
 		cancel()
 	}()
-	if err := relayworker.Run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
+	if err := relayworker.Run(ctx, os.Args[1:], os.Environ(), os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		os.Exit(1)
 	}

@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -54,15 +55,19 @@ type config struct {
 	stallThreshold time.Duration
 	tracing        telemetry.Config
 	secretKeys     *secretbox.Keyring
+	// misspelt are warnings about variables set but never read.
+	misspelt []string
 }
 
-func parseConfig(getenv func(string) string) (config, error) {
+// parseConfig reads the api's configuration through getenv; environ, the
+// variables set, is checked for misspellings of the names read.
+func parseConfig(getenv func(string) string, environ []string) (config, error) {
 	env := process.NewEnv(getenv)
 	c := config{
 		databaseURL:     env.DatabaseURL(),
 		addr:            env.Addr("API_ADDR", "127.0.0.1:8080"),
 		adminAddr:       env.Addr("ADMIN_ADDR", ""),
-		adminToken:      getenv("ADMIN_TOKEN"),
+		adminToken:      env.String("ADMIN_TOKEN", ""),
 		logFormat:       env.OneOf("LOG_FORMAT", "", "", "text", "json"),
 		allowPrivate:    env.Bool("OUTBOX_ALLOW_PRIVATE_TARGETS", false),
 		notify:          env.Bool("OUTBOX_NOTIFY", false),
@@ -83,6 +88,7 @@ func parseConfig(getenv func(string) string) (config, error) {
 		env.Fail("ADMIN_TOKEN", fmt.Errorf("must be at least %d characters when the admin routes listen beyond loopback (%s); generate one with `openssl rand -base64 32`, or put them on a loopback ADMIN_ADDR",
 			minAdminToken, c.adminListener()))
 	}
+	c.misspelt = env.Misspelt(environ)
 	return c, env.Err()
 }
 
@@ -108,8 +114,8 @@ func loopbackOnly(addr string) bool {
 // Run runs the api process: `args` empty serves, `migrate` migrates and
 // exits, `reencrypt-secrets` migrates, seals every endpoint's signing
 // secrets under the first key of OUTBOX_SECRET_KEYS and exits. It returns when ctx is done and the servers have shut down.
-func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	cfg, err := parseConfig(getenv)
+func Run(ctx context.Context, args []string, environ []string, stdout io.Writer) error {
+	cfg, err := parseConfig(process.Getenv(environ), environ)
 	if err != nil {
 		return err
 	}
@@ -122,6 +128,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		migrateOnly = true
 	}
 	logger := process.NewLogger(stdout, cfg.logFormat)
+	for _, w := range cfg.misspelt {
+		logger.WarnContext(ctx, w)
+	}
 
 	pool, err := process.OpenPool(ctx, cfg.databaseURL, 0, func(c *pgxpool.Config) {
 		if cfg.notify {
@@ -177,7 +186,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if cfg.adminAddr != "" {
 		adminMux = http.NewServeMux()
 	}
-	opsOpts := ops.Options{Admin: admin, Token: cfg.adminToken, Logger: logger, Warnings: cfg.warnings(),
+	opsOpts := ops.Options{Admin: admin, Token: cfg.adminToken, Logger: logger, Warnings: slices.Concat(cfg.misspelt, cfg.warnings()),
 		Pool: pool, CookieSecure: cfg.opsCookieSecure, Lookups: []ops.Lookup{orderLookup(ordersSvc)}}
 	// River UI counts River's jobs in the background: only when someone
 	// can sign in to look at it.

@@ -19,7 +19,7 @@ func TestEveryVariableReadIsDocumented(t *testing.T) {
 	_, _ = parseConfig(func(name string) string {
 		read = append(read, name)
 		return ""
-	})
+	}, nil)
 	require.Contains(t, read, "ADMIN_TOKEN", "the spy sees the reads")
 	for _, name := range slices.Compact(slices.Sorted(slices.Values(read))) {
 		require.True(t, strings.Contains(string(doc), "`"+name+"`"), "docs/reference.md does not document %s", name)

@@ -53,7 +53,7 @@ func setup(t *testing.T, env map[string]string) *server {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &server{url: "http://" + full["API_ADDR"], logs: &proctest.Output{}, cancel: cancel, done: make(chan error, 1)}
-	go func() { s.done <- apiserver.Run(ctx, nil, proctest.Getenv(full), s.logs) }()
+	go func() { s.done <- apiserver.Run(ctx, nil, proctest.Environ(full), s.logs) }()
 	t.Cleanup(func() { _ = s.stop() })
 
 	var exited error
@@ -146,7 +146,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 				env[k] = v
 			}
 			var out proctest.Output
-			err := apiserver.Run(context.Background(), nil, proctest.Getenv(env), &out)
+			err := apiserver.Run(context.Background(), nil, proctest.Environ(env), &out)
 			require.Error(t, err)
 			require.ErrorContains(t, err, "invalid configuration")
 			for _, name := range tc.want {
@@ -175,11 +175,27 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 			for k, v := range env {
 				full[k] = v
 			}
-			err := apiserver.Run(context.Background(), nil, proctest.Getenv(full), io.Discard)
+			err := apiserver.Run(context.Background(), nil, proctest.Environ(full), io.Discard)
 			require.ErrorContains(t, err, "connecting to database")
 			require.NotContains(t, err.Error(), "invalid configuration")
 		})
 	}
+}
+
+// A misspelt setting is named with the one meant, before anything else
+// happens, and does not stop the api; the worker's settings, in an
+// environment both share, are not taken for misspellings.
+func TestAMisspeltSettingIsNamed(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"DATABASE_URL": closedDB, "API_ADDR": "127.0.0.1:0", "LOG_FORMAT": "json",
+		"OUTBOX_NOTIFI": "true", "ADMIN_TOKN": "t",
+		"WORKER_ADDR": "127.0.0.1:0", "OUTBOX_DELIVERY_TIMEOUT": "30s", "OUTBOX_MAX_ATTEMPTS": "20", "WORKER_SHUTDOWN_GRACE": "5s"}
+	var out proctest.Output
+	err := apiserver.Run(context.Background(), nil, proctest.Environ(env), &out)
+	require.ErrorContains(t, err, "connecting to database")
+	require.Contains(t, out.String(), "OUTBOX_NOTIFI is set but nothing reads it: did you mean OUTBOX_NOTIFY?")
+	require.Contains(t, out.String(), "ADMIN_TOKN is set but nothing reads it: did you mean ADMIN_TOKEN?")
+	require.Equal(t, 2, strings.Count(out.String(), "nothing reads it"), "only the misspellings: %s", out.String())
 }
 
 // emptyDatabase creates a database with no schema at all, dropped at the end.
@@ -222,7 +238,7 @@ func TestMigrate(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			dbURL := tc.url(t)
-			env := proctest.Getenv(map[string]string{"DATABASE_URL": dbURL, "LOG_FORMAT": "json"})
+			env := proctest.Environ(map[string]string{"DATABASE_URL": dbURL, "LOG_FORMAT": "json"})
 
 			var first, second proctest.Output
 			require.NoError(t, apiserver.Run(context.Background(), []string{"migrate"}, env, &first))
@@ -249,7 +265,7 @@ func TestMigrate(t *testing.T) {
 
 func TestUnknownCommand(t *testing.T) {
 	t.Parallel()
-	env := proctest.Getenv(map[string]string{"DATABASE_URL": dbtest.URL(t), "LOG_FORMAT": "json"})
+	env := proctest.Environ(map[string]string{"DATABASE_URL": dbtest.URL(t), "LOG_FORMAT": "json"})
 	err := apiserver.Run(context.Background(), []string{"frobnicate"}, env, io.Discard)
 	require.ErrorContains(t, err, "unknown command")
 	require.ErrorContains(t, err, "frobnicate")

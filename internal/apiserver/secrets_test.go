@@ -50,7 +50,7 @@ func TestReencryptSecretsCommand(t *testing.T) {
 	run := func(keys string, args ...string) (string, error) {
 		var out proctest.Output
 		env := map[string]string{"DATABASE_URL": dbURL, "LOG_FORMAT": "json", "OUTBOX_SECRET_KEYS": keys}
-		err := apiserver.Run(context.Background(), args, proctest.Getenv(env), &out)
+		err := apiserver.Run(context.Background(), args, proctest.Environ(env), &out)
 		return out.String(), err
 	}
 	_, err := run("", "reencrypt-secrets")
@@ -64,6 +64,6 @@ func TestReencryptSecretsCommand(t *testing.T) {
 	require.ErrorContains(t, err, "unknown command")
 
 	err = apiserver.Run(context.Background(), nil,
-		proctest.Getenv(map[string]string{"DATABASE_URL": closedDB, "OUTBOX_SECRET_KEYS": "k1:short"}), io.Discard)
+		proctest.Environ(map[string]string{"DATABASE_URL": closedDB, "OUTBOX_SECRET_KEYS": "k1:short"}), io.Discard)
 	require.ErrorContains(t, err, "OUTBOX_SECRET_KEYS", "a bad key ring names the variable")
 }

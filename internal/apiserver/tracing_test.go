@@ -92,7 +92,7 @@ func TestTracingConfigErrorsNameTheVariable(t *testing.T) {
 		"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
 	} {
 		env := map[string]string{"DATABASE_URL": closedDB, "API_ADDR": "127.0.0.1:0", name: value}
-		err := apiserver.Run(context.Background(), nil, proctest.Getenv(env), &proctest.Output{})
+		err := apiserver.Run(context.Background(), nil, proctest.Environ(env), &proctest.Output{})
 		require.ErrorContains(t, err, "invalid configuration")
 		require.ErrorContains(t, err, name)
 	}

@@ -47,7 +47,7 @@ func startAPI(t *testing.T, ctx context.Context, extra map[string]string) *liveA
 	maps.Copy(env, extra)
 	apiCtx, stopAPI := context.WithCancel(ctx)
 	apiDone := make(chan error, 1)
-	go func() { apiDone <- apiserver.Run(apiCtx, nil, proctest.Getenv(env), a.log) }()
+	go func() { apiDone <- apiserver.Run(apiCtx, nil, proctest.Environ(env), a.log) }()
 	t.Cleanup(func() {
 		stopAPI()
 		if err := <-apiDone; err != nil && !errors.Is(err, context.Canceled) {

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,10 +35,90 @@ import (
 type Env struct {
 	getenv func(string) string
 	errs   []error
+	// read holds every name asked for, so that a variable set but never
+	// read can be recognized as a misspelling of one that is (Misspelt).
+	read map[string]bool
 }
 
-// NewEnv reads from getenv (os.Getenv in main, a map in tests).
-func NewEnv(getenv func(string) string) *Env { return &Env{getenv: getenv} }
+// NewEnv reads from getenv (Getenv(os.Environ()) in main, a map in tests).
+func NewEnv(getenv func(string) string) *Env {
+	e := &Env{read: map[string]bool{}}
+	e.getenv = func(name string) string {
+		e.read[name] = true
+		return getenv(name)
+	}
+	return e
+}
+
+// Getenv looks names up in environ, a list of name=value as os.Environ
+// returns it; the first of a repeated name wins, as with os.Getenv.
+func Getenv(environ []string) func(string) string {
+	vars := make(map[string]string, len(environ))
+	for _, kv := range environ {
+		name, value, _ := strings.Cut(kv, "=")
+		if _, seen := vars[name]; !seen {
+			vars[name] = value
+		}
+	}
+	return func(name string) string { return vars[name] }
+}
+
+// Misspelt returns a warning for each variable of environ that was never
+// read but is within two edits (a letter added, dropped, changed or two
+// swapped) of one that was: OUTBOX_MAX_ATTEMPT=20 would otherwise be ignored
+// without a word. Call it once everything is read. Every variable the api
+// and the worker read is at least three edits from every other (a test holds
+// it), so a variable meant for the other process, in an environment both
+// share, is never taken for a misspelling. OTEL_ variables are left out: the
+// OpenTelemetry SDK reads many of its own.
+func (e *Env) Misspelt(environ []string) []string {
+	var warnings []string
+	for _, kv := range environ {
+		name, value, _ := strings.Cut(kv, "=")
+		if value == "" || e.read[name] || strings.HasPrefix(name, "OTEL_") {
+			continue
+		}
+		var near []string
+		for known := range e.read {
+			if editDistance(name, known) <= 2 {
+				near = append(near, known)
+			}
+		}
+		if len(near) > 0 {
+			slices.Sort(near)
+			warnings = append(warnings, fmt.Sprintf("%s is set but nothing reads it: did you mean %s?", name, strings.Join(near, " or ")))
+		}
+	}
+	slices.Sort(warnings)
+	return slices.Compact(warnings)
+}
+
+// editDistance is the optimal string alignment distance between a and b:
+// the fewest insertions, deletions, substitutions and swaps of adjacent
+// bytes that turn one into the other, each substring edited once.
+func editDistance(a, b string) int {
+	prev2 := make([]int, len(b)+1)
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				cur[j] = min(cur[j], prev2[j-2]+1)
+			}
+		}
+		prev2, prev, cur = prev, cur, prev2
+	}
+	return prev[len(b)]
+}
 
 // String returns the variable or def when unset.
 func (e *Env) String(name, def string) string {

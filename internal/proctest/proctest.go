@@ -44,9 +44,14 @@ func (o *Output) String() string {
 	return o.b.String()
 }
 
-// Getenv turns a map into the getenv function the programs' run takes.
-func Getenv(env map[string]string) func(string) string {
-	return func(name string) string { return env[name] }
+// Environ turns a map into the environment the programs' Run takes, a
+// list of name=value as os.Environ returns it.
+func Environ(env map[string]string) []string {
+	environ := make([]string, 0, len(env))
+	for name, value := range env {
+		environ = append(environ, name+"="+value)
+	}
+	return environ
 }
 
 // FreeAddr returns a loopback address whose port was free a moment ago,

@@ -47,7 +47,9 @@ type config struct {
 	warnings []string
 }
 
-func parseConfig(getenv func(string) string) (config, error) {
+// parseConfig reads the worker's configuration through getenv; environ, the
+// variables set, is checked for misspellings of the names read.
+func parseConfig(getenv func(string) string, environ []string) (config, error) {
 	env := process.NewEnv(getenv)
 	c := defaults()
 	c.databaseURL = env.DatabaseURL()
@@ -66,6 +68,7 @@ func parseConfig(getenv func(string) string) (config, error) {
 		c.warnings = append(c.warnings, "OUTBOX_SECRET_KEYS is not set: webhook signing secrets are stored in the clear, "+
 			"so whoever reads a database dump or replica can sign webhooks (docs/operations.md)")
 	}
+	c.warnings = append(c.warnings, env.Misspelt(environ)...)
 	return c, env.Err()
 }
 
@@ -73,11 +76,11 @@ func parseConfig(getenv func(string) string) (config, error) {
 // gracefully: requests in flight get WORKER_SHUTDOWN_GRACE to finish, then
 // are cut off; either way their outcomes are recorded and nothing stays
 // claimed.
-func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+func Run(ctx context.Context, args []string, environ []string, stdout io.Writer) error {
 	if len(args) > 0 {
 		return fmt.Errorf("unexpected arguments %q", args)
 	}
-	cfg, err := parseConfig(getenv)
+	cfg, err := parseConfig(process.Getenv(environ), environ)
 	if err != nil {
 		return err
 	}

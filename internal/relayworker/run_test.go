@@ -102,7 +102,7 @@ func startWorker(t *testing.T, env map[string]string) *proc {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &proc{url: "http://" + full["WORKER_ADDR"], logs: &proctest.Output{}, done: make(chan error, 1), signal: cancel}
-	go func() { p.done <- relayworker.Run(ctx, nil, proctest.Getenv(full), p.logs) }()
+	go func() { p.done <- relayworker.Run(ctx, nil, proctest.Environ(full), p.logs) }()
 	t.Cleanup(func() { _ = p.stop() })
 	p.waitReady(t)
 	return p
@@ -118,7 +118,7 @@ func startAPI(t *testing.T, env map[string]string) *proc {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &proc{url: "http://" + full["API_ADDR"], logs: &proctest.Output{}, done: make(chan error, 1), signal: cancel}
-	go func() { p.done <- apiserver.Run(ctx, nil, proctest.Getenv(full), p.logs) }()
+	go func() { p.done <- apiserver.Run(ctx, nil, proctest.Environ(full), p.logs) }()
 	t.Cleanup(func() { _ = p.stop() })
 	p.waitReady(t)
 	return p
@@ -371,7 +371,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 				env[k] = v
 			}
 			var out proctest.Output
-			err := relayworker.Run(context.Background(), nil, proctest.Getenv(env), &out)
+			err := relayworker.Run(context.Background(), nil, proctest.Environ(env), &out)
 			require.Error(t, err)
 			require.ErrorContains(t, err, "invalid configuration")
 			for _, name := range tc.want {
@@ -387,14 +387,14 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	t.Run("valid config reaches the database", func(t *testing.T) {
 		t.Parallel()
 		env := map[string]string{"DATABASE_URL": closedDB, "WORKER_ADDR": "127.0.0.1:0", "LOG_FORMAT": "json"}
-		err := relayworker.Run(context.Background(), nil, proctest.Getenv(env), io.Discard)
+		err := relayworker.Run(context.Background(), nil, proctest.Environ(env), io.Discard)
 		require.ErrorContains(t, err, "connecting to database")
 		require.NotContains(t, err.Error(), "invalid configuration")
 	})
 
 	t.Run("arguments", func(t *testing.T) {
 		t.Parallel()
-		err := relayworker.Run(context.Background(), []string{"migrate"}, proctest.Getenv(map[string]string{"DATABASE_URL": closedDB}), io.Discard)
+		err := relayworker.Run(context.Background(), []string{"migrate"}, proctest.Environ(map[string]string{"DATABASE_URL": closedDB}), io.Discard)
 		require.ErrorContains(t, err, "unexpected arguments")
 	})
 
@@ -405,10 +405,26 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		env := map[string]string{"DATABASE_URL": closedDB, "WORKER_ADDR": "127.0.0.1:0", "LOG_FORMAT": "json",
 			"OUTBOX_DELIVER_CONCURRENCY": "16", "OUTBOX_MAX_IN_FLIGHT": "5000"}
 		var out proctest.Output
-		err := relayworker.Run(context.Background(), nil, proctest.Getenv(env), &out)
+		err := relayworker.Run(context.Background(), nil, proctest.Environ(env), &out)
 		require.ErrorContains(t, err, "connecting to database")
 		require.Contains(t, out.String(), "OUTBOX_DELIVER_CONCURRENCY is no longer read: use OUTBOX_DESTINATION_CONCURRENCY")
 		require.Contains(t, out.String(), "OUTBOX_MAX_IN_FLIGHT is no longer read")
+	})
+
+	// A misspelt setting is named with the one meant, and does not stop the
+	// worker; the api's settings, in an environment both share, are not
+	// taken for misspellings.
+	t.Run("misspelt settings", func(t *testing.T) {
+		t.Parallel()
+		env := map[string]string{"DATABASE_URL": closedDB, "WORKER_ADDR": "127.0.0.1:0", "LOG_FORMAT": "json",
+			"OUTBOX_MAX_ATTEMPT": "20", "OUTBOX_DELIVERY_TIMOUT": "30s",
+			"API_ADDR": "127.0.0.1:0", "ADMIN_ADDR": "127.0.0.1:0", "OPS_COOKIE_SECURE": "true", "ADMIN_TOKEN": "t"}
+		var out proctest.Output
+		err := relayworker.Run(context.Background(), nil, proctest.Environ(env), &out)
+		require.ErrorContains(t, err, "connecting to database")
+		require.Contains(t, out.String(), "OUTBOX_MAX_ATTEMPT is set but nothing reads it: did you mean OUTBOX_MAX_ATTEMPTS?")
+		require.Contains(t, out.String(), "OUTBOX_DELIVERY_TIMOUT is set but nothing reads it: did you mean OUTBOX_DELIVERY_TIMEOUT?")
+		require.Equal(t, 2, strings.Count(out.String(), "nothing reads it"), "only the misspellings: %s", out.String())
 	})
 }
 

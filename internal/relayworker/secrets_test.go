@@ -63,7 +63,7 @@ func TestSecretKeysEndToEnd(t *testing.T) {
 
 	apiEnv["OUTBOX_SECRET_KEYS"] = entry
 	var out proctest.Output
-	require.NoError(t, apiserver.Run(context.Background(), []string{"reencrypt-secrets"}, proctest.Getenv(apiEnv), &out))
+	require.NoError(t, apiserver.Run(context.Background(), []string{"reencrypt-secrets"}, proctest.Environ(apiEnv), &out))
 	require.Contains(t, out.String(), `"endpoints_changed":1`, "the command reports what it changed")
 	require.NotContains(t, out.String(), material, "the key is never logged")
 
@@ -100,7 +100,7 @@ func TestSecretKeysConfig(t *testing.T) {
 		t.Parallel()
 		env := map[string]string{"DATABASE_URL": closedDB, "WORKER_ADDR": "127.0.0.1:0", "LOG_FORMAT": "json"}
 		var out proctest.Output
-		err := relayworker.Run(context.Background(), nil, proctest.Getenv(env), &out)
+		err := relayworker.Run(context.Background(), nil, proctest.Environ(env), &out)
 		require.ErrorContains(t, err, "connecting to database")
 		require.Contains(t, out.String(), inClear)
 		require.Contains(t, out.String(), `"level":"WARN"`, "it is a warning")
@@ -110,7 +110,7 @@ func TestSecretKeysConfig(t *testing.T) {
 		raw := make([]byte, 16)
 		material := base64.StdEncoding.EncodeToString(raw)
 		env := map[string]string{"DATABASE_URL": closedDB, "OUTBOX_SECRET_KEYS": "k1:" + material}
-		err := relayworker.Run(context.Background(), nil, proctest.Getenv(env), io.Discard)
+		err := relayworker.Run(context.Background(), nil, proctest.Environ(env), io.Discard)
 		require.ErrorContains(t, err, "OUTBOX_SECRET_KEYS")
 		require.ErrorContains(t, err, "decodes to 16 bytes, want 32")
 		require.NotContains(t, err.Error(), material)

@@ -51,7 +51,7 @@ func TestRetentionSettingsAreParsed(t *testing.T) {
 	t.Parallel()
 	env := map[string]string{"DATABASE_URL": "postgres://x@127.0.0.1/x",
 		"OUTBOX_FAILED_RETENTION": "72h", "ORDERS_IDEMPOTENCY_TTL": "2h"}
-	c, err := parseConfig(func(k string) string { return env[k] })
+	c, err := parseConfig(func(k string) string { return env[k] }, nil)
 	require.NoError(t, err)
 	require.Equal(t, 72*time.Hour, c.relay.FailedRetention)
 	require.Equal(t, 2*time.Hour, c.idempotencyTTL)
@@ -62,7 +62,7 @@ func TestRetentionSettingsAreParsed(t *testing.T) {
 
 	for name, v := range map[string]string{"ORDERS_IDEMPOTENCY_TTL": "0s", "OUTBOX_FAILED_RETENTION": "-1h"} {
 		env := map[string]string{"DATABASE_URL": "postgres://x@127.0.0.1/x", name: v}
-		_, err := parseConfig(func(k string) string { return env[k] })
+		_, err := parseConfig(func(k string) string { return env[k] }, nil)
 		require.ErrorContains(t, err, name, "%s=%s is refused", name, v)
 	}
 }
@@ -141,12 +141,12 @@ func TestBrokerURLsAreCheckedAtStartWithoutQuotingThem(t *testing.T) {
 		"OUTBOX_AMQP_URL": "amqp://relay:s3cr%zz@127.0.0.1:5672/",
 	} {
 		env := map[string]string{"DATABASE_URL": "postgres://x@127.0.0.1/x", name: v}
-		_, err := parseConfig(func(k string) string { return env[k] })
+		_, err := parseConfig(func(k string) string { return env[k] }, nil)
 		require.ErrorContains(t, err, name)
 		require.NotContains(t, err.Error(), "s3cr")
 	}
 	env := map[string]string{"DATABASE_URL": "postgres://x@127.0.0.1/x",
 		"OUTBOX_NATS_URL": "nats://relay:secret@127.0.0.1:4222", "OUTBOX_AMQP_URL": "amqp://relay:secret@127.0.0.1:5672/"}
-	_, err := parseConfig(func(k string) string { return env[k] })
+	_, err := parseConfig(func(k string) string { return env[k] }, nil)
 	require.NoError(t, err)
 }
