@@ -157,6 +157,29 @@ func attributes(d outbox.Delivery, source string) (ce []attribute, trace []attri
 	return ce, trace
 }
 
+// percentEncode writes an attribute's value for a binding whose header
+// values must be printable ASCII, NATS's as HTTP's: every byte of its UTF-8
+// outside U+0021 to U+007E, and '"' and '%', becomes %XX (upper-case hex),
+// as the CloudEvents HTTP binding prescribes and its NATS binding adopts.
+// Without it a key with a line break would be cut or rewritten by the
+// client's header encoding, and one beyond ASCII sent as the server does
+// not promise to carry it.
+func percentEncode(s string) string {
+	const hex = "0123456789ABCDEF"
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c > ' ' && c < 0x7f && c != '"' && c != '%' {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteByte('%')
+		b.WriteByte(hex[c>>4])
+		b.WriteByte(hex[c&15])
+	}
+	return b.String()
+}
+
 // contentType is the body's media type, the CloudEvents datacontenttype.
 const contentType = "application/json"
 

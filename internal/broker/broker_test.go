@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -85,6 +86,35 @@ func TestNATSPublishesACloudEventOnceByEventID(t *testing.T) {
 	require.Equal(t, "application/json", h.Get("content-type"))
 	require.Equal(t, "application/json", h.Get("ce-datacontenttype"), "the NATS binding's name for the data's media type")
 	require.Equal(t, d.Header.Get("traceparent"), h.Get("traceparent"), "the trace continues through the broker")
+}
+
+// A NATS header value is printable ASCII; the NATS binding percent-encodes
+// an attribute's value (UTF-8) beyond it, and space, '"' and '%', as HTTP's
+// binding does. An ordering key is whatever its module chose, and the
+// source whatever the operator set.
+func TestNATSPercentEncodesAttributesBeyondPrintableASCII(t *testing.T) {
+	t.Parallel()
+	s, subject := stream(t)
+	src := "urn:shop:Zürich main"
+	tr := broker.NewNATS(natsURL(), src)
+	t.Cleanup(tr.Close)
+
+	key := "Kunde \"Müller\" 100%\r\nNats-Msg-Id: forged"
+	require.True(t, tr.Deliver(ctxT(t), delivery(t, "nats:"+subject, key)).Acked)
+	msg, err := s.GetMsg(ctxT(t), 1)
+	require.NoError(t, err)
+	require.Equal(t, "Kunde%20%22M%C3%BCller%22%20100%25%0D%0ANats-Msg-Id:%20forged", msg.Header.Get("ce-partitionkey"))
+	require.Equal(t, "urn:shop:Z%C3%BCrich%20main", msg.Header.Get("ce-source"))
+	for _, got := range []string{msg.Header.Get("ce-partitionkey"), msg.Header.Get("ce-source")} {
+		for _, c := range []byte(got) {
+			require.True(t, c > ' ' && c < 0x7f, "%q: a header value is printable ASCII", got)
+		}
+	}
+	decoded, err := url.PathUnescape(msg.Header.Get("ce-partitionkey"))
+	require.NoError(t, err)
+	require.Equal(t, key, decoded, "decoding gives the key back")
+	require.Len(t, msg.Header.Values("Nats-Msg-Id"), 1)
+	require.Equal(t, "order.placed", msg.Header.Get("ce-type"), "printable ASCII stays as it is")
 }
 
 // One stream may capture the subjects of two destinations of an event.

@@ -114,9 +114,10 @@ func (t *NATS) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result {
 	msg := nats.NewMsg(dest.Name)
 	msg.Data = d.Data
 	ce, trace := attributes(d, t.source)
-	// The NATS binding's binary mode: attributes as ce- headers.
+	// The NATS binding's binary mode: attributes as ce- headers,
+	// percent-encoded beyond printable ASCII.
 	for _, a := range ce {
-		msg.Header.Set("ce-"+a.name, a.value)
+		msg.Header.Set("ce-"+a.name, percentEncode(a.value))
 	}
 	for _, a := range trace {
 		msg.Header.Set(a.name, a.value)

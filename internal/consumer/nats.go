@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -101,9 +102,9 @@ func (c *Consumer) ConsumeNATS(ctx context.Context, cons jetstream.Consumer) err
 // handleNATS applies one message and settles it with the broker.
 func (c *Consumer) handleNATS(ctx context.Context, msg jetstream.Msg) {
 	h := msg.Headers()
-	env := envelope{ID: header(h, "ce-id"), Type: header(h, "ce-type"), Data: msg.Data()}
+	env := envelope{ID: attribute(h, "id"), Type: attribute(h, "type"), Data: msg.Data()}
 	// RFC 3339 allows a lowercase t and z; Go's layout does not.
-	at, err := time.Parse(time.RFC3339Nano, strings.ToUpper(header(h, "ce-time")))
+	at, err := time.Parse(time.RFC3339Nano, strings.ToUpper(attribute(h, "time")))
 	if env.ID == "" || env.Type == "" || err != nil {
 		// Redelivering it cannot help: terminate it, and say so.
 		c.counts[BadRequest].Add(1)
@@ -203,6 +204,18 @@ func (o *outOfOrderCounts) forget(id string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	delete(o.n, id)
+}
+
+// attribute reads a CloudEvents attribute from its ce- header, decoding
+// the percent-encoding the binding puts on values (any %XX, as a producer
+// may encode more than it must); "" when absent or not decodable, which
+// refuses the message.
+func attribute(h nats.Header, name string) string {
+	v, err := url.PathUnescape(header(h, "ce-"+name))
+	if err != nil {
+		return ""
+	}
+	return v
 }
 
 // header reads a header whatever the case of its name, as the CloudEvents
