@@ -360,8 +360,8 @@ const (
 // sent or retried, and they go on being settled in batches after it. It
 // returns how many it discarded: all of them, unless there were more than
 // it could settle in discardInlineFor (then the log says so, and the
-// relay's orphan job discards the rest of the pending ones, starting within
-// orphanInterval). Delivered history is kept for its retention.
+// relay's orphan job discards the rest, starting within orphanInterval).
+// Delivered history is kept for its retention.
 func (a *Admin) DeleteEndpoint(ctx context.Context, id uuid.UUID) (int64, error) {
 	const reason = "endpoint deleted"
 	var discarded, n int64
@@ -390,17 +390,19 @@ func (a *Admin) DeleteEndpoint(ctx context.Context, id uuid.UUID) (int64, error)
 	}
 	discarded = n
 	q := outboxdb.New(a.pool)
-	for stop := time.Now().Add(discardInlineFor); n == discardBatch && time.Now().Before(stop); discarded += n {
+	// Until a batch finds nothing: one can come back short and yet not be
+	// the last, when the relay recorded one of its messages delivered while
+	// it waited (it re-reads the row and keeps it).
+	for stop := time.Now().Add(discardInlineFor); n > 0 && time.Now().Before(stop); discarded += n {
 		if n, err = q.MessagesDiscardForDestination(ctx, reason, id, discardBatch); err != nil {
 			// The endpoint is deleted; the relay discards the rest.
 			a.logger.WarnContext(ctx, "discarding a deleted endpoint's messages", slog.String("endpoint_id", id.String()),
 				slog.Any("error", err))
-			n = discardBatch
 			break
 		}
 	}
 	attrs := []any{slog.String("endpoint_id", id.String()), slog.Int64("discarded", discarded)}
-	if n == discardBatch {
+	if n > 0 || err != nil {
 		attrs = append(attrs, slog.Bool("rest_left_to_relay", true))
 	}
 	a.logger.InfoContext(ctx, "webhook endpoint deleted; its undelivered messages were discarded", attrs...)

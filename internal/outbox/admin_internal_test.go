@@ -459,3 +459,40 @@ func defaultRelay(t *testing.T, pool *pgxpool.Pool, logger *slog.Logger) *Relay 
 	require.NoError(t, err)
 	return r
 }
+
+// A deletion goes on discarding after a batch that came back short only
+// because the relay delivered one of its messages meanwhile (the batch's
+// re-check keeps it delivered): it stopped there, with the rest of the
+// endpoint's failed messages left failed, which nothing else settled.
+func TestDeleteEndpointGoesOnPastABatchShortenedByADelivery(t *testing.T) {
+	t.Parallel()
+	pool, ep, ids := seededEndpoint(t, discardBatch+2, "")
+	ctx := context.Background()
+	inFlight := ids[0]
+	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET status = 'failed', attempts = 8, failed_at = now() WHERE id <> $1`, inFlight)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE outbox_messages SET status = 'claimed', claim_token = gen_random_uuid(), claimed_at = now() WHERE id = $1`, inFlight)
+	require.NoError(t, err)
+
+	// The relay records the in-flight message delivered while the deletion's
+	// first batch waits for its row.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `UPDATE outbox_messages SET status = 'delivered', delivered_at = now(),
+		claim_token = NULL, claimed_at = NULL WHERE id = $1`, inFlight)
+	require.NoError(t, err)
+	admin := NewAdmin(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	deleted := deleteAside(admin, ep)
+	waitForALockWait(t, pool, "the deletion waits for the message being recorded")
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-deleted)
+
+	var delivered, discarded, other int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'delivered'),
+		count(*) FILTER (WHERE status = 'discarded'), count(*) FILTER (WHERE status NOT IN ('delivered', 'discarded'))
+		FROM outbox_messages`).Scan(&delivered, &discarded, &other))
+	require.Equal(t, 1, delivered, "the relay's delivery stands")
+	require.Equal(t, discardBatch+1, discarded, "every failed message is discarded")
+	require.Zero(t, other)
+}

@@ -242,9 +242,10 @@ var errRollback = errors.New("rollback")
 
 // The relay's statements stay on indexes whatever the delivered history and
 // however many destinations there are: with 1,000 endpoints, 200,000
-// delivered rows, 20 endpoints with due messages and 50 backing off with a
-// backlog each, neither the claim nor finding the due destinations nor the
-// stall check reads outbox_messages but through an index.
+// delivered rows and 20,000 failed ones, 20 endpoints with due messages and
+// 50 backing off with a backlog each, neither the claim nor finding the due
+// destinations nor the stall check nor the orphan job reads outbox_messages
+// but through an index.
 func TestRelayStatementsStayOnIndexesWith1000Endpoints(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -255,6 +256,9 @@ func TestRelayStatementsStayOnIndexesWith1000Endpoints(t *testing.T) {
 		INSERT INTO outbox_messages (event_id, type, destination, status, delivered_at)
 		SELECT gen_random_uuid(), 'order.placed', e.id, 'delivered', now() - interval '1 day'
 		FROM (SELECT id FROM webhook_endpoints ORDER BY id LIMIT 100) e, generate_series(1, 2000);
+		INSERT INTO outbox_messages (event_id, type, destination, status, attempts, failed_at)
+		SELECT gen_random_uuid(), 'order.placed', e.id, 'failed', 8, now() - interval '1 hour'
+		FROM (SELECT id FROM webhook_endpoints ORDER BY id LIMIT 100) e, generate_series(1, 200);
 		UPDATE webhook_endpoints SET health = 'backing_off', consecutive_failures = 5, backoff_until = now() + interval '1 hour'
 		WHERE id IN (SELECT id FROM webhook_endpoints ORDER BY id DESC LIMIT 50);`)
 	require.NoError(t, err)
@@ -329,6 +333,9 @@ func TestRelayStatementsStayOnIndexesWith1000Endpoints(t *testing.T) {
 			require.Contains(t, plan, "outbox_messages_pkey", "an event's messages are a range of the primary key")
 		case "prune failed":
 			require.Regexp(t, `outbox_messages_failed(_at)?_idx`, plan, "failed messages are found on an index of failed rows only")
+		case "orphans":
+			require.Contains(t, plan, "outbox_messages_failed_destination_idx", "destinations with failed messages are a skip scan")
+			require.Contains(t, plan, "outbox_messages_pending_idx", name)
 		case "claim":
 			require.Contains(t, plan, "outbox_messages_ordering_idx", "a keyed message's predecessors are looked up on the ordering index")
 			fallthrough

@@ -130,3 +130,24 @@ func TestSettlingStatementsRecheckRowsTheyWaitedFor(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages_inconsistent`).Scan(&broken))
 	require.Zero(t, broken)
 }
+
+// The orphan job settles the failed messages a deletion left too, not only
+// the pending ones: left failed, they counted in the failed total and its
+// alert until their retention ended, and a retry of one answered 409.
+func TestOrphanJobDiscardsFailedMessagesOfADeletedEndpoint(t *testing.T) {
+	t.Parallel()
+	pool, ep, ids := seededEndpoint(t, 3, "")
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET status = 'failed', attempts = 8, failed_at = now() WHERE id = ANY ($1)`, ids)
+	require.NoError(t, err)
+	// Deleted with only failed messages left, as a deletion leaves them when
+	// it runs out of time.
+	_, err = pool.Exec(ctx, `DELETE FROM webhook_endpoints WHERE id = $1`, ep)
+	require.NoError(t, err)
+	n, err := outboxdb.New(pool).MessagesDiscardOrphans(ctx, pruneBatch)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, n)
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE status <> 'discarded'`).Scan(&left))
+	require.Zero(t, left)
+}

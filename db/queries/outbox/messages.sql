@@ -471,16 +471,18 @@ AND NOT EXISTS (
            OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))));
 
 -- name: MessagesDiscardOrphans :execrows
--- Discards up to @batch_size pending messages whose endpoint no longer
--- exists: what a deletion left to the relay (a backlog too large to settle
--- while its request waits), and rows an order transaction wrote while their
--- endpoint was being deleted, which the deletion's own discard could not
--- see. Skip scans find the destinations with messages waiting, one index
--- probe each: on the pending index, and on the ordering index (its own
+-- Discards up to @batch_size pending or failed messages whose endpoint no
+-- longer exists: what a deletion left to the relay (more than it could
+-- settle while its request waits), and rows an order transaction wrote
+-- while their endpoint was being deleted, which the deletion's own discard
+-- could not see. Skip scans find the destinations with messages left, one
+-- index probe each: on the pending index; on the ordering index (its own
 -- predicate, so any entry answers) for those parked behind an earlier
 -- message of their key, which a deleted endpoint may have alone when its
 -- deletion discarded the failed heads of their keys and ran out of time;
--- the caller loops.
+-- and on the failed-by-destination index for failed ones, which would
+-- otherwise count as failed, and alert, until their retention ends. The
+-- caller loops.
 WITH RECURSIVE heads AS (
     (SELECT destination FROM outbox_messages
      WHERE status = 'pending' AND NOT parked ORDER BY destination LIMIT 1)
@@ -505,17 +507,34 @@ WITH RECURSIVE heads AS (
           AND m.destination > h.destination
         ORDER BY m.destination LIMIT 1
     ) n
+), failed_heads AS (
+    (SELECT destination FROM outbox_messages
+     WHERE status = 'failed' ORDER BY destination LIMIT 1)
+    UNION ALL
+    SELECT n.destination
+    FROM failed_heads h, LATERAL (
+        SELECT m.destination FROM outbox_messages m
+        WHERE m.status = 'failed' AND m.destination > h.destination
+        ORDER BY m.destination LIMIT 1
+    ) n
 ), orphans AS (
-    SELECT d.destination FROM (SELECT destination FROM heads UNION SELECT destination FROM keyed_heads) d
+    SELECT d.destination
+    FROM (SELECT destination FROM heads UNION SELECT destination FROM keyed_heads
+          UNION SELECT destination FROM failed_heads) d
     WHERE NOT EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = d.destination)
 )
 UPDATE outbox_messages m
 SET status = 'discarded', discarded_at = now(), last_error = 'endpoint deleted', parked = false
 WHERE m.id IN (
     -- Per orphan destination, index probes (a join could hash every
-    -- pending message instead); parked ones first, as a deletion does.
+    -- pending message instead); failed, then parked ones first, as a
+    -- deletion does.
     SELECT u.id
     FROM orphans o, LATERAL (
+        (SELECT f.id FROM outbox_messages f
+         WHERE f.destination = o.destination AND f.status = 'failed'
+         LIMIT @batch_size)
+        UNION ALL
         (SELECT w.id FROM outbox_messages w
          WHERE w.destination = o.destination AND w.ordering_key IS NOT NULL AND w.status = 'pending' AND w.parked
          LIMIT @batch_size)
@@ -525,7 +544,10 @@ WHERE m.id IN (
          LIMIT @batch_size)
     ) u
     LIMIT @batch_size
-);
+)
+-- Again outside the subquery: a row a deletion's batch discarded while
+-- this statement waited for its lock is re-read here, and left alone.
+AND m.status IN ('failed', 'pending');
 
 -- name: MessageStats :one
 -- Each count runs on its status's partial index; parked messages (pending
