@@ -145,7 +145,7 @@ func (a *Admin) CreateEndpoint(ctx context.Context, rawURL string, eventTypes []
 // creates nothing and returns the endpoint the first one made, with its
 // secret, so that whoever sees only the second answer can still verify
 // its webhooks; if it asks for another URL or other event types, or the
-// secret was rotated since, it is ErrConflict.
+// endpoint was changed since (its secret rotated, say), it is ErrConflict.
 func (a *Admin) CreateEndpointOnce(ctx context.Context, id uuid.UUID, rawURL string, eventTypes []string) (Endpoint, error) {
 	types, err := subscription(eventTypes)
 	if err != nil {
@@ -179,7 +179,11 @@ func (a *Admin) CreateEndpointOnce(ctx context.Context, id uuid.UUID, rawURL str
 
 // createdBefore is the endpoint an earlier CreateEndpointOnce made under
 // id, with its secret, if it was asked for the same URL and event types
-// and its secret has not been rotated since.
+// and nothing changed it since: every change (a rotation, a new URL, a
+// pause) moves updated_at off created_at, and that stays when
+// reencrypt-secrets drops a rotation's ended overlap, the other sign of a
+// rotation. A form submitted twice gets its endpoint; one submitted again
+// after a rotation never shows the new secret.
 func (a *Admin) createdBefore(ctx context.Context, id uuid.UUID, rawURL string, types []string) (Endpoint, error) {
 	row, err := outboxdb.New(a.pool).EndpointGet(ctx, id)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -188,8 +192,8 @@ func (a *Admin) createdBefore(ctx context.Context, id uuid.UUID, rawURL string, 
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("reading endpoint: %w", err)
 	}
-	if row.Url != rawURL || !slices.Equal(row.EventTypes, types) || row.PreviousSecretExpiresAt != nil {
-		return Endpoint{}, fmt.Errorf("creating endpoint: %w: endpoint %s exists, with another URL, other event types or a rotated secret",
+	if row.Url != rawURL || !slices.Equal(row.EventTypes, types) || !row.UpdatedAt.Equal(row.CreatedAt) {
+		return Endpoint{}, fmt.Errorf("creating endpoint: %w: endpoint %s exists, with another URL, other event types, or changed since (its secret rotated?)",
 			ErrConflict, id)
 	}
 	secret, err := a.keys.Open(row.Secret, id[:])

@@ -359,3 +359,29 @@ func TestBrokerDestinationNeverOpensItsSecret(t *testing.T) {
 	require.Equal(t, uint64(1), info.State.Msgs)
 	require.Equal(t, 1, f.message(t, id).Attempts, "on its first attempt")
 }
+
+// A creation repeated under its id never shows a secret other than the one
+// it made: once rotated, the id is a conflict even after reencrypt-secrets
+// dropped the previous secret whose overlap ended, which erased the sign of
+// the rotation it went by.
+func TestCreateEndpointOnceNeverShowsARotatedSecret(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	k1, _ := testKey(t, "k1")
+	admin := f.sealedAdmin(keyring(t, k1))
+	id := uuid.New()
+	first, err := admin.CreateEndpointOnce(ctx, id, "http://127.0.0.1:9/hook", []string{"order.placed"})
+	require.NoError(t, err)
+	rotated, err := admin.RotateSecret(ctx, id, 0)
+	require.NoError(t, err)
+	_, err = admin.ReencryptSecrets(ctx)
+	require.NoError(t, err)
+	_, previous := stored(t, f.pool, first)
+	require.Nil(t, previous, "the ended overlap's secret is dropped")
+
+	again, err := admin.CreateEndpointOnce(ctx, id, "http://127.0.0.1:9/hook", []string{"order.placed"})
+	require.ErrorIs(t, err, outbox.ErrConflict)
+	require.Empty(t, again.Secret)
+	require.NotEqual(t, first.Secret, rotated.Secret)
+}
