@@ -852,3 +852,24 @@ func oneLeasedMessage(t *testing.T) (pool *pgxpool.Pool, dest uuid.UUID, s *sess
 		return rows[0]
 	}
 }
+
+// A Retry-After shorter than the message's own schedule holds the
+// destination back that long, but the message still waits its schedule: a
+// receiver answering 503 with Retry-After: 1 made each message due a second
+// later, so one message spent its eight attempts in under a minute of an
+// outage (the circuit's probes take the oldest due message) and was
+// `failed` where the schedule would have lasted 27.6 hours. A longer
+// Retry-After pushes the message back too.
+func TestAShortRetryAfterDoesNotShortenTheRetrySchedule(t *testing.T) {
+	t.Parallel()
+	r := &Relay{cfg: DefaultRelayConfig()}
+	for attempt, want := range r.cfg.RetrySchedule[:4] {
+		for _, code := range []int{http.StatusServiceUnavailable, http.StatusTooManyRequests} {
+			o := r.judge(sent{row: outboxdb.MessageClaimRow{Attempts: int32(attempt)}, res: Result{StatusCode: code, RetryAfter: time.Second}})
+			require.Equal(t, time.Second, o.retryAfter, "the destination waits what the receiver asked")
+			require.GreaterOrEqual(t, o.delay, want*9/10, "attempt %d answered %d: the message waits its schedule", attempt+1, code)
+		}
+	}
+	o := r.judge(sent{row: outboxdb.MessageClaimRow{Attempts: 0}, res: Result{StatusCode: http.StatusServiceUnavailable, RetryAfter: 2 * time.Hour}})
+	require.Equal(t, 2*time.Hour, o.delay, "a Retry-After beyond the schedule's wait is honoured")
+}

@@ -611,10 +611,11 @@ func (r *Relay) judge(s sent) outcome {
 	if res.MessageFault {
 		o.label = labelRefused
 	}
-	o.delay = r.cfg.retryDelay(attempt)
-	if o.retryAfter > 0 {
-		o.delay = o.retryAfter
-	}
+	// Retry-After holds the whole destination back (backoff_until); this
+	// message waits at least that, and never less than its own schedule: a
+	// receiver answering Retry-After: 1 through an outage would otherwise
+	// spend its attempts a second apart.
+	o.delay = max(r.cfg.retryDelay(attempt), o.retryAfter)
 	return o
 }
 
