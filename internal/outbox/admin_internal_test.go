@@ -496,3 +496,23 @@ func TestDeleteEndpointGoesOnPastABatchShortenedByADelivery(t *testing.T) {
 	require.Equal(t, discardBatch+1, discarded, "every failed message is discarded")
 	require.Zero(t, other)
 }
+
+// "Retry all failed" of a deleted endpoint requeues nothing, as a retry of
+// one of its messages does not: what its deletion left failed (for the
+// orphan job to discard) is settled, not to be sent again.
+func TestRetryFailedForADeletedEndpointRequeuesNothing(t *testing.T) {
+	t.Parallel()
+	pool, ep, ids := seededEndpoint(t, 3, "")
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET status = 'failed', attempts = 8, failed_at = now() WHERE id = ANY ($1)`, ids)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `DELETE FROM webhook_endpoints WHERE id = $1`, ep)
+	require.NoError(t, err)
+	admin := NewAdmin(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	n, err := admin.RetryFailedForEndpoint(ctx, ep)
+	require.ErrorIs(t, err, ErrNotFound)
+	require.Zero(t, n)
+	var failed int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE status = 'failed'`).Scan(&failed))
+	require.Equal(t, 3, failed, "left for the orphan job to discard")
+}

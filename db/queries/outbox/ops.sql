@@ -97,10 +97,13 @@ ORDER BY m.destination;
 
 -- name: OpsRetryFailedForDestination :many
 -- A person's requeue of every failed message of one endpoint, as MessageRetry
--- does for one.
+-- does for one: only while the endpoint exists (a deleted endpoint's failed
+-- messages are the orphan job's to discard). On
+-- outbox_messages_failed_destination_idx.
 UPDATE outbox_messages
 SET status = 'pending', attempts_before = attempts_before + attempts, attempts = 0, next_attempt_at = now()
 WHERE destination = @destination AND status = 'failed'
+  AND EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = @destination)
 RETURNING id;
 
 -- name: OpsDeliveryRate :one

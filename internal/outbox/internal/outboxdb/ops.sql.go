@@ -493,11 +493,14 @@ const opsRetryFailedForDestination = `-- name: OpsRetryFailedForDestination :man
 UPDATE outbox_messages
 SET status = 'pending', attempts_before = attempts_before + attempts, attempts = 0, next_attempt_at = now()
 WHERE destination = $1 AND status = 'failed'
+  AND EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = $1)
 RETURNING id
 `
 
 // A person's requeue of every failed message of one endpoint, as MessageRetry
-// does for one.
+// does for one: only while the endpoint exists (a deleted endpoint's failed
+// messages are the orphan job's to discard). On
+// outbox_messages_failed_destination_idx.
 func (q *Queries) OpsRetryFailedForDestination(ctx context.Context, destination uuid.UUID) ([]uuid.UUID, error) {
 	rows, err := q.db.Query(ctx, opsRetryFailedForDestination, destination)
 	if err != nil {
