@@ -186,7 +186,8 @@ func (r *Relay) reapDead(ctx context.Context, conn *pgx.Conn) error {
 		if dead, err = q.RelaysDeclareDead(ctx); err != nil || len(dead) == 0 {
 			return err
 		}
-		return r.releaseRelays(ctx, q, dead, "the relay delivering it stopped; the receiver may have it", &released)
+		released, err = r.releaseRelays(ctx, q, dead, "the relay delivering it stopped; the receiver may have it")
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("releasing dead relays' work: %w", err)
@@ -205,17 +206,18 @@ func (r *Relay) reapDead(ctx context.Context, conn *pgx.Conn) error {
 }
 
 // releaseRelays returns the claims of relays to pending (each an
-// interrupted attempt) and frees the destinations they leased.
-func (r *Relay) releaseRelays(ctx context.Context, q *outboxdb.Queries, relays []uuid.UUID, reason string, released *int64) error {
+// interrupted attempt), frees the destinations they leased, and returns how
+// many claims it released. Its caller's transaction may run again (inTx):
+// the count is the last try's, not a sum over tries.
+func (r *Relay) releaseRelays(ctx context.Context, q *outboxdb.Queries, relays []uuid.UUID, reason string) (int64, error) {
 	n, err := q.MessagesReleaseLost(ctx, reason, relays, int32(r.cfg.MaxAttempts))
 	if err != nil {
-		return fmt.Errorf("releasing claims: %w", err)
+		return 0, fmt.Errorf("releasing claims: %w", err)
 	}
-	*released += n
 	if err := q.DestinationsReleaseLeases(ctx, relays); err != nil {
-		return fmt.Errorf("releasing leases: %w", err)
+		return 0, fmt.Errorf("releasing leases: %w", err)
 	}
-	return nil
+	return n, nil
 }
 
 // leave is the end of a graceful stop: whatever is still claimed or leased
@@ -226,7 +228,9 @@ func (r *Relay) leave(ctx context.Context) error {
 	var released int64
 	err := inTx(ctx, r.pool, func(tx pgx.Tx) error {
 		q := outboxdb.New(tx)
-		if err := r.releaseRelays(ctx, q, []uuid.UUID{r.id}, "the relay delivering it stopped before recording the outcome", &released); err != nil {
+		var err error
+		released, err = r.releaseRelays(ctx, q, []uuid.UUID{r.id}, "the relay delivering it stopped before recording the outcome")
+		if err != nil {
 			return err
 		}
 		return q.RelayUnregister(ctx, r.id)

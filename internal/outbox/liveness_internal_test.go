@@ -6,7 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/dbtest"
@@ -59,4 +61,50 @@ func startRelay(t *testing.T, pool *pgxpool.Pool, before func(*Relay)) *Relay {
 		_ = r.Stop(stop)
 	})
 	return r
+}
+
+// A reaping that PostgreSQL picked as a deadlock's victim after it had
+// released the dead relay's claims runs again (inTx), and counts what it
+// released once: the count was kept across the tries and doubled.
+func TestAReapingRunAgainCountsItsReleasesOnce(t *testing.T) {
+	t.Parallel()
+	pool, ep, ids := seededEndpoint(t, 3, "")
+	ctx := context.Background()
+	dead := uuid.New()
+	_, err := pool.Exec(ctx, `INSERT INTO outbox_relays (id, hostname, pid, heartbeat_at) VALUES ($1, 'gone', 1, now() - interval '1 hour')`, dead)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE outbox_messages SET status = 'claimed', attempts = 1, claim_token = gen_random_uuid(),
+		claimed_at = now(), claimed_by = $1 WHERE id = ANY ($2)`, dead, ids)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE webhook_endpoints SET lease_token = gen_random_uuid(), lease_relay = $1 WHERE id = $2`, dead, ep)
+	require.NoError(t, err)
+	// The lease's release, after the claims', fails once as a deadlock's
+	// victim does (a sequence, which a rollback does not undo, says once).
+	_, err = pool.Exec(ctx, `
+		CREATE SEQUENCE deadlock_once;
+		CREATE FUNCTION deadlock_once() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF nextval('deadlock_once') = 1 THEN
+				RAISE EXCEPTION 'deadlock detected (injected)' USING ERRCODE = '40P01';
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER deadlock_once BEFORE UPDATE ON webhook_endpoints
+			FOR EACH ROW WHEN (OLD.lease_token IS NOT NULL AND NEW.lease_token IS NULL)
+			EXECUTE FUNCTION deadlock_once();`)
+	require.NoError(t, err)
+
+	r := defaultRelay(t, pool, slog.New(slog.DiscardHandler))
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	require.NoError(t, r.reapDead(ctx, conn.Conn()))
+
+	var tries int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT last_value FROM deadlock_once`).Scan(&tries))
+	require.Equal(t, 2, tries, "the first try was the victim, the second went through")
+	var pending int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE status = 'pending'`).Scan(&pending))
+	require.Equal(t, 3, pending, "the dead relay's claims are released")
+	require.Equal(t, 3.0, testutil.ToFloat64(r.metrics.released.WithLabelValues("relay_dead")), "three claims released, counted once")
 }
