@@ -502,12 +502,8 @@ func TestDeleteEndpointGoesOnPastABatchShortenedByADelivery(t *testing.T) {
 // orphan job to discard) is settled, not to be sent again.
 func TestRetryFailedForADeletedEndpointRequeuesNothing(t *testing.T) {
 	t.Parallel()
-	pool, ep, ids := seededEndpoint(t, 3, "")
+	pool, ep := deletedEndpoint(t, 3, "", "status = 'failed', attempts = 8, failed_at = now()")
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET status = 'failed', attempts = 8, failed_at = now() WHERE id = ANY ($1)`, ids)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `DELETE FROM webhook_endpoints WHERE id = $1`, ep)
-	require.NoError(t, err)
 	admin := NewAdmin(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
 	n, err := admin.RetryFailedForEndpoint(ctx, ep)
 	require.ErrorIs(t, err, ErrNotFound)

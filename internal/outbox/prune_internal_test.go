@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/dbtest"
@@ -47,25 +48,44 @@ func TestEventPruneWalksPastKeptEventsOnce(t *testing.T) {
 	require.Equal(t, len(kept), events, "the kept events stay, the others are gone")
 }
 
-// A deleted endpoint's messages parked behind an earlier one of their key
-// are discarded by the orphan job too, also when nothing else of the
-// endpoint waits any more (they were found only beside unparked ones).
-func TestOrphanJobDiscardsParkedMessagesOfADeletedEndpoint(t *testing.T) {
+// The orphan job discards what a deletion that ran out of time left of a
+// deleted endpoint, also when nothing of it waits unparked any more: its
+// messages parked behind an earlier one of their key (they were found only
+// beside unparked ones), and its failed ones (they were not found at all,
+// and counted in the failed total and its alert until their retention
+// ended, while a retry of one answered 409).
+func TestOrphanJobDiscardsWhatADeletionLeft(t *testing.T) {
 	t.Parallel()
-	pool, ep, ids := seededEndpoint(t, 3, "order-1")
+	for name, left := range map[string]struct{ key, set string }{
+		"parked": {"order-1", "parked = true"},
+		"failed": {"", "status = 'failed', attempts = 8, failed_at = now()"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			pool, _ := deletedEndpoint(t, 3, left.key, left.set)
+			ctx := context.Background()
+			n, err := outboxdb.New(pool).MessagesDiscardOrphans(ctx, pruneBatch)
+			require.NoError(t, err)
+			require.EqualValues(t, 3, n)
+			var undiscarded int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE status <> 'discarded'`).Scan(&undiscarded))
+			require.Zero(t, undiscarded)
+		})
+	}
+}
+
+// deletedEndpoint seeds n messages of an endpoint (keyed by key, if any),
+// sets them as set says (the SET list of an UPDATE), and deletes the
+// endpoint's row, as a deletion that ran out of time leaves it.
+func deletedEndpoint(t *testing.T, n int, key, set string) (*pgxpool.Pool, uuid.UUID) {
+	t.Helper()
+	pool, ep, ids := seededEndpoint(t, n, key)
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET parked = true WHERE id = ANY ($1)`, ids)
+	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET `+set+` WHERE id = ANY ($1)`, ids)
 	require.NoError(t, err)
-	// Deleted with only parked messages left, as a deletion leaves a
-	// backlog it could not settle in time once the rest is discarded.
 	_, err = pool.Exec(ctx, `DELETE FROM webhook_endpoints WHERE id = $1`, ep)
 	require.NoError(t, err)
-	n, err := outboxdb.New(pool).MessagesDiscardOrphans(ctx, pruneBatch)
-	require.NoError(t, err)
-	require.EqualValues(t, 3, n)
-	var left int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE status <> 'discarded'`).Scan(&left))
-	require.Zero(t, left)
+	return pool, ep
 }
 
 // A settling statement that waited for a row's lock re-reads the row when
@@ -129,25 +149,4 @@ func TestSettlingStatementsRecheckRowsTheyWaitedFor(t *testing.T) {
 	var broken int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages_inconsistent`).Scan(&broken))
 	require.Zero(t, broken)
-}
-
-// The orphan job settles the failed messages a deletion left too, not only
-// the pending ones: left failed, they counted in the failed total and its
-// alert until their retention ended, and a retry of one answered 409.
-func TestOrphanJobDiscardsFailedMessagesOfADeletedEndpoint(t *testing.T) {
-	t.Parallel()
-	pool, ep, ids := seededEndpoint(t, 3, "")
-	ctx := context.Background()
-	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET status = 'failed', attempts = 8, failed_at = now() WHERE id = ANY ($1)`, ids)
-	require.NoError(t, err)
-	// Deleted with only failed messages left, as a deletion leaves them when
-	// it runs out of time.
-	_, err = pool.Exec(ctx, `DELETE FROM webhook_endpoints WHERE id = $1`, ep)
-	require.NoError(t, err)
-	n, err := outboxdb.New(pool).MessagesDiscardOrphans(ctx, pruneBatch)
-	require.NoError(t, err)
-	require.EqualValues(t, 3, n)
-	var left int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE status <> 'discarded'`).Scan(&left))
-	require.Zero(t, left)
 }
