@@ -873,3 +873,27 @@ func TestAShortRetryAfterDoesNotShortenTheRetrySchedule(t *testing.T) {
 	o := r.judge(sent{row: outboxdb.MessageClaimRow{Attempts: 0}, res: Result{StatusCode: http.StatusServiceUnavailable, RetryAfter: 2 * time.Hour}})
 	require.Equal(t, 2*time.Hour, o.delay, "a Retry-After beyond the schedule's wait is honoured")
 }
+
+// A transport's refusal of one message (too large) may come from the
+// client alone, which knows the server's limit without reaching it (nats.go
+// checks its cached max_payload even while reconnecting; franz-go a record
+// against the batch limit): it says nothing of the destination. Taken for an
+// answer, it reset the failures in a row and, when probing, closed the
+// circuit of a broker that was down, bringing every retry forward against it.
+func TestATransportsOwnRefusalSaysNothingOfTheDestination(t *testing.T) {
+	t.Parallel()
+	for _, probing := range []bool{false, true} {
+		r := &Relay{cfg: DefaultRelayConfig()}
+		s := &session{r: r, failures: 4, probing: probing}
+		s.inFlight = 1
+		s.handle(context.Background(), sent{
+			row: outboxdb.MessageClaimRow{Attempts: 1}, res: Result{Err: errors.New("nats: maximum payload exceeded"), MessageFault: true},
+			span: noop.Span{},
+		})
+		require.Len(t, s.outcomes, 1)
+		require.Equal(t, labelRefused, s.outcomes[0].label, "the message is refused and retried on its own schedule")
+		require.Equal(t, 4, s.failures, "no answer: the failures in a row stand (probing %t)", probing)
+		require.Equal(t, probing, s.probing, "no answer: a probe goes on")
+		require.False(t, s.probeFailed, "nor a failed probe: the destination was not heard from")
+	}
+}

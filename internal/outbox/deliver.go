@@ -77,10 +77,11 @@ type Result struct {
 	RetryAfter time.Duration
 	// Err is a transport failure: refused, timed out, reset, forbidden.
 	Err error
-	// MessageFault says Err is about this message alone (a broker refuses
-	// it as too large), as a 4xx answer other than the endpoint-wide ones
-	// is: it is retried and fails on its own, and the destination is not
-	// backed off for it, its other messages going on.
+	// MessageFault says Err is about this message alone (a broker, or the
+	// client before it, refuses it as too large), as a 4xx answer other
+	// than the endpoint-wide ones is: it is retried and fails on its own,
+	// and the destination is not backed off for it, its other messages
+	// going on; nor is it taken for a sign the destination is up.
 	MessageFault bool
 	// Detail is a short excerpt of a failed answer's body, for the row.
 	Detail string
@@ -483,6 +484,11 @@ func (s *session) handle(ctx context.Context, res sent) {
 		// Says nothing about the destination, whatever its label: at the
 		// cap it is "failed", and taking that for an answer would close a
 		// circuit no receiver answered.
+	case res.res.Err != nil && res.res.MessageFault:
+		// Neither: the client may have refused the message without
+		// reaching the broker (nats.go checks the server's max_payload it
+		// remembers, even while reconnecting), so it is no sign that the
+		// destination is up, nor down.
 	case o.gone:
 		s.gone = true
 	case o.endpointFailure:
