@@ -1,6 +1,7 @@
 package ops
 
 import (
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -75,7 +76,11 @@ type endpointForm struct {
 	// NewID, when creating, is the id the endpoint will have, chosen when
 	// the form is shown: submitted twice (a double click), the form
 	// creates one endpoint, and the second answer shows its secret too.
-	NewID string
+	// NewIDSig proves the id was issued by this page to this session for a
+	// new endpoint: without it, a session could post the id of an existing
+	// endpoint, with its URL and types, and be shown its secret.
+	NewID    string
+	NewIDSig string
 }
 
 // eventTypes reads the form's event types: separated by commas, spaces or
@@ -89,14 +94,31 @@ func (h *Handler) postedForm(r *http.Request, title string, ep *outbox.Endpoint)
 	f := endpointForm{Layout: h.layout(r, title), Endpoint: ep, URL: strings.TrimSpace(r.PostForm.Get("url")),
 		EventTypes: r.PostForm.Get("event_types")}
 	if ep == nil {
-		// A form from before this field (or altered) gets an id of its own.
+		// A form from before these fields, altered, or not issued to this
+		// session gets an id of its own.
 		id, err := uuid.Parse(r.PostForm.Get("endpoint_id"))
-		if err != nil || id == uuid.Nil {
+		if err != nil || id == uuid.Nil || !h.issuedNewID(r, id, r.PostForm.Get("endpoint_id_sig")) {
 			id = uuid.New()
 		}
-		f.NewID = id.String()
+		f.NewID, f.NewIDSig = id.String(), h.newIDSig(r, id)
 	}
 	return f
+}
+
+// newIDSig signs id as a new endpoint's id issued to the request's
+// session; "" without a browser session (a bearer token renders no form).
+func (h *Handler) newIDSig(r *http.Request, id uuid.UUID) string {
+	s := sessionFrom(r.Context())
+	if s.csrf == "" {
+		return ""
+	}
+	return b64.EncodeToString(h.sign("new endpoint id", s.csrf+"\x00"+id.String()))
+}
+
+// issuedNewID reports whether sig is newIDSig's for id in this session.
+func (h *Handler) issuedNewID(r *http.Request, id uuid.UUID, sig string) bool {
+	want := h.newIDSig(r, id)
+	return want != "" && subtle.ConstantTimeCompare([]byte(sig), []byte(want)) == 1
 }
 
 // refuseForm shows the form again, as filled in, with why it was refused.
@@ -113,12 +135,20 @@ func (h *Handler) formFailed(w http.ResponseWriter, r *http.Request, f endpointF
 		h.refuseForm(w, r, f, err.Error())
 		return
 	}
+	if f.Endpoint == nil && errors.Is(err, outbox.ErrConflict) {
+		// This form was submitted before, and its endpoint changed since or
+		// was made a while ago: its secret is not shown again.
+		h.renderError(w, r, http.StatusConflict, "Already created",
+			"This form created its endpoint already; its secret was shown then, and is not shown again. Find the endpoint on the overview, and rotate its secret if it was lost.")
+		return
+	}
 	h.actionError(w, r, err)
 }
 
 func (h *Handler) handleNewEndpointForm(w http.ResponseWriter, r *http.Request) {
+	id := uuid.New()
 	h.render(w, r, http.StatusOK, "endpoint_form", endpointForm{Layout: h.layout(r, "New endpoint"),
-		EventTypes: "order.placed, order.cancelled", NewID: uuid.NewString()})
+		EventTypes: "order.placed, order.cancelled", NewID: id.String(), NewIDSig: h.newIDSig(r, id)})
 }
 
 // secretPage shows a signing secret, once.

@@ -265,7 +265,10 @@ func TestNewEndpointFormSubmittedTwiceCreatesOne(t *testing.T) {
 	_, page := get(t, c, e.srv.URL+"/ops/endpoints/new")
 	m := regexp.MustCompile(`name="endpoint_id" value="([^"]+)"`).FindStringSubmatch(page)
 	require.NotNil(t, m, "the form carries the id it will create: %s", page)
-	form := url.Values{"csrf": {csrf}, "endpoint_id": {m[1]}, "url": {"http://127.0.0.1:9/hook"}, "event_types": {"order.placed"}}
+	sig := regexp.MustCompile(`name="endpoint_id_sig" value="([^"]+)"`).FindStringSubmatch(page)
+	require.NotNil(t, sig, "and its signature: %s", page)
+	form := url.Values{"csrf": {csrf}, "endpoint_id": {m[1]}, "endpoint_id_sig": {sig[1]},
+		"url": {"http://127.0.0.1:9/hook"}, "event_types": {"order.placed"}}
 	var secrets []string
 	for range 2 {
 		res, body := postPage(t, c, e.srv.URL+"/ops/endpoints/new", form)
@@ -281,8 +284,9 @@ func TestNewEndpointFormSubmittedTwiceCreatesOne(t *testing.T) {
 	require.Equal(t, "http://127.0.0.1:9/hook", ep.URL)
 
 	form.Set("url", "http://127.0.0.1:9/other")
-	res, _ := postPage(t, c, e.srv.URL+"/ops/endpoints/new", form)
+	res, body := postPage(t, c, e.srv.URL+"/ops/endpoints/new", form)
 	require.Equal(t, http.StatusConflict, res.StatusCode, "one id, another endpoint")
+	require.Contains(t, body, "This form created its endpoint already", "said as the form's, not a message's conflict")
 	require.Equal(t, int64(1), e.count(t, `SELECT count(*) FROM webhook_endpoints`))
 }
 
@@ -319,4 +323,39 @@ func TestDiscardLongerThanARequestContinues(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, res.StatusCode)
 	require.Equal(t, "/ops?done=discarded&n=10005", res.Header.Get("Location"), "the total of every request")
 	require.Zero(t, e.count(t, `SELECT count(*) FROM outbox_messages WHERE destination = $1 AND status = 'pending'`, ep.ID))
+}
+
+// The new-endpoint form shows a secret again only to a second submission
+// of the form it issued: posted with the id of an existing endpoint (read
+// off its page) and its URL and types, it showed that endpoint's live
+// signing secret to any session, at any time. Now such a post creates an
+// endpoint of its own, and a form issued to another session is no better.
+func TestNewEndpointFormNeverShowsAnExistingEndpointsSecret(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, token)
+	existing, err := e.admin.CreateEndpoint(context.Background(), "http://127.0.0.1:9/hook", []string{"order.placed"})
+	require.NoError(t, err)
+	c := e.loggedIn(t)
+	csrf := e.csrf(t, c)
+
+	// A form issued to another session, rewritten with the existing id.
+	other := e.loggedIn(t)
+	_, page := get(t, other, e.srv.URL+"/ops/endpoints/new")
+	sig := regexp.MustCompile(`name="endpoint_id_sig" value="([^"]+)"`).FindStringSubmatch(page)
+	require.NotNil(t, sig, "%s", page)
+	for name, form := range map[string]url.Values{
+		"no signature":          {"csrf": {csrf}, "endpoint_id": {existing.ID.String()}},
+		"another form's":        {"csrf": {csrf}, "endpoint_id": {existing.ID.String()}, "endpoint_id_sig": {sig[1]}},
+		"another session's own": {"csrf": {csrf}, "endpoint_id": {regexp.MustCompile(`name="endpoint_id" value="([^"]+)"`).FindStringSubmatch(page)[1]}, "endpoint_id_sig": {sig[1]}},
+	} {
+		form.Set("url", existing.URL)
+		form.Set("event_types", "order.placed")
+		res, body := postPage(t, c, e.srv.URL+"/ops/endpoints/new", form)
+		require.Equal(t, http.StatusCreated, res.StatusCode, "%s: an endpoint of its own: %s", name, body)
+		shown := secretOn(body)
+		require.NotNil(t, shown, "%s: the new endpoint's secret: %s", name, body)
+		require.NotEqual(t, existing.Secret, shown[1], "%s: the existing endpoint's secret is never shown", name)
+		require.NotContains(t, body, existing.ID.String(), name)
+	}
+	require.Equal(t, int64(4), e.count(t, `SELECT count(*) FROM webhook_endpoints`), "three new endpoints beside the existing one")
 }

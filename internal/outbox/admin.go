@@ -144,8 +144,9 @@ func (a *Admin) CreateEndpoint(ctx context.Context, rawURL string, eventTypes []
 // client retrying after its answer was lost). A second call with the id
 // creates nothing and returns the endpoint the first one made, with its
 // secret, so that whoever sees only the second answer can still verify
-// its webhooks; if it asks for another URL or other event types, or the
-// endpoint was changed since (its secret rotated, say), it is ErrConflict.
+// its webhooks; if it asks for another URL or other event types, if the
+// endpoint was changed since (its secret rotated, say), or if it comes more
+// than createdOnceFor after the first, it is ErrConflict.
 func (a *Admin) CreateEndpointOnce(ctx context.Context, id uuid.UUID, rawURL string, eventTypes []string) (Endpoint, error) {
 	types, err := subscription(eventTypes)
 	if err != nil {
@@ -177,6 +178,11 @@ func (a *Admin) CreateEndpointOnce(ctx context.Context, id uuid.UUID, rawURL str
 	return ep, nil
 }
 
+// createdOnceFor is how long after a creation its repeat is answered with
+// the endpoint and its secret: long enough for a retry or a double click,
+// short enough that an id learnt later shows no secret.
+const createdOnceFor = 10 * time.Minute
+
 // createdBefore is the endpoint an earlier CreateEndpointOnce made under
 // id, with its secret, if it was asked for the same URL and event types
 // and nothing changed it since: every change (a rotation, a new URL, a
@@ -192,7 +198,8 @@ func (a *Admin) createdBefore(ctx context.Context, id uuid.UUID, rawURL string, 
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("reading endpoint: %w", err)
 	}
-	if row.Url != rawURL || !slices.Equal(row.EventTypes, types) || !row.UpdatedAt.Equal(row.CreatedAt) {
+	if row.Url != rawURL || !slices.Equal(row.EventTypes, types) || !row.UpdatedAt.Equal(row.CreatedAt) ||
+		time.Since(row.CreatedAt) > createdOnceFor {
 		return Endpoint{}, fmt.Errorf("creating endpoint: %w: endpoint %s exists, with another URL, other event types, or changed since (its secret rotated?)",
 			ErrConflict, id)
 	}

@@ -385,3 +385,20 @@ func TestCreateEndpointOnceNeverShowsARotatedSecret(t *testing.T) {
 	require.Empty(t, again.Secret)
 	require.NotEqual(t, first.Secret, rotated.Secret)
 }
+
+// A creation repeated long after the first (past the minutes a retry or a
+// double click takes) is a conflict: an id learnt later shows no secret.
+func TestCreateEndpointOnceAnswersARepeatOnlySoonAfter(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	id := uuid.New()
+	_, err := f.admin.CreateEndpointOnce(ctx, id, "http://127.0.0.1:9/hook", []string{"order.placed"})
+	require.NoError(t, err)
+	_, err = f.pool.Exec(ctx, `UPDATE webhook_endpoints SET created_at = created_at - interval '11 minutes',
+		updated_at = created_at - interval '11 minutes' WHERE id = $1`, id)
+	require.NoError(t, err)
+	again, err := f.admin.CreateEndpointOnce(ctx, id, "http://127.0.0.1:9/hook", []string{"order.placed"})
+	require.ErrorIs(t, err, outbox.ErrConflict)
+	require.Empty(t, again.Secret)
+}
