@@ -113,7 +113,9 @@ func loopbackOnly(addr string) bool {
 
 // Run runs the api process: `args` empty serves, `migrate` migrates and
 // exits, `reencrypt-secrets` migrates, seals every endpoint's signing
-// secrets under the first key of OUTBOX_SECRET_KEYS and exits. It returns when ctx is done and the servers have shut down.
+// secrets under the first key of OUTBOX_SECRET_KEYS and exits. environ is
+// its configuration, as os.Environ gives it. It returns when ctx is done and
+// the servers have shut down.
 func Run(ctx context.Context, args []string, environ []string, stdout io.Writer) error {
 	cfg, err := parseConfig(process.Getenv(environ), environ)
 	if err != nil {

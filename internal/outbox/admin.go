@@ -200,8 +200,8 @@ func (a *Admin) createdBefore(ctx context.Context, id uuid.UUID, rawURL string, 
 	}
 	if row.Url != rawURL || !slices.Equal(row.EventTypes, types) || !row.UpdatedAt.Equal(row.CreatedAt) ||
 		time.Since(row.CreatedAt) > createdOnceFor {
-		return Endpoint{}, fmt.Errorf("creating endpoint: %w: endpoint %s exists, with another URL, other event types, or changed since (its secret rotated?)",
-			ErrConflict, id)
+		return Endpoint{}, fmt.Errorf("creating endpoint: %w: endpoint %s exists, with another URL or other event types, changed since (its secret rotated?), or created over %s ago",
+			ErrConflict, id, createdOnceFor)
 	}
 	secret, err := a.keys.Open(row.Secret, id[:])
 	if err != nil {

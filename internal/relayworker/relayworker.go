@@ -75,7 +75,7 @@ func parseConfig(getenv func(string) string, environ []string) (config, error) {
 // Run runs the worker process until ctx is done, then stops the relay
 // gracefully: requests in flight get WORKER_SHUTDOWN_GRACE to finish, then
 // are cut off; either way their outcomes are recorded and nothing stays
-// claimed.
+// claimed. environ is its configuration, as os.Environ gives it.
 func Run(ctx context.Context, args []string, environ []string, stdout io.Writer) error {
 	if len(args) > 0 {
 		return fmt.Errorf("unexpected arguments %q", args)
