@@ -170,3 +170,13 @@ func RequireStopsOnSIGTERM(t testing.TB, bin string, env map[string]string, read
 	require.Contains(t, lines[len(lines)-1], lastLine, "the last line says it stopped; output:\n%s", out.String())
 	return out.String()
 }
+
+// RequireMisspelt asserts that a program's output warns of misspelt
+// variables with exactly the warnings want (Env.Misspelt's), and no other.
+func RequireMisspelt(t testing.TB, out string, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		require.Contains(t, out, w)
+	}
+	require.Equal(t, len(want), strings.Count(out, "nothing reads it"), "only the misspellings: %s", out)
+}

@@ -422,9 +422,9 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		var out proctest.Output
 		err := relayworker.Run(context.Background(), nil, proctest.Environ(env), &out)
 		require.ErrorContains(t, err, "connecting to database")
-		require.Contains(t, out.String(), "OUTBOX_MAX_ATTEMPT is set but nothing reads it: did you mean OUTBOX_MAX_ATTEMPTS?")
-		require.Contains(t, out.String(), "OUTBOX_DELIVERY_TIMOUT is set but nothing reads it: did you mean OUTBOX_DELIVERY_TIMEOUT?")
-		require.Equal(t, 2, strings.Count(out.String(), "nothing reads it"), "only the misspellings: %s", out.String())
+		proctest.RequireMisspelt(t, out.String(),
+			"OUTBOX_MAX_ATTEMPT is set but nothing reads it: did you mean OUTBOX_MAX_ATTEMPTS?",
+			"OUTBOX_DELIVERY_TIMOUT is set but nothing reads it: did you mean OUTBOX_DELIVERY_TIMEOUT?")
 	})
 }
 
