@@ -277,7 +277,7 @@ func (a *Admin) checkDestination(ctx context.Context, rawURL string) error {
 	if len(rawURL) > maxDestinationBytes {
 		return fmt.Errorf("%w: a destination is at most %d bytes", ErrInvalidEndpoint, maxDestinationBytes)
 	}
-	d, err := ParseDestination(rawURL)
+	d, err := parseDestination(rawURL)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidEndpoint, err)
 	}
@@ -796,7 +796,7 @@ func notFound(action string, err error) error {
 }
 
 func toEndpoint(r outboxdb.WebhookEndpoint) Endpoint {
-	d, _ := ParseDestination(r.Url)
+	d, _ := parseDestination(r.Url)
 	ep := Endpoint{ID: r.ID, Kind: d.Kind, URL: r.Url, EventTypes: r.EventTypes, Enabled: r.Enabled, CreatedAt: r.CreatedAt,
 		State: r.Health, StateSince: r.HealthChangedAt, ConsecutiveFailures: int(r.ConsecutiveFailures),
 		PreviousSecretExpiresAt: r.PreviousSecretExpiresAt}

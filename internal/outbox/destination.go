@@ -86,7 +86,7 @@ func (spec DestinationSpec) URLOf() (string, error) {
 		if spec.URL == "" {
 			return "", fmt.Errorf("%w: url is required", ErrInvalidDestination)
 		}
-		if d, _ := ParseDestination(spec.URL); d.Kind != KindWebhook {
+		if d, _ := parseDestination(spec.URL); d.Kind != KindWebhook {
 			return "", fmt.Errorf("%w: %q is a %s destination: register it with kind %q", ErrInvalidDestination, spec.URL, d.Kind, d.Kind)
 		}
 		return spec.URL, nil
@@ -108,17 +108,17 @@ func (spec DestinationSpec) URLOf() (string, error) {
 	default:
 		return "", fmt.Errorf("%w: unknown kind %q (want one of %s)", ErrInvalidDestination, spec.Kind, strings.Join(Kinds, ", "))
 	}
-	if _, err := ParseDestination(u); err != nil {
+	if _, err := parseDestination(u); err != nil {
 		return "", err
 	}
 	return u, nil
 }
 
-// ParseDestination reads an endpoint URL and checks a broker destination's
+// parseDestination reads an endpoint URL and checks a broker destination's
 // name by its broker's rules. Any URL that is not a broker destination is a
 // webhook; its own checks (scheme, SSRF guard) are made where webhooks are
 // registered and sent.
-func ParseDestination(rawURL string) (Destination, error) {
+func parseDestination(rawURL string) (Destination, error) {
 	d := destinationOf(rawURL)
 	switch d.Kind {
 	case KindNATS:

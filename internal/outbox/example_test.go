@@ -122,21 +122,33 @@ func ExampleQueue() {
 // nothing claimed. cmd/worker does this with its configuration from the
 // environment.
 func ExampleRelay() {
-	pool, cleanup := examplePool()
-	defer cleanup()
 	ctx := context.Background()
+	url, drop, err := dbtest.Create(ctx) // a migrated database of the example's own
+	if err != nil {
+		panic(err)
+	}
+	defer drop() //nolint:errcheck
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	logger := slog.New(slog.DiscardHandler)
+	guard := netguard.Guard{AllowPrivate: true} // the receiver is on loopback, for the example
 
 	received := make(chan string, 1)
 	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		received <- r.Header.Get("webhook-id")
 	}))
 	defer receiver.Close()
-	if _, err := pool.Exec(ctx, "UPDATE webhook_endpoints SET url = $1", receiver.URL); err != nil {
+	// Endpoints are registered through the admin service (POST
+	// /webhook-endpoints in the api), which checks the URL with the guard.
+	if _, err := outbox.NewAdmin(pool, guard, logger).CreateEndpoint(ctx, receiver.URL, []string{"order.placed"}); err != nil {
 		panic(err)
 	}
 
-	transport := &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()} // loopback, for the example
-	relay, err := outbox.NewRelay(pool, outbox.DefaultRelayConfig(), transport, slog.New(slog.DiscardHandler), nil)
+	transport := &outbox.HTTPTransport{Client: guard.Client()}
+	relay, err := outbox.NewRelay(pool, outbox.DefaultRelayConfig(), transport, logger, nil)
 	if err != nil {
 		panic(err)
 	}

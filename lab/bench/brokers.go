@@ -36,6 +36,7 @@ func envOr(name, def string) string {
 // publishes to, its transport, and how to empty it between runs.
 type brokerTarget struct {
 	name      string
+	kind      string // outbox.KindNATS, …: the Router key of transport
 	url       string
 	transport outbox.Transport
 	purge     func(context.Context) error
@@ -63,7 +64,7 @@ func natsTarget(ctx context.Context) (*brokerTarget, error) {
 	}
 	t := broker.NewNATS(benchNATSURL(), "urn:bench:orders")
 	return &brokerTarget{
-		name: "NATS JetStream", url: "nats:" + subject, transport: t,
+		name: "NATS JetStream", kind: outbox.KindNATS, url: "nats:" + subject, transport: t,
 		purge: func(ctx context.Context) error { return s.Purge(ctx) },
 		close: func() {
 			t.Close()
@@ -101,7 +102,7 @@ func rabbitTarget() (*brokerTarget, error) {
 	}
 	t := broker.NewRabbitMQ(benchAMQPURL(), "urn:bench:orders")
 	return &brokerTarget{
-		name: "RabbitMQ", url: "rabbitmq:" + exchange + "/order.placed", transport: t,
+		name: "RabbitMQ", kind: outbox.KindRabbitMQ, url: "rabbitmq:" + exchange + "/order.placed", transport: t,
 		purge: func(context.Context) error { _, err := ch.QueuePurge(queue, false); return err },
 		close: func() {
 			t.Close()
@@ -187,8 +188,7 @@ func scenarioBrokers(ctx context.Context, cfg config, rep *report) error {
 	workers := outbox.DefaultRelayConfig().DestinationConcurrency
 	router := outbox.Router{}
 	for _, t := range targets {
-		d, _ := outbox.ParseDestination(t.url)
-		router[d.Kind] = t.transport
+		router[t.kind] = t.transport
 	}
 	relayRates, rawRates, outboxRates := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
 	for range cfg.Reps {
