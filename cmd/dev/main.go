@@ -64,24 +64,18 @@ func run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 		return fmt.Errorf("unexpected arguments %q", args)
 	}
 	getenv := process.Getenv(environ)
-	env := process.NewEnv(getenv)
-	logFormat := env.OneOf("LOG_FORMAT", "", "", "text", "json")
-	receiverAddr := env.String("DEV_RECEIVER_ADDR", "127.0.0.1:8082")
-	withReceiver := env.Bool("DEV_RECEIVER", true)
-	databaseURL := env.OptionalDatabaseURL()
-	// The demo receiver's secret is written like the api writes secrets.
-	secretKeys, err := secretbox.Parse(env.String("OUTBOX_SECRET_KEYS", ""))
+	cfg, err := parseConfig(getenv, environ)
 	if err != nil {
-		env.Fail("OUTBOX_SECRET_KEYS", err)
-	}
-	if err := env.Err(); err != nil {
 		return err
 	}
-	logger := process.NewLogger(stdout, logFormat)
+	logger := process.NewLogger(stdout, cfg.logFormat)
+	for _, w := range cfg.misspelt {
+		logger.WarnContext(ctx, w)
+	}
 
 	// One database for both processes: left to themselves, each would find
 	// or start its own.
-	database, err := devdb.Ensure(ctx, devdb.Options{URL: databaseURL, Logger: logger})
+	database, err := devdb.Ensure(ctx, devdb.Options{URL: cfg.databaseURL, Logger: logger})
 	if err != nil {
 		return err
 	}
@@ -117,13 +111,13 @@ func run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 	}
 
 	g, gctx := errgroup.WithContext(ctx)
-	if withReceiver {
-		handler, err := registerReceiver(gctx, pool, receiverAddr, secretKeys, logger)
+	if cfg.withReceiver {
+		handler, err := registerReceiver(gctx, pool, cfg.receiverAddr, cfg.secretKeys, logger)
 		if err != nil {
 			return err
 		}
 		g.Go(func() error {
-			return process.Serve(gctx, logger, "demo receiver", receiverAddr, handler, 5*time.Second, nil)
+			return process.Serve(gctx, logger, "demo receiver", cfg.receiverAddr, handler, 5*time.Second, nil)
 		})
 	}
 	// The development default token is printed so the README's curl lines
@@ -141,6 +135,45 @@ func run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 	g.Go(func() error { return apiserver.Run(gctx, nil, child, stdout) })
 	g.Go(func() error { return relayworker.Run(gctx, nil, child, stdout) })
 	return g.Wait()
+}
+
+// config is what dev reads itself; every other variable is the api's and
+// the worker's, which read it from the environment dev hands them.
+type config struct {
+	logFormat    string
+	receiverAddr string
+	withReceiver bool
+	databaseURL  string
+	// secretKeys seal the demo receiver's secret as the api seals secrets.
+	secretKeys *secretbox.Keyring
+	// misspelt warns of DEV_ variables set but never read: the api and the
+	// worker warn of the others, the names they read.
+	misspelt []string
+}
+
+// parseConfig reads dev's own settings through getenv; environ, the
+// variables set, is checked for misspellings of dev's own names.
+func parseConfig(getenv func(string) string, environ []string) (config, error) {
+	env := process.NewEnv(getenv)
+	c := config{
+		logFormat:    env.OneOf("LOG_FORMAT", "", "", "text", "json"),
+		receiverAddr: env.String("DEV_RECEIVER_ADDR", "127.0.0.1:8082"),
+		withReceiver: env.Bool("DEV_RECEIVER", true),
+		databaseURL:  env.OptionalDatabaseURL(),
+	}
+	keys, err := secretbox.Parse(env.String("OUTBOX_SECRET_KEYS", ""))
+	if err != nil {
+		env.Fail("OUTBOX_SECRET_KEYS", err)
+	}
+	c.secretKeys = keys
+	var own []string
+	for _, kv := range environ {
+		if strings.HasPrefix(kv, "DEV_") {
+			own = append(own, kv)
+		}
+	}
+	c.misspelt = env.Misspelt(own)
+	return c, env.Err()
 }
 
 // events is every event type the service's modules emit: a new module adds

@@ -1,0 +1,33 @@
+package main
+
+import (
+	"go/parser"
+	"go/token"
+	"regexp"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Every variable the consumer reads is in its package documentation, the
+// list a reader of `go doc` sees: a setting added without it fails here.
+func TestEveryVariableReadIsDocumented(t *testing.T) {
+	t.Parallel()
+	f, err := parser.ParseFile(token.NewFileSet(), "main.go", nil, parser.ParseComments|parser.PackageClauseOnly)
+	require.NoError(t, err)
+	require.NotNil(t, f.Doc)
+	var documented []string
+	for _, m := range regexp.MustCompile(`(?m)^\t([A-Z][A-Z0-9_]+)\b`).FindAllStringSubmatch(f.Doc.Text(), -1) {
+		documented = append(documented, m[1])
+	}
+	var read []string
+	_, _ = parseConfig(func(name string) string {
+		read = append(read, name)
+		return ""
+	}, nil)
+	require.Contains(t, read, "CONSUMER_INBOX_RETENTION", "the spy sees the reads")
+	for _, name := range slices.Compact(slices.Sorted(slices.Values(read))) {
+		require.Contains(t, documented, name, "cmd/consumer's package documentation does not list %s", name)
+	}
+}
