@@ -4,10 +4,11 @@ import (
 	"go/parser"
 	"go/token"
 	"regexp"
-	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/orders/internal/proctest"
 )
 
 // Every variable the consumer reads is in its package documentation, the
@@ -21,13 +22,9 @@ func TestEveryVariableReadIsDocumented(t *testing.T) {
 	for _, m := range regexp.MustCompile(`(?m)^\t([A-Z][A-Z0-9_]+)\b`).FindAllStringSubmatch(f.Doc.Text(), -1) {
 		documented = append(documented, m[1])
 	}
-	var read []string
-	_, _ = parseConfig(func(name string) string {
-		read = append(read, name)
-		return ""
-	}, nil)
+	read := proctest.VariablesRead(func(getenv func(string) string) { _, _ = parseConfig(getenv, nil) })
 	require.Contains(t, read, "CONSUMER_INBOX_RETENTION", "the spy sees the reads")
-	for _, name := range slices.Compact(slices.Sorted(slices.Values(read))) {
+	for _, name := range read {
 		require.Contains(t, documented, name, "cmd/consumer's package documentation does not list %s", name)
 	}
 }

@@ -2,11 +2,12 @@ package main
 
 import (
 	"os"
-	"slices"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/orders/internal/proctest"
 )
 
 // Every variable dev reads itself is in docs/reference.md, beside the api's
@@ -15,13 +16,9 @@ func TestEveryVariableReadIsDocumented(t *testing.T) {
 	t.Parallel()
 	doc, err := os.ReadFile("../../docs/reference.md")
 	require.NoError(t, err)
-	var read []string
-	_, _ = parseConfig(func(name string) string {
-		read = append(read, name)
-		return ""
-	}, nil)
+	read := proctest.VariablesRead(func(getenv func(string) string) { _, _ = parseConfig(getenv, nil) })
 	require.Contains(t, read, "DEV_RECEIVER_ADDR", "the spy sees the reads")
-	for _, name := range slices.Compact(slices.Sorted(slices.Values(read))) {
+	for _, name := range read {
 		require.True(t, strings.Contains(string(doc), "`"+name+"`"), "docs/reference.md does not document %s", name)
 	}
 }

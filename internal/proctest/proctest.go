@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -179,4 +180,17 @@ func RequireMisspelt(t testing.TB, out string, want ...string) {
 		require.Contains(t, out, w)
 	}
 	require.Equal(t, len(want), strings.Count(out, "nothing reads it"), "only the misspellings: %s", out)
+}
+
+// VariablesRead returns, sorted and once each, the names parse reads
+// through the getenv it is given (every one unset): what a program's
+// documentation must list.
+func VariablesRead(parse func(getenv func(string) string)) []string {
+	var read []string
+	parse(func(name string) string {
+		read = append(read, name)
+		return ""
+	})
+	slices.Sort(read)
+	return slices.Compact(read)
 }
