@@ -63,8 +63,12 @@ HAVING count(*) > 0;
 -- when its outcome is recorded, not here.
 --
 -- Per-key order: a due message with an ordering key is claimed only if it
--- is the first of its key among those due and no earlier message of its key
--- is unfinished (on outbox_messages_ordering_idx). Otherwise it is parked:
+-- is the first of its key among those due, no earlier message of its key
+-- is unfinished, and none of its key is claimed (on
+-- outbox_messages_ordering_idx). The last holds a replayed event (whose
+-- message takes its event's place in the key, EndpointReplay) while a
+-- later message of its key is in flight: one message of a key is in
+-- flight at a time, whatever their ids. Otherwise it is parked:
 -- out of the pending index, so out of every later claim's way, until the
 -- message ahead of it settles and promotes it (MessagesRecordOutcomes,
 -- MessageSkip). New messages of a key are due in commit order, so the first
@@ -93,9 +97,11 @@ WITH lease AS (
                row_number() OVER (PARTITION BY d.ordering_key ORDER BY d.id) > 1
                OR EXISTS (
                    SELECT 1 FROM outbox_messages b
-                   WHERE b.destination = @destination::uuid AND b.ordering_key = d.ordering_key AND b.id < d.id
-                     AND (b.status IN ('claimed', 'failed')
-                          OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))))
+                   WHERE b.destination = @destination::uuid AND b.ordering_key = d.ordering_key
+                     AND (b.status = 'claimed'
+                          OR (b.id < d.id
+                              AND (b.status = 'failed'
+                                   OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))))))
            ) AS behind
     FROM due d
 ), parked AS (
@@ -120,8 +126,10 @@ RETURNING m.id, m.event_id, m.type, ev.payload, m.attempts, ev.created_at, ev.tr
 -- from its last requeue; the history numbers it after the attempts made
 -- before that requeue (attempts_before). ON CONFLICT keeps a rare double
 -- record harmless. A delivered message with an ordering key promotes the
--- next parked message of its key (see MessageClaim): due again at its own
--- time, so ahead of any newer one of the key. The endpoint keeps its latest
+-- first parked message of its key (see MessageClaim): due again at its own
+-- time, so ahead of any newer one of the key. The first, not the first
+-- after it: a replayed event parked while the delivered one was in flight
+-- comes before it in the key. The endpoint keeps its latest
 -- attempt, success and error (what the ops page shows), each replaced only
 -- by a later one, and the attempts are added to their minute's sums
 -- (outbox_attempt_minutes), in key order so that two recordings cannot
@@ -165,7 +173,7 @@ WITH o AS (
     FROM held h
     WHERE h.status = 'delivered' AND h.ordering_key IS NOT NULL
       AND n.id = (SELECT w.id FROM outbox_messages w
-                  WHERE w.destination = h.destination AND w.ordering_key = h.ordering_key AND w.id > h.id
+                  WHERE w.destination = h.destination AND w.ordering_key = h.ordering_key
                     AND w.status = 'pending' AND w.parked
                   ORDER BY w.id LIMIT 1)
 ), latest AS (
@@ -440,9 +448,11 @@ WHERE m.id IN (
 )
 AND NOT EXISTS (
     SELECT 1 FROM outbox_messages b
-    WHERE b.destination = m.destination AND b.ordering_key = m.ordering_key AND b.id < m.id
-      AND (b.status IN ('claimed', 'failed')
-           OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))));
+    WHERE b.destination = m.destination AND b.ordering_key = m.ordering_key
+      AND (b.status = 'claimed'
+           OR (b.id < m.id
+               AND (b.status = 'failed'
+                    OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))))));
 
 -- name: MessagesPromoteKeys :execrows
 -- MessagesPromoteStranded for some keys only, at once: run by a deliver job
@@ -466,9 +476,11 @@ WHERE m.id IN (
 )
 AND NOT EXISTS (
     SELECT 1 FROM outbox_messages b
-    WHERE b.destination = m.destination AND b.ordering_key = m.ordering_key AND b.id < m.id
-      AND (b.status IN ('claimed', 'failed')
-           OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))));
+    WHERE b.destination = m.destination AND b.ordering_key = m.ordering_key
+      AND (b.status = 'claimed'
+           OR (b.id < m.id
+               AND (b.status = 'failed'
+                    OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))))));
 
 -- name: MessagesDiscardOrphans :execrows
 -- Discards up to @batch_size pending or failed messages whose endpoint no
@@ -711,12 +723,15 @@ AND status IN ('claimed', 'failed', 'pending');
 
 -- name: MessageKeyHead :one
 -- What a parked message waits for: the earliest unfinished message of its
--- destination and ordering key before it (on the ordering index). None
+-- destination and ordering key before it, or the one of its key in flight
+-- (a replayed event waits for it; on the ordering index). None
 -- means it waits only to be promoted (MessagesPromoteStranded).
 SELECT b.id, b.status FROM outbox_messages b
-WHERE b.destination = @destination::uuid AND b.ordering_key = @ordering_key::text AND b.id < @id::uuid
-  AND (b.status IN ('claimed', 'failed')
-       OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked)))
+WHERE b.destination = @destination::uuid AND b.ordering_key = @ordering_key::text
+  AND (b.status = 'claimed'
+       OR (b.id < @id::uuid
+           AND (b.status = 'failed'
+                OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked)))))
 ORDER BY b.id
 LIMIT 1;
 

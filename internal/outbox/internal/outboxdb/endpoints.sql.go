@@ -243,11 +243,14 @@ type EndpointReplayRow struct {
 // the endpoint under its original event id, unless one of its messages to
 // the endpoint is still unfinished (pending, claimed or failed): a replay
 // never sends an event twice at once. Replayed messages are due now, in
-// event order; they keep that order among themselves per ordering key, not
-// against messages of the key queued before. Returns how many events the
-// batch read and replayed, and the cursor to go on from (the nil uuid when
-// the range is done): the last event read when the batch is full, else the
-// last one scanned when the scan is.
+// event order. A keyed one takes its event's place in the key (its id is
+// the event's sibling): it goes before the key's later messages due with
+// it, and never while a message of its key is in flight (MessageClaim), so
+// a receiver rebuilding its state from a replay does not get an order's
+// placed beside, or after, its cancelled still being sent. Returns how
+// many events the batch read and replayed, and the cursor to go on from
+// (the nil uuid when the range is done): the last event read when the
+// batch is full, else the last one scanned when the scan is.
 // A batch scans at most @scan_limit events of the range, of any type, so a
 // replay of a type that is rare in a long range is many short statements,
 // not one that walks the whole range while the prune waits.

@@ -212,9 +212,11 @@ WITH lease AS (
                row_number() OVER (PARTITION BY d.ordering_key ORDER BY d.id) > 1
                OR EXISTS (
                    SELECT 1 FROM outbox_messages b
-                   WHERE b.destination = $3::uuid AND b.ordering_key = d.ordering_key AND b.id < d.id
-                     AND (b.status IN ('claimed', 'failed')
-                          OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))))
+                   WHERE b.destination = $3::uuid AND b.ordering_key = d.ordering_key
+                     AND (b.status = 'claimed'
+                          OR (b.id < d.id
+                              AND (b.status = 'failed'
+                                   OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))))))
            ) AS behind
     FROM due d
 ), parked AS (
@@ -262,8 +264,12 @@ type MessageClaimRow struct {
 // when its outcome is recorded, not here.
 //
 // Per-key order: a due message with an ordering key is claimed only if it
-// is the first of its key among those due and no earlier message of its key
-// is unfinished (on outbox_messages_ordering_idx). Otherwise it is parked:
+// is the first of its key among those due, no earlier message of its key
+// is unfinished, and none of its key is claimed (on
+// outbox_messages_ordering_idx). The last holds a replayed event (whose
+// message takes its event's place in the key, EndpointReplay) while a
+// later message of its key is in flight: one message of a key is in
+// flight at a time, whatever their ids. Otherwise it is parked:
 // out of the pending index, so out of every later claim's way, until the
 // message ahead of it settles and promotes it (MessagesRecordOutcomes,
 // MessageSkip). New messages of a key are due in commit order, so the first
@@ -366,9 +372,11 @@ func (q *Queries) MessageGet(ctx context.Context, id uuid.UUID) (MessageGetRow, 
 
 const messageKeyHead = `-- name: MessageKeyHead :one
 SELECT b.id, b.status FROM outbox_messages b
-WHERE b.destination = $1::uuid AND b.ordering_key = $2::text AND b.id < $3::uuid
-  AND (b.status IN ('claimed', 'failed')
-       OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked)))
+WHERE b.destination = $1::uuid AND b.ordering_key = $2::text
+  AND (b.status = 'claimed'
+       OR (b.id < $3::uuid
+           AND (b.status = 'failed'
+                OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked)))))
 ORDER BY b.id
 LIMIT 1
 `
@@ -379,7 +387,8 @@ type MessageKeyHeadRow struct {
 }
 
 // What a parked message waits for: the earliest unfinished message of its
-// destination and ordering key before it (on the ordering index). None
+// destination and ordering key before it, or the one of its key in flight
+// (a replayed event waits for it; on the ordering index). None
 // means it waits only to be promoted (MessagesPromoteStranded).
 func (q *Queries) MessageKeyHead(ctx context.Context, destination uuid.UUID, orderingKey string, iD uuid.UUID) (MessageKeyHeadRow, error) {
 	row := q.db.QueryRow(ctx, messageKeyHead, destination, orderingKey, iD)
@@ -955,9 +964,11 @@ WHERE m.id IN (
 )
 AND NOT EXISTS (
     SELECT 1 FROM outbox_messages b
-    WHERE b.destination = m.destination AND b.ordering_key = m.ordering_key AND b.id < m.id
-      AND (b.status IN ('claimed', 'failed')
-           OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))))
+    WHERE b.destination = m.destination AND b.ordering_key = m.ordering_key
+      AND (b.status = 'claimed'
+           OR (b.id < m.id
+               AND (b.status = 'failed'
+                    OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))))))
 `
 
 // MessagesPromoteStranded for some keys only, at once: run by a deliver job
@@ -986,9 +997,11 @@ WHERE m.id IN (
 )
 AND NOT EXISTS (
     SELECT 1 FROM outbox_messages b
-    WHERE b.destination = m.destination AND b.ordering_key = m.ordering_key AND b.id < m.id
-      AND (b.status IN ('claimed', 'failed')
-           OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))))
+    WHERE b.destination = m.destination AND b.ordering_key = m.ordering_key
+      AND (b.status = 'claimed'
+           OR (b.id < m.id
+               AND (b.status = 'failed'
+                    OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))))))
 `
 
 // The safety net of per-key order, for one destination: promotes parked
@@ -1097,7 +1110,7 @@ WITH o AS (
     FROM held h
     WHERE h.status = 'delivered' AND h.ordering_key IS NOT NULL
       AND n.id = (SELECT w.id FROM outbox_messages w
-                  WHERE w.destination = h.destination AND w.ordering_key = h.ordering_key AND w.id > h.id
+                  WHERE w.destination = h.destination AND w.ordering_key = h.ordering_key
                     AND w.status = 'pending' AND w.parked
                   ORDER BY w.id LIMIT 1)
 ), latest AS (
@@ -1170,8 +1183,10 @@ type MessagesRecordOutcomesParams struct {
 // from its last requeue; the history numbers it after the attempts made
 // before that requeue (attempts_before). ON CONFLICT keeps a rare double
 // record harmless. A delivered message with an ordering key promotes the
-// next parked message of its key (see MessageClaim): due again at its own
-// time, so ahead of any newer one of the key. The endpoint keeps its latest
+// first parked message of its key (see MessageClaim): due again at its own
+// time, so ahead of any newer one of the key. The first, not the first
+// after it: a replayed event parked while the delivered one was in flight
+// comes before it in the key. The endpoint keeps its latest
 // attempt, success and error (what the ops page shows), each replaced only
 // by a later one, and the attempts are added to their minute's sums
 // (outbox_attempt_minutes), in key order so that two recordings cannot
