@@ -425,9 +425,21 @@ func (a *Admin) DeleteEndpoint(ctx context.Context, id uuid.UUID) (int64, error)
 // them, and resuming an endpoint that is backing off probes it at once.
 func (a *Admin) SetEndpointEnabled(ctx context.Context, id uuid.UUID, enabled bool) (Endpoint, error) {
 	reason := "disabled by an operator"
-	row, err := outboxdb.New(a.pool).EndpointSetEnabled(ctx, enabled, &reason, id)
+	var row outboxdb.WebhookEndpoint
+	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) (err error) {
+		q := outboxdb.New(tx)
+		if enabled {
+			if _, err := q.MessageProbeNow(ctx, id); err != nil {
+				return fmt.Errorf("making a message due for the probe: %w", err)
+			}
+		}
+		if row, err = q.EndpointSetEnabled(ctx, enabled, &reason, id); err != nil {
+			return notFound("updating endpoint", err)
+		}
+		return nil
+	})
 	if err != nil {
-		return Endpoint{}, notFound("updating endpoint", err)
+		return Endpoint{}, err
 	}
 	a.logger.InfoContext(ctx, "webhook endpoint updated", slog.String("endpoint_id", id.String()), slog.Bool("enabled", enabled))
 	return toEndpoint(row), nil

@@ -280,3 +280,34 @@ func TestEndpointStateIsInTheAPI(t *testing.T) {
 	require.Equal(t, "paused", got["state"])
 	require.Equal(t, "disabled by an operator", got["state_reason"])
 }
+
+// Probe now probes at once even when every waiting message was tried in
+// the outage and its own retry is far off: the probe takes the message due
+// first. Before, the button only ended the endpoint's backoff, and the
+// probe waited for that retry (up to hours after a long outage).
+func TestProbeNowSendsAMessageWhoseRetryIsLater(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	rc := newReceiver(t)
+	ep := f.endpoint(t, rc, "order.placed")
+	id := f.enqueue(t, "order.placed", 1)[0]
+	// The outage: the message tried twice, its retry 10 minutes off, and
+	// the endpoint backing off as a whole.
+	_, err := f.pool.Exec(ctx, `UPDATE outbox_messages SET attempts = 2, last_error = '502 Bad Gateway',
+		next_attempt_at = now() + interval '10 minutes' WHERE id = $1`, id)
+	require.NoError(t, err)
+	_, err = f.pool.Exec(ctx, `UPDATE webhook_endpoints SET health = 'backing_off', health_reason = '502 Bad Gateway',
+		health_changed_at = now() - interval '1 minute', consecutive_failures = 6, backoff_until = now() + interval '1 minute'
+		WHERE id = $1`, ep.ID)
+	require.NoError(t, err)
+	f.startRelay(t, outbox.RelayConfig{}, nil)
+
+	_, err = f.admin.SetEndpointEnabled(ctx, ep.ID, true)
+	require.NoError(t, err)
+	within(t, 10*time.Second, func() bool { return f.status(t, id) == outbox.StatusDelivered },
+		"probed at once, not at its retry 10 minutes away")
+	got, err := f.admin.Endpoint(ctx, ep.ID)
+	require.NoError(t, err)
+	require.Equal(t, outbox.HealthHealthy, got.State, "the probe's answer closes the circuit")
+}

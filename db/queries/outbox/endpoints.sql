@@ -18,8 +18,9 @@ DELETE FROM webhook_endpoints WHERE id = @id;
 
 -- name: EndpointSetEnabled :one
 -- Pauses or resumes an endpoint. Messages for a paused endpoint are written
--- and wait; resuming an endpoint that is backing off also probes it at once,
--- instead of at its next scheduled probe, while a healthy one's Retry-After
+-- and wait; resuming an endpoint that is backing off also probes it at once
+-- (with MessageProbeNow before it), instead of at its next scheduled probe,
+-- while a healthy one's Retry-After
 -- (backoff_until too) stands: the receiver asked for that wait. Pausing an
 -- endpoint already paused keeps when and why it was (a 410's reason is not
 -- replaced by the person's).
@@ -36,6 +37,23 @@ SET enabled = @enabled,
     updated_at = now()
 WHERE id = @id
 RETURNING *;
+
+-- name: MessageProbeNow :execrows
+-- A person's "probe now" (EndpointSetEnabled on an endpoint backing off)
+-- ends the backoff, but the probe sends a due message, and after a long
+-- outage every waiting one may have been tried and sent into a retry hours
+-- away: this makes the one due first due now, so the probe goes at once.
+-- Nothing when one is due already or the endpoint is not backing off. Run
+-- before EndpointSetEnabled in its transaction: messages are locked before
+-- the endpoint, as everywhere else (see MessagesBringForward).
+UPDATE outbox_messages m
+SET next_attempt_at = now()
+WHERE m.id = (SELECT p.id FROM outbox_messages p
+              WHERE p.destination = @destination::uuid AND p.status = 'pending' AND NOT p.parked
+              ORDER BY p.next_attempt_at, p.id
+              LIMIT 1)
+  AND m.next_attempt_at > now()
+  AND EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = @destination::uuid AND e.health = 'backing_off');
 
 -- name: EndpointRotateSecret :one
 -- Replaces the signing secret, keeping the old one valid for @overlap_seconds:

@@ -444,8 +444,9 @@ RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, up
 `
 
 // Pauses or resumes an endpoint. Messages for a paused endpoint are written
-// and wait; resuming an endpoint that is backing off also probes it at once,
-// instead of at its next scheduled probe, while a healthy one's Retry-After
+// and wait; resuming an endpoint that is backing off also probes it at once
+// (with MessageProbeNow before it), instead of at its next scheduled probe,
+// while a healthy one's Retry-After
 // (backoff_until too) stands: the receiver asked for that wait. Pausing an
 // endpoint already paused keeps when and why it was (a 410's reason is not
 // replaced by the person's).
@@ -597,4 +598,30 @@ SELECT pg_advisory_xact_lock_shared(1869574764, 0)
 func (q *Queries) EventsLockReplay(ctx context.Context) error {
 	_, err := q.db.Exec(ctx, eventsLockReplay)
 	return err
+}
+
+const messageProbeNow = `-- name: MessageProbeNow :execrows
+UPDATE outbox_messages m
+SET next_attempt_at = now()
+WHERE m.id = (SELECT p.id FROM outbox_messages p
+              WHERE p.destination = $1::uuid AND p.status = 'pending' AND NOT p.parked
+              ORDER BY p.next_attempt_at, p.id
+              LIMIT 1)
+  AND m.next_attempt_at > now()
+  AND EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = $1::uuid AND e.health = 'backing_off')
+`
+
+// A person's "probe now" (EndpointSetEnabled on an endpoint backing off)
+// ends the backoff, but the probe sends a due message, and after a long
+// outage every waiting one may have been tried and sent into a retry hours
+// away: this makes the one due first due now, so the probe goes at once.
+// Nothing when one is due already or the endpoint is not backing off. Run
+// before EndpointSetEnabled in its transaction: messages are locked before
+// the endpoint, as everywhere else (see MessagesBringForward).
+func (q *Queries) MessageProbeNow(ctx context.Context, destination uuid.UUID) (int64, error) {
+	result, err := q.db.Exec(ctx, messageProbeNow, destination)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
