@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -45,11 +46,21 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error
 	if err != nil {
 		return fmt.Errorf("applying migrations: %w", err)
 	}
+	// One line for a person (a new database applies dozens), each file
+	// below it for whoever debugs a migration.
+	var took time.Duration
 	for _, r := range results {
-		logger.InfoContext(ctx, "applied migration",
+		took += r.Duration
+		logger.DebugContext(ctx, "applied migration",
 			slog.Int64("version", r.Source.Version),
 			slog.String("file", r.Source.Path),
 			slog.Duration("duration", r.Duration))
+	}
+	if len(results) > 0 {
+		logger.InfoContext(ctx, "applied migrations", slog.Int("count", len(results)),
+			slog.Int64("from_version", results[0].Source.Version),
+			slog.Int64("to_version", results[len(results)-1].Source.Version),
+			slog.Duration("duration", took))
 	}
 	return nil
 }

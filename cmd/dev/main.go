@@ -23,6 +23,7 @@ import (
 	"os/signal"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -68,6 +69,9 @@ func run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 	if err != nil {
 		return err
 	}
+	// The api and the worker share this output, and each says what is
+	// wrong with the configuration both read.
+	stdout = &warnOnce{w: stdout, seen: map[string]bool{}}
 	logger := process.NewLogger(stdout, cfg.logFormat)
 	for _, w := range cfg.misspelt {
 		logger.WarnContext(ctx, w)
@@ -259,4 +263,31 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		slog.Int64("total_cents", env.Data.TotalCents),
 		slog.Bool("signature_valid", true))
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// warnOnce writes log lines through, but a warning already written, told
+// apart by everything after its time: the api and the worker each warn of
+// OUTBOX_SECRET_KEYS unset or of a misspelt name both read, and in dev's
+// one output once is enough. A log handler writes one line per Write.
+type warnOnce struct {
+	mu   sync.Mutex
+	w    io.Writer
+	seen map[string]bool
+}
+
+func (o *warnOnce) Write(p []byte) (int, error) {
+	line := string(p)
+	i := strings.Index(line, `"level":"WARN"`) // JSON
+	if i < 0 {
+		i = strings.Index(line, "WRN") // text
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if i >= 0 {
+		if o.seen[line[i:]] {
+			return len(p), nil
+		}
+		o.seen[line[i:]] = true
+	}
+	return o.w.Write(p)
 }

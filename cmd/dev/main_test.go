@@ -33,6 +33,8 @@ func TestDevRunsTheWholeService(t *testing.T) {
 		"LOG_FORMAT":           "json",
 		"OUTBOX_POLL_INTERVAL": "50ms",
 		"ADMIN_TOKEN":          "s3cret-admin-token",
+		// A misspelling of a name the api and the worker both read.
+		"OUTBOX_NOTIFI": "true",
 	}
 	var logs proctest.Output
 	ctx, cancel := context.WithCancel(context.Background())
@@ -61,6 +63,12 @@ func TestDevRunsTheWholeService(t *testing.T) {
 
 	require.NotContains(t, logs.String(), "s3cret-admin-token", "a chosen admin token is never logged")
 	require.Contains(t, logs.String(), `"admin_token":"(from ADMIN_TOKEN)"`)
+	// The api and the worker both warn of a missing OUTBOX_SECRET_KEYS (and
+	// of a misspelt name both read); in dev's one output, once is enough.
+	require.Equal(t, 1, strings.Count(logs.String(), "OUTBOX_SECRET_KEYS is not set"),
+		"each warning said once:\n%s", logs.String())
+	require.Equal(t, 1, strings.Count(logs.String(), "OUTBOX_NOTIFI is set but nothing reads it"),
+		"each warning said once:\n%s", logs.String())
 
 	cancel()
 	select {
