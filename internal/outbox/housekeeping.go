@@ -58,8 +58,14 @@ func (w *pruneWorker) Work(ctx context.Context, job *river.Job[pruneArgs]) error
 	if err != nil {
 		return err
 	}
-	if _, err := outboxdb.New(r.pool).AttemptMinutesPrune(ctx, now.Add(-attemptMinutesKept)); err != nil {
-		return fmt.Errorf("pruning attempts by minute: %w", err)
+	for {
+		n, err := outboxdb.New(r.pool).AttemptMinutesPrune(ctx, now.Add(-attemptMinutesKept), pruneBatch)
+		if err != nil {
+			return fmt.Errorf("pruning attempts by minute: %w", err)
+		}
+		if n < pruneBatch {
+			break
+		}
 	}
 	// Deliver jobs promote their destination's stranded messages as they
 	// end; this reaches the destinations no job has served since.

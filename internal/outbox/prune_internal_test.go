@@ -150,3 +150,35 @@ func TestSettlingStatementsRecheckRowsTheyWaitedFor(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages_inconsistent`).Scan(&broken))
 	require.Zero(t, broken)
 }
+
+// The per-minute sums are forgotten in bounded batches, oldest first, so a
+// day of a thousand endpoints' minutes is many short deletes, not one that
+// holds the table's WAL and locks for seconds; the minutes still read stay.
+func TestAttemptMinutesArePrunedInBoundedBatches(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	ep := testEndpoint(t, pool, nil)
+	_, err := pool.Exec(ctx, `INSERT INTO outbox_attempt_minutes (destination, minute, outcome, le_ms, attempts, min_ms, max_ms)
+		SELECT $1, date_trunc('minute', now()) - g * interval '1 minute', 'delivered', 50, 1, 1, 1
+		FROM generate_series(0, 24) g`, ep)
+	require.NoError(t, err)
+	before := time.Now().Add(-10*time.Minute - 30*time.Second) // minutes 11 to 24 ago: 14 rows
+
+	q := outboxdb.New(pool)
+	var batches []int64
+	for {
+		n, err := q.AttemptMinutesPrune(ctx, before, 5)
+		require.NoError(t, err)
+		batches = append(batches, n)
+		if n < 5 {
+			break
+		}
+	}
+	require.Equal(t, []int64{5, 5, 4}, batches, "at most a batch per statement, until fewer are left")
+	var left, oldest int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), max(extract(epoch FROM date_trunc('minute', now()) - minute) / 60)::int
+		FROM outbox_attempt_minutes`).Scan(&left, &oldest))
+	require.Equal(t, 11, left, "the minutes after the cutoff stay")
+	require.Equal(t, 10, oldest)
+}

@@ -425,9 +425,16 @@ SELECT (SELECT count(*) FROM scanned) AS scanned,
        COALESCE((SELECT s.id FROM scanned s ORDER BY s.id DESC LIMIT 1), @after::uuid)::uuid AS last_id;
 
 -- name: AttemptMinutesPrune :execrows
--- Forgets the per-minute sums of attempts older than @before: the page
--- reads a day of them.
-DELETE FROM outbox_attempt_minutes WHERE minute < @before::timestamptz;
+-- Forgets one bounded batch of the per-minute sums of attempts older than
+-- @before, oldest first (the page reads a day of them); the caller loops.
+-- An hour of a thousand busy endpoints is hundreds of thousands of rows:
+-- in one statement, seconds of deleting.
+DELETE FROM outbox_attempt_minutes t
+USING (SELECT o.destination, o.minute, o.outcome, o.le_ms FROM outbox_attempt_minutes o
+       WHERE o.minute < @before::timestamptz
+       ORDER BY o.minute
+       LIMIT @batch_size::integer) old
+WHERE t.destination = old.destination AND t.minute = old.minute AND t.outcome = old.outcome AND t.le_ms = old.le_ms;
 
 -- name: MessagesPromoteStranded :execrows
 -- The safety net of per-key order, for one destination: promotes parked
