@@ -206,7 +206,7 @@ docs/ explains the design (design.md), the configuration and API
 // labLeftBehind ends the README of a copy made without the lab, whose
 // docs still name it where they cite its measurements.
 const labLeftBehind = `
-The figures in docs/PERFORMANCE.md and the crash results in docs/design.md
+The figures in lab/bench/PERFORMANCE.md and the crash results in docs/design.md
 were measured by the template's lab (` + "`lab/`" + `: the performance suite, the crash
 suite, the workshop), which this copy leaves out; the docs name it where
 they cite it. To keep it, copy with ` + "`-with-lab`" + `.
