@@ -133,12 +133,14 @@ func copyService(src, dst, newMod string, withLab bool) (int, error) {
 		}
 		if !bytes.Contains(b, []byte{0}) {
 			b = renameModule(b, oldMod, newMod)
+			if !withLab {
+				if b, err = stripLab(rel, b); err != nil {
+					return n, err
+				}
+			}
 			switch filepath.ToSlash(rel) {
 			case "README.md":
-				b = []byte(strings.ReplaceAll(readmeTemplate, "NAME", name))
-				if !withLab {
-					b = append(b, labLeftBehind...)
-				}
+				b = []byte(copyReadme(name, withLab))
 			case "internal/devdb/devdb.go":
 				b = localDatabase.ReplaceAll(b, []byte(`${1}"`+name+`"`))
 			case "scripts/db-backup", "scripts/db-restore":
@@ -186,6 +188,101 @@ var localDatabase = regexp.MustCompile(`(LocalDatabase\s*=\s*)"[^"]*"`)
 // DATABASE_URL of the backup and restore scripts.
 var scriptDatabase = regexp.MustCompile(`(127\.0\.0\.1:5432/)[a-z0-9_]+\?`)
 
+// copyReadme is the README of a copy named name.
+func copyReadme(name string, withLab bool) string {
+	readme := strings.ReplaceAll(readmeTemplate, "NAME", name)
+	if !withLab {
+		readme += labLeftBehind
+	}
+	return readme
+}
+
+// The lab's text in the product's files, which a copy made without the lab
+// leaves out: in Markdown, whatever stands between these markers, inline
+// or on lines of their own; in YAML and .gitignore, the lines from "# lab"
+// to "# /lab". A copy made with the lab keeps the text and its markers.
+const (
+	labBegin, labEnd         = "<!-- lab -->", "<!-- /lab -->"
+	labBeginLine, labEndLine = "# lab", "# /lab"
+)
+
+// stripLab removes the text marked as the lab's from the file rel (a path
+// relative to the template's root), refusing markers that do not pair up.
+// Files of other kinds are returned as they are.
+func stripLab(rel string, b []byte) ([]byte, error) {
+	base := filepath.Base(rel)
+	switch ext := filepath.Ext(base); {
+	case ext == ".md":
+		return stripLabMarkdown(rel, string(b))
+	case ext == ".yml" || ext == ".yaml" || base == ".gitignore":
+		return stripLabLines(rel, string(b))
+	}
+	return b, nil
+}
+
+func stripLabMarkdown(rel, s string) ([]byte, error) {
+	var out strings.Builder
+	for {
+		i := strings.Index(s, labBegin)
+		j := strings.Index(s, labEnd)
+		if i < 0 && j < 0 {
+			out.WriteString(s)
+			return []byte(out.String()), nil
+		}
+		if i < 0 || j < i {
+			return nil, fmt.Errorf("%s: %s without a %s before it", rel, labEnd, labBegin)
+		}
+		if j < 0 {
+			return nil, fmt.Errorf("%s: %s without a %s after it", rel, labBegin, labEnd)
+		}
+		if k := strings.Index(s[i+len(labBegin):j], labBegin); k >= 0 {
+			return nil, fmt.Errorf("%s: %s inside another", rel, labBegin)
+		}
+		before, after := s[:i], s[j+len(labEnd):]
+		// A block on lines of its own goes with its lines, and with one
+		// of the blank lines that set it apart.
+		if (before == "" || strings.HasSuffix(before, "\n")) && strings.HasPrefix(after, "\n") {
+			after = after[1:]
+			if (before == "" || strings.HasSuffix(before, "\n\n")) && strings.HasPrefix(after, "\n") {
+				after = after[1:]
+			}
+		}
+		if after == "" && strings.HasSuffix(before, "\n\n") {
+			before = strings.TrimRight(before, "\n") + "\n" // the file ends where the block did
+		}
+		out.WriteString(before)
+		s = after
+	}
+}
+
+func stripLabLines(rel, s string) ([]byte, error) {
+	var out []string
+	in := false
+	for n, line := range strings.SplitAfter(s, "\n") {
+		switch strings.TrimSpace(line) {
+		case labBeginLine:
+			if in {
+				return nil, fmt.Errorf("%s:%d: %q inside another", rel, n+1, labBeginLine)
+			}
+			in = true
+			continue
+		case labEndLine:
+			if !in {
+				return nil, fmt.Errorf("%s:%d: %q without a %q before it", rel, n+1, labEndLine, labBeginLine)
+			}
+			in = false
+			continue
+		}
+		if !in {
+			out = append(out, line)
+		}
+	}
+	if in {
+		return nil, fmt.Errorf("%s: %q without a %q after it", rel, labBeginLine, labEndLine)
+	}
+	return []byte(strings.Join(out, "")), nil
+}
+
 // readmeTemplate is a copied service's README until its team writes one.
 const readmeTemplate = `# NAME
 
@@ -204,12 +301,12 @@ docs/ explains the design (design.md), the configuration and API
 `
 
 // labLeftBehind ends the README of a copy made without the lab, whose
-// docs still name it where they cite its measurements.
+// docs state the lab's figures without naming it.
 const labLeftBehind = `
-The figures in lab/bench/PERFORMANCE.md and the crash results in docs/design.md
-were measured by the template's lab (` + "`lab/`" + `: the performance suite, the crash
-suite, the workshop), which this copy leaves out; the docs name it where
-they cite it. To keep it, copy with ` + "`-with-lab`" + `.
+The template's lab, which this copy leaves out (the performance suite, the
+crash suite, the workshop), measured the figures the docs state and put the
+product through its crashes; to keep it, copy the template with
+` + "`-with-lab`" + `.
 `
 
 func templateFiles(src string) ([]string, error) {
