@@ -162,3 +162,61 @@ func TestCopyServiceStripsTheLabsTextUnlessWithLab(t *testing.T) {
 	}
 	require.FileExists(t, filepath.Join(with, "lab", "x.go"))
 }
+
+// A copy names itself after its module path, not after the template: its
+// processes in traces and logs (OTEL_SERVICE_NAME's defaults) and the
+// CloudEvents source of its broker events.
+func TestCopyServiceNamesItself(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, [][2]string{
+		{"orders-api", "payments-api"},
+		{"orders-worker", "payments-worker"},
+		{"urn:outboxkit:orders", "urn:acme:payments"},
+	}, serviceNames("github.com/outboxkit/orders", "github.com/acme/payments"))
+	require.Equal(t, [][2]string{
+		{"orders-api", "shop-api"},
+		{"orders-worker", "shop-worker"},
+		{"urn:outboxkit:orders", "urn:shop"},
+	}, serviceNames("github.com/outboxkit/orders", "Shop"))
+
+	src := t.TempDir()
+	files := map[string]string{
+		"go.mod":            "module github.com/outboxkit/orders\n\ngo 1.26\n",
+		"internal/api.go":   "package internal\n\nvar name, test = \"orders-api\", \"orders-api-test\"\n",
+		"docs/reference.md": "| `OTEL_SERVICE_NAME` | `orders-api` / `orders-worker` |\n| `OUTBOX_EVENT_SOURCE` | `urn:outboxkit:orders` |\n",
+	}
+	for f, text := range files {
+		require.NoError(t, os.MkdirAll(filepath.Join(src, filepath.Dir(f)), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(src, f), []byte(text), 0o644))
+	}
+	dst := filepath.Join(t.TempDir(), "payments")
+	_, err := copyService(src, dst, "github.com/acme/payments", false)
+	require.NoError(t, err)
+	b, err := os.ReadFile(filepath.Join(dst, "internal", "api.go"))
+	require.NoError(t, err)
+	require.Equal(t, "package internal\n\nvar name, test = \"payments-api\", \"payments-api-test\"\n", string(b))
+	b, err = os.ReadFile(filepath.Join(dst, "docs", "reference.md"))
+	require.NoError(t, err)
+	require.Equal(t, "| `OTEL_SERVICE_NAME` | `payments-api` / `payments-worker` |\n| `OUTBOX_EVENT_SOURCE` | `urn:acme:payments` |\n", string(b))
+
+	// The names are where the product's code has them: a renamed default
+	// would leave the copy with the template's name.
+	root, err := filepath.Abs("../..")
+	require.NoError(t, err)
+	oldMod, err := modulePath(root)
+	require.NoError(t, err)
+	for _, c := range []struct{ file, name string }{
+		{"internal/apiserver/apiserver.go", `"orders-api"`},
+		{"internal/relayworker/relayworker.go", `"orders-worker"`},
+		{"internal/relayworker/settings.go", `"urn:outboxkit:orders"`},
+	} {
+		b, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(c.file)))
+		require.NoError(t, err)
+		require.Contains(t, string(b), c.name, "%s names the service as new:service renames it", c.file)
+		found := false
+		for _, n := range serviceNames(oldMod, "example.com/x") {
+			found = found || `"`+n[0]+`"` == c.name
+		}
+		require.True(t, found, "new:service renames %s", c.name)
+	}
+}

@@ -23,6 +23,7 @@ import (
 	"slices"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/pressly/goose/v3"
 )
@@ -99,8 +100,10 @@ var validModule = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._~-]*(/[a-zA-Z0-9._
 // it: go.mod, tools/go.mod, Go imports, and any other text file. It copies
 // the files git knows (tracked, or untracked and not ignored); outside a
 // git checkout, every file but .git and bin/. The lab (lab/: the bench,
-// the workshop, the crash suite) stays behind unless withLab. The copy gets
-// a README of its own, and its development database is named after it.
+// the workshop, the crash suite) stays behind unless withLab, and with it
+// the text the product's files mark as the lab's (stripLab). The copy gets
+// a README of its own, its development database is named after it, and so
+// are its processes and its events' source (serviceNames).
 func copyService(src, dst, newMod string, withLab bool) (int, error) {
 	if !validModule.MatchString(newMod) || strings.Contains(newMod, "//") {
 		return 0, fmt.Errorf("module path %q: want something like github.com/acme/payments", newMod)
@@ -117,6 +120,7 @@ func copyService(src, dst, newMod string, withLab bool) (int, error) {
 		return 0, err
 	}
 	name := serviceName(newMod)
+	names := serviceNames(oldMod, newMod)
 	n := 0
 	for _, rel := range files {
 		if !withLab && strings.HasPrefix(filepath.ToSlash(rel), "lab/") {
@@ -133,6 +137,9 @@ func copyService(src, dst, newMod string, withLab bool) (int, error) {
 		}
 		if !bytes.Contains(b, []byte{0}) {
 			b = renameModule(b, oldMod, newMod)
+			for _, n := range names {
+				b = renameName(b, n[0], n[1])
+			}
 			if !withLab {
 				if b, err = stripLab(rel, b); err != nil {
 					return n, err
@@ -179,6 +186,65 @@ func serviceName(mod string) string {
 		name = "service_" + name
 	}
 	return name
+}
+
+// serviceNames pairs each name the template gives itself with the copy's:
+// its processes' default OTEL_SERVICE_NAME (orders-api, orders-worker)
+// and the default CloudEvents source of its broker events
+// (urn:outboxkit:orders), each derived from the module path.
+func serviceNames(oldMod, newMod string) [][2]string {
+	return [][2]string{
+		{slug(path.Base(oldMod)) + "-api", slug(path.Base(newMod)) + "-api"},
+		{slug(path.Base(oldMod)) + "-worker", slug(path.Base(newMod)) + "-worker"},
+		{eventSource(oldMod), eventSource(newMod)},
+	}
+}
+
+// slug is s in lower case, each run of other characters than letters and
+// digits a hyphen.
+func slug(s string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(s) {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			b.WriteRune(r)
+		} else if b.Len() > 0 && !strings.HasSuffix(b.String(), "-") {
+			b.WriteByte('-')
+		}
+	}
+	return strings.TrimSuffix(b.String(), "-")
+}
+
+// eventSource is a module's URN: its path without the host, in slugs
+// joined by colons (github.com/acme/payments is urn:acme:payments).
+func eventSource(mod string) string {
+	elems := strings.Split(mod, "/")
+	if len(elems) > 1 && strings.Contains(elems[0], ".") {
+		elems = elems[1:]
+	}
+	for i, e := range elems {
+		elems[i] = slug(e)
+	}
+	return "urn:" + strings.Join(elems, ":")
+}
+
+// renameName replaces old where it starts a name (not preceded by a
+// letter, digit, hyphen or underscore).
+func renameName(b []byte, old, new string) []byte {
+	var out bytes.Buffer
+	for {
+		i := bytes.Index(b, []byte(old))
+		if i < 0 {
+			out.Write(b)
+			return out.Bytes()
+		}
+		out.Write(b[:i])
+		if r, _ := utf8.DecodeLastRune(b[:i]); i > 0 && (isPathChar(r) || r == '_') && r != '.' && r != '~' {
+			out.WriteString(old)
+		} else {
+			out.WriteString(new)
+		}
+		b = b[i+len(old):]
+	}
 }
 
 // localDatabase finds the development database's name in internal/devdb.
