@@ -5,8 +5,8 @@
 //	go run ./internal/scaffold migration MODULE NAME           create the next goose migration for a module
 //	go run ./internal/scaffold event MODULE TYPE               add an event type to internal/MODULE
 //
-// or task new:service -- MODULE DIR, task new:migration -- MODULE NAME,
-// task new:event -- MODULE TYPE. docs/adding-a-module.md shows them in use.
+// or ./task new:service -- MODULE DIR, ./task new:migration -- MODULE NAME,
+// ./task new:event -- MODULE TYPE. docs/adding-a-module.md shows them in use.
 package main
 
 import (
