@@ -50,3 +50,10 @@ func TestDocsRunTasksThroughTheWrapper(t *testing.T) {
 		}
 	}
 }
+// The README is the front door: a short page, its detail in docs/.
+func TestReadmeIsShort(t *testing.T) {
+	t.Parallel()
+	info, err := os.Stat(filepath.Join("..", "..", "README.md"))
+	require.NoError(t, err)
+	require.LessOrEqual(t, info.Size(), int64(8192), "README.md is at most 8 KB: move detail to docs/")
+}
