@@ -50,6 +50,7 @@ func TestDocsRunTasksThroughTheWrapper(t *testing.T) {
 		}
 	}
 }
+
 // The README is the front door: a short page, its detail in docs/.
 func TestReadmeIsShort(t *testing.T) {
 	t.Parallel()

@@ -70,11 +70,11 @@ func run(args []string) error {
 		fmt.Printf("created %s and added it to the %s block of sqlc.yaml\n", path, rest[0])
 		return nil
 	case cmd == "event" && len(rest) == 2:
-		path, err := newEvent("internal", rest[0], rest[1])
+		report, err := newEvent("internal", rest[0], rest[1])
 		if err != nil {
 			return err
 		}
-		fmt.Println("created", path)
+		fmt.Println(report)
 		return nil
 	}
 	return errors.New(usage)
@@ -482,7 +482,8 @@ func eventConstant(mod, typ string) string {
 
 // newEvent adds an event type to a module, as the orders module keeps its
 // own: a constant in the module's events.go and an entry in its Events list
-// (creating the file for the module's first event).
+// (creating the file for the module's first event). It reports what it did:
+// "created FILE with TYPE (CONSTANT)" or "added TYPE to FILE (CONSTANT)".
 func newEvent(internalDir, mod, typ string) (string, error) {
 	if !eventType.MatchString(typ) {
 		return "", fmt.Errorf("event type %q: use lower-case words joined by dots, e.g. payment.captured", typ)
@@ -494,8 +495,10 @@ func newEvent(internalDir, mod, typ string) (string, error) {
 	name := eventConstant(mod, typ)
 	path := filepath.Join(dir, "events.go")
 	src, err := os.ReadFile(path)
+	report := fmt.Sprintf("added %s to %s (%s)", typ, path, name)
 	if errors.Is(err, fs.ErrNotExist) {
 		src, err = []byte(strings.ReplaceAll(eventsTemplate, "PKG", mod)), nil
+		report = fmt.Sprintf("created %s with %s (%s)", path, typ, name)
 	}
 	if err != nil {
 		return "", err
@@ -523,7 +526,10 @@ func newEvent(internalDir, mod, typ string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("formatting %s: %w", path, err)
 	}
-	return path, os.WriteFile(path, b, 0o644)
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return "", err
+	}
+	return report, nil
 }
 
 // insertBefore inserts text before the first end that follows start.

@@ -83,9 +83,19 @@ func TestNewEventFollowsTheOrdersModule(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(internal, "payments", "events.go")
-	for _, typ := range []string{"payment.captured", "payment.refunded", "refund.issued", "payment_method.updated"} {
-		if _, err := newEvent(internal, "payments", typ); err != nil {
+	for i, typ := range []string{"payment.captured", "payment.refunded", "refund.issued", "payment_method.updated"} {
+		report, err := newEvent(internal, "payments", typ)
+		if err != nil {
 			t.Fatal(err)
+		}
+		// It says what it did: created the file for the first event,
+		// added each later one to it.
+		want := "added " + typ + " to " + path
+		if i == 0 {
+			want = "created " + path + " with " + typ
+		}
+		if !strings.HasPrefix(report, want) {
+			t.Errorf("new:event %s reported %q, want %q", typ, report, want)
 		}
 		// The team documents each event; a bracket in a comment is no
 		// end of the const block.
