@@ -323,7 +323,7 @@ func stripLabMarkdown(rel, s string) ([]byte, error) {
 
 func stripLabLines(rel, s string) ([]byte, error) {
 	var out []string
-	in := false
+	in, ended := false, false
 	for n, line := range strings.SplitAfter(s, "\n") {
 		switch strings.TrimSpace(line) {
 		case labBeginLine:
@@ -336,12 +336,20 @@ func stripLabLines(rel, s string) ([]byte, error) {
 			if !in {
 				return nil, fmt.Errorf("%s:%d: %q without a %q before it", rel, n+1, labEndLine, labBeginLine)
 			}
-			in = false
+			in, ended = false, true
 			continue
 		}
-		if !in {
-			out = append(out, line)
+		if in {
+			continue
 		}
+		// A block set apart by blank lines leaves one of them.
+		blank := strings.TrimSpace(line) == ""
+		if ended && blank && (len(out) == 0 || strings.TrimSpace(out[len(out)-1]) == "") {
+			ended = false
+			continue
+		}
+		ended = false
+		out = append(out, line)
 	}
 	if in {
 		return nil, fmt.Errorf("%s: %q without a %q after it", rel, labBeginLine, labEndLine)
