@@ -26,7 +26,7 @@ var runtimeDefaults = map[string]string{
 //     rows a statement touches: with millions of messages waiting for one
 //     endpoint (an outage), each claim of 32 of them, an index range read of
 //     a millisecond, spent about 400 ms compiling, and the relay drained
-//     about 70 messages/s instead of 7,900 (docs/PERFORMANCE.md, section 12).
+//     about 70 messages/s instead of 7,900 (as the lab's bench measured it).
 //     Every statement here reads or writes a few rows through an index;
 //     none runs long enough for compiled code to pay for its compilation.
 //   - a transaction left idle for a minute is ended by the server

@@ -116,7 +116,7 @@ var DefaultRetrySchedule = []time.Duration{
 // week of audit history.
 func DefaultRelayConfig() RelayConfig {
 	return RelayConfig{
-		PollInterval:           50 * time.Millisecond, // was 200 ms: p50 110 → 29 ms at 200 orders/s (docs/PERFORMANCE.md)
+		PollInterval:           50 * time.Millisecond, // was 200 ms: p50 110 → 29 ms at 200 orders/s, measured by the lab's bench
 		BatchSize:              500,
 		MaxAttempts:            len(DefaultRetrySchedule) + 1,
 		RetrySchedule:          DefaultRetrySchedule,

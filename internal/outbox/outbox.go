@@ -177,8 +177,8 @@ const notifySetting = "outbox.notify"
 // NOTIFY naming the event's destinations (when it has any), delivered at
 // commit, so relays started with RelayConfig.Listen claim it at once
 // instead of at their next poll. It costs the write path a second statement
-// and, at commit, a database-wide lock to queue the notification (see
-// docs/PERFORMANCE.md). The poll stays the mechanism that makes delivery
+// and, at commit, a database-wide lock to queue the notification (a write
+// throughput the lab's bench measures). The poll stays the mechanism that makes delivery
 // correct; the NOTIFY only makes it sooner.
 func NotifyRelays(cfg *pgx.ConnConfig) {
 	if cfg.RuntimeParams == nil {

@@ -80,7 +80,7 @@ var settings = []setting{
 		"how often the prune job runs",
 		func(c *config) any { return &c.relay.PruneInterval }},
 	{"OUTBOX_NOTIFY", "Listen",
-		"`true`: workers LISTEN and deliver at commit instead of at the next poll; set it on the api too, whose order transactions then NOTIFY (it costs write throughput: docs/PERFORMANCE.md)",
+		"`true`: workers LISTEN and deliver at commit instead of at the next poll; set it on the api too, whose order transactions then NOTIFY (it costs write throughput)",
 		func(c *config) any { return &c.relay.Listen }},
 	{"OUTBOX_SECRET_KEYS", "SecretKeys",
 		"comma-separated `<id>:<base64 of 32 bytes>` keys that encrypt webhook signing secrets at rest: the first encrypts, all decrypt; the api needs the same (docs/operations.md). Unset: secrets are stored in the clear",

@@ -5,8 +5,8 @@
 //	go run ./internal/scaffold migration MODULE NAME           create the next goose migration for a module
 //	go run ./internal/scaffold event MODULE TYPE               add an event type to internal/MODULE
 //
-// or task new:service -- MODULE DIR, task new:migration -- MODULE NAME,
-// task new:event -- MODULE TYPE. docs/adding-a-module.md shows them in use.
+// or ./task new:service -- MODULE DIR, ./task new:migration -- MODULE NAME,
+// ./task new:event -- MODULE TYPE. docs/adding-a-module.md shows them in use.
 package main
 
 import (
@@ -23,6 +23,7 @@ import (
 	"slices"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/pressly/goose/v3"
 )
@@ -69,11 +70,11 @@ func run(args []string) error {
 		fmt.Printf("created %s and added it to the %s block of sqlc.yaml\n", path, rest[0])
 		return nil
 	case cmd == "event" && len(rest) == 2:
-		path, err := newEvent("internal", rest[0], rest[1])
+		report, err := newEvent("internal", rest[0], rest[1])
 		if err != nil {
 			return err
 		}
-		fmt.Println("created", path)
+		fmt.Println(report)
 		return nil
 	}
 	return errors.New(usage)
@@ -99,8 +100,10 @@ var validModule = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._~-]*(/[a-zA-Z0-9._
 // it: go.mod, tools/go.mod, Go imports, and any other text file. It copies
 // the files git knows (tracked, or untracked and not ignored); outside a
 // git checkout, every file but .git and bin/. The lab (lab/: the bench,
-// the workshop, the crash suite) stays behind unless withLab. The copy gets
-// a README of its own, and its development database is named after it.
+// the workshop, the crash suite) stays behind unless withLab, and with it
+// the text the product's files mark as the lab's (stripLab). The copy gets
+// a README of its own, its development database is named after it, and so
+// are its processes and its events' source (serviceNames).
 func copyService(src, dst, newMod string, withLab bool) (int, error) {
 	if !validModule.MatchString(newMod) || strings.Contains(newMod, "//") {
 		return 0, fmt.Errorf("module path %q: want something like github.com/acme/payments", newMod)
@@ -117,6 +120,7 @@ func copyService(src, dst, newMod string, withLab bool) (int, error) {
 		return 0, err
 	}
 	name := serviceName(newMod)
+	names := serviceNames(oldMod, newMod)
 	n := 0
 	for _, rel := range files {
 		if !withLab && strings.HasPrefix(filepath.ToSlash(rel), "lab/") {
@@ -133,12 +137,17 @@ func copyService(src, dst, newMod string, withLab bool) (int, error) {
 		}
 		if !bytes.Contains(b, []byte{0}) {
 			b = renameModule(b, oldMod, newMod)
+			for _, n := range names {
+				b = renameName(b, n[0], n[1])
+			}
+			if !withLab {
+				if b, err = stripLab(rel, b); err != nil {
+					return n, err
+				}
+			}
 			switch filepath.ToSlash(rel) {
 			case "README.md":
-				b = []byte(strings.ReplaceAll(readmeTemplate, "NAME", name))
-				if !withLab {
-					b = append(b, labLeftBehind...)
-				}
+				b = []byte(copyReadme(name, withLab))
 			case "internal/devdb/devdb.go":
 				b = localDatabase.ReplaceAll(b, []byte(`${1}"`+name+`"`))
 			case "scripts/db-backup", "scripts/db-restore":
@@ -179,12 +188,174 @@ func serviceName(mod string) string {
 	return name
 }
 
+// serviceNames pairs each name the template gives itself with the copy's:
+// its processes' default OTEL_SERVICE_NAME (orders-api, orders-worker)
+// and the default CloudEvents source of its broker events
+// (urn:outboxkit:orders), each derived from the module path.
+func serviceNames(oldMod, newMod string) [][2]string {
+	return [][2]string{
+		{slug(path.Base(oldMod)) + "-api", slug(path.Base(newMod)) + "-api"},
+		{slug(path.Base(oldMod)) + "-worker", slug(path.Base(newMod)) + "-worker"},
+		{eventSource(oldMod), eventSource(newMod)},
+	}
+}
+
+// slug is s in lower case, each run of other characters than letters and
+// digits a hyphen.
+func slug(s string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(s) {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			b.WriteRune(r)
+		} else if b.Len() > 0 && !strings.HasSuffix(b.String(), "-") {
+			b.WriteByte('-')
+		}
+	}
+	return strings.TrimSuffix(b.String(), "-")
+}
+
+// eventSource is a module's URN: its path without the host, in slugs
+// joined by colons (github.com/acme/payments is urn:acme:payments).
+func eventSource(mod string) string {
+	elems := strings.Split(mod, "/")
+	if len(elems) > 1 && strings.Contains(elems[0], ".") {
+		elems = elems[1:]
+	}
+	for i, e := range elems {
+		elems[i] = slug(e)
+	}
+	return "urn:" + strings.Join(elems, ":")
+}
+
+// renameName replaces old where it starts a name (not preceded by a
+// letter, digit, hyphen or underscore).
+func renameName(b []byte, old, new string) []byte {
+	var out bytes.Buffer
+	for {
+		i := bytes.Index(b, []byte(old))
+		if i < 0 {
+			out.Write(b)
+			return out.Bytes()
+		}
+		out.Write(b[:i])
+		if r, _ := utf8.DecodeLastRune(b[:i]); i > 0 && (isPathChar(r) || r == '_') && r != '.' && r != '~' {
+			out.WriteString(old)
+		} else {
+			out.WriteString(new)
+		}
+		b = b[i+len(old):]
+	}
+}
+
 // localDatabase finds the development database's name in internal/devdb.
 var localDatabase = regexp.MustCompile(`(LocalDatabase\s*=\s*)"[^"]*"`)
 
 // scriptDatabase finds the development database's name in the default
 // DATABASE_URL of the backup and restore scripts.
 var scriptDatabase = regexp.MustCompile(`(127\.0\.0\.1:5432/)[a-z0-9_]+\?`)
+
+// copyReadme is the README of a copy named name.
+func copyReadme(name string, withLab bool) string {
+	readme := strings.ReplaceAll(readmeTemplate, "NAME", name)
+	if !withLab {
+		readme += labLeftBehind
+	}
+	return readme
+}
+
+// The lab's text in the product's files, which a copy made without the lab
+// leaves out: in Markdown, whatever stands between these markers, inline
+// or on lines of their own; in YAML and .gitignore, the lines from "# lab"
+// to "# /lab". A copy made with the lab keeps the text and its markers.
+const (
+	labBegin, labEnd         = "<!-- lab -->", "<!-- /lab -->"
+	labBeginLine, labEndLine = "# lab", "# /lab"
+)
+
+// stripLab removes the text marked as the lab's from the file rel (a path
+// relative to the template's root), refusing markers that do not pair up.
+// Files of other kinds are returned as they are.
+func stripLab(rel string, b []byte) ([]byte, error) {
+	base := filepath.Base(rel)
+	switch ext := filepath.Ext(base); {
+	case ext == ".md":
+		return stripLabMarkdown(rel, string(b))
+	case ext == ".yml" || ext == ".yaml" || base == ".gitignore":
+		return stripLabLines(rel, string(b))
+	}
+	return b, nil
+}
+
+func stripLabMarkdown(rel, s string) ([]byte, error) {
+	var out strings.Builder
+	for {
+		i := strings.Index(s, labBegin)
+		j := strings.Index(s, labEnd)
+		if i < 0 && j < 0 {
+			out.WriteString(s)
+			return []byte(out.String()), nil
+		}
+		if i < 0 || j < i {
+			return nil, fmt.Errorf("%s: %s without a %s before it", rel, labEnd, labBegin)
+		}
+		if j < 0 {
+			return nil, fmt.Errorf("%s: %s without a %s after it", rel, labBegin, labEnd)
+		}
+		if k := strings.Index(s[i+len(labBegin):j], labBegin); k >= 0 {
+			return nil, fmt.Errorf("%s: %s inside another", rel, labBegin)
+		}
+		before, after := s[:i], s[j+len(labEnd):]
+		// A block on lines of its own goes with its lines, and with one
+		// of the blank lines that set it apart.
+		if (before == "" || strings.HasSuffix(before, "\n")) && strings.HasPrefix(after, "\n") {
+			after = after[1:]
+			if (before == "" || strings.HasSuffix(before, "\n\n")) && strings.HasPrefix(after, "\n") {
+				after = after[1:]
+			}
+		}
+		if after == "" && strings.HasSuffix(before, "\n\n") {
+			before = strings.TrimRight(before, "\n") + "\n" // the file ends where the block did
+		}
+		out.WriteString(before)
+		s = after
+	}
+}
+
+func stripLabLines(rel, s string) ([]byte, error) {
+	var out []string
+	in, ended := false, false
+	for n, line := range strings.SplitAfter(s, "\n") {
+		switch strings.TrimSpace(line) {
+		case labBeginLine:
+			if in {
+				return nil, fmt.Errorf("%s:%d: %q inside another", rel, n+1, labBeginLine)
+			}
+			in = true
+			continue
+		case labEndLine:
+			if !in {
+				return nil, fmt.Errorf("%s:%d: %q without a %q before it", rel, n+1, labEndLine, labBeginLine)
+			}
+			in, ended = false, true
+			continue
+		}
+		if in {
+			continue
+		}
+		// A block set apart by blank lines leaves one of them.
+		blank := strings.TrimSpace(line) == ""
+		if ended && blank && (len(out) == 0 || strings.TrimSpace(out[len(out)-1]) == "") {
+			ended = false
+			continue
+		}
+		ended = false
+		out = append(out, line)
+	}
+	if in {
+		return nil, fmt.Errorf("%s: %q without a %q after it", rel, labBeginLine, labEndLine)
+	}
+	return []byte(strings.Join(out, "")), nil
+}
 
 // readmeTemplate is a copied service's README until its team writes one.
 const readmeTemplate = `# NAME
@@ -204,12 +375,12 @@ docs/ explains the design (design.md), the configuration and API
 `
 
 // labLeftBehind ends the README of a copy made without the lab, whose
-// docs still name it where they cite its measurements.
+// docs state the lab's figures without naming it.
 const labLeftBehind = `
-The figures in docs/PERFORMANCE.md and the crash results in docs/design.md
-were measured by the template's lab (` + "`lab/`" + `: the performance suite, the crash
-suite, the workshop), which this copy leaves out; the docs name it where
-they cite it. To keep it, copy with ` + "`-with-lab`" + `.
+The template's lab, which this copy leaves out (the performance suite, the
+crash suite, the workshop), measured the figures the docs state and put the
+product through its crashes; to keep it, copy the template with
+` + "`-with-lab`" + `.
 `
 
 func templateFiles(src string) ([]string, error) {
@@ -319,7 +490,8 @@ func eventConstant(mod, typ string) string {
 
 // newEvent adds an event type to a module, as the orders module keeps its
 // own: a constant in the module's events.go and an entry in its Events list
-// (creating the file for the module's first event).
+// (creating the file for the module's first event). It reports what it did:
+// "created FILE with TYPE (CONSTANT)" or "added TYPE to FILE (CONSTANT)".
 func newEvent(internalDir, mod, typ string) (string, error) {
 	if !eventType.MatchString(typ) {
 		return "", fmt.Errorf("event type %q: use lower-case words joined by dots, e.g. payment.captured", typ)
@@ -331,8 +503,10 @@ func newEvent(internalDir, mod, typ string) (string, error) {
 	name := eventConstant(mod, typ)
 	path := filepath.Join(dir, "events.go")
 	src, err := os.ReadFile(path)
+	report := fmt.Sprintf("added %s to %s (%s)", typ, path, name)
 	if errors.Is(err, fs.ErrNotExist) {
 		src, err = []byte(strings.ReplaceAll(eventsTemplate, "PKG", mod)), nil
+		report = fmt.Sprintf("created %s with %s (%s)", path, typ, name)
 	}
 	if err != nil {
 		return "", err
@@ -360,7 +534,10 @@ func newEvent(internalDir, mod, typ string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("formatting %s: %w", path, err)
 	}
-	return path, os.WriteFile(path, b, 0o644)
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return "", err
+	}
+	return report, nil
 }
 
 // insertBefore inserts text before the first end that follows start.

@@ -83,9 +83,19 @@ func TestNewEventFollowsTheOrdersModule(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(internal, "payments", "events.go")
-	for _, typ := range []string{"payment.captured", "payment.refunded", "refund.issued", "payment_method.updated"} {
-		if _, err := newEvent(internal, "payments", typ); err != nil {
+	for i, typ := range []string{"payment.captured", "payment.refunded", "refund.issued", "payment_method.updated"} {
+		report, err := newEvent(internal, "payments", typ)
+		if err != nil {
 			t.Fatal(err)
+		}
+		// It says what it did: created the file for the first event,
+		// added each later one to it.
+		want := "added " + typ + " to " + path
+		if i == 0 {
+			want = "created " + path + " with " + typ
+		}
+		if !strings.HasPrefix(report, want) {
+			t.Errorf("new:event %s reported %q, want %q", typ, report, want)
 		}
 		// The team documents each event; a bracket in a comment is no
 		// end of the const block.
@@ -176,13 +186,16 @@ func TestCopyAndAddAModule(t *testing.T) {
 	if devdb, err := os.ReadFile(filepath.Join(dst, "internal", "devdb", "devdb.go")); err != nil || !bytes.Contains(devdb, []byte(`LocalDatabase = "shop"`)) {
 		t.Fatalf("the copy's development database is not named after it (%v)", err)
 	}
+	if api, err := os.ReadFile(filepath.Join(dst, "internal", "apiserver", "apiserver.go")); err != nil || !bytes.Contains(api, []byte(`"shop-api"`)) {
+		t.Fatalf("the copy's api does not name itself after the copy in its traces (%v)", err)
+	}
 	for _, script := range []string{"db-backup", "db-restore"} {
 		if b, err := os.ReadFile(filepath.Join(dst, "scripts", script)); err != nil || !bytes.Contains(b, []byte("127.0.0.1:5432/shop?")) {
 			t.Fatalf("the copy's scripts/%s does not default to its development database (%v)", script, err)
 		}
 	}
 
-	// Nothing still names the old module path.
+	// Nothing still names the old module path, nor keeps the lab's text.
 	err = filepath.WalkDir(dst, func(path string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
@@ -193,6 +206,9 @@ func TestCopyAndAddAModule(t *testing.T) {
 		}
 		if !bytes.Equal(renameModule(b, oldMod, "X"), b) {
 			t.Errorf("%s still names %s", path, oldMod)
+		}
+		if !strings.Contains(path, "scaffold") && (bytes.Contains(b, []byte(labBegin)) || bytes.Contains(b, []byte("\n"+labBeginLine+"\n"))) {
+			t.Errorf("%s keeps text marked as the lab's", path)
 		}
 		return nil
 	})

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // TestMain lets the test binary serve as a relay process for the
@@ -122,4 +124,16 @@ func BenchmarkClaim(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// The report is the lab's, beside the suite that writes it: run from the
+// repository root (as ./task bench does), the suite rewrites the very file
+// committed here, never one in the product's docs.
+func TestReportIsWrittenBesideTheSuite(t *testing.T) {
+	t.Parallel()
+	cfg, err := parseFlags(nil, os.Stderr)
+	require.NoError(t, err)
+	require.Equal(t, "lab/bench/PERFORMANCE.md", cfg.Out, "the bench writes its report beside itself")
+	_, err = os.Stat(filepath.Join("..", "..", filepath.FromSlash(cfg.Out)))
+	require.NoError(t, err, "the report the bench rewrites is committed")
 }

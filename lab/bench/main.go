@@ -1,8 +1,8 @@
 // Command bench is the outbox's performance suite: each scenario of
-// docs/PERFORMANCE.md measured side by side in one run, against the local
+// PERFORMANCE.md (beside it) measured side by side in one run, against the local
 // PostgreSQL, on fresh databases it creates (dbtest.Create) and drops.
 //
-//	go run ./lab/bench                 # the full suite (≈20 min), writes docs/PERFORMANCE.md
+//	go run ./lab/bench                 # the full suite (≈20 min), writes lab/bench/PERFORMANCE.md
 //	go run ./lab/bench -smoke -out -   # every scenario at tiny size (CI runs this via go test)
 //	go run ./lab/bench -only drain,latency
 //
@@ -91,7 +91,7 @@ var scenarios = []struct {
 
 func defaultConfig() config {
 	return config{
-		Out: "docs/PERFORMANCE.md", Reps: 3,
+		Out: "lab/bench/PERFORMANCE.md", Reps: 3,
 		WriteDuration: 3 * time.Second,
 		Endpoints:     4, Drain: 200_000, SlowDrain: 150_000, SlowWarmup: 2 * time.Second, SlowWindow: 5 * time.Second,
 		KnobDrain: 50_000, Knobs: true,

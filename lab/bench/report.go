@@ -47,7 +47,7 @@ func (r *report) markdown(cfg config, m machine, started time.Time, took time.Du
 	if cfg.Smoke {
 		b.WriteString("> **Smoke run**: tiny sizes that prove the suite works. These figures mean nothing.\n\n")
 	}
-	fmt.Fprintf(&b, "- Command: `%s` (also `go tool -modfile=tools/go.mod task bench`)\n", cfg.command)
+	fmt.Fprintf(&b, "- Command: `%s` (also `./task bench`)\n", cfg.command)
 	fmt.Fprintf(&b, "- Date: %s; the run took %s\n", started.UTC().Format("2006-01-02 15:04 MST"), took.Round(time.Second))
 	if m.Tree != "" {
 		fmt.Fprintf(&b, "- Tree: `%s` (`git describe --always --dirty`)\n", m.Tree)

@@ -19,7 +19,7 @@ import (
 )
 
 // placeRequest is the order every write-path client places: two lines, as in
-// the measurement of the write path in docs/PERFORMANCE.md.
+// the measurement of the write path in PERFORMANCE.md.
 func placeRequest(i int64) orders.PlaceRequest {
 	return orders.PlaceRequest{CustomerID: fmt.Sprintf("c-%d", i%1000), Lines: []orders.Line{
 		{SKU: "A-1", Quantity: 2, UnitPriceCents: 500},

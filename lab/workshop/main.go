@@ -5,7 +5,7 @@
 // failure, shows its progress, and prints a short report with counts.
 //
 //	workshop [flags] LAB       LAB is 1 to 9, "all" or "list"
-//	task workshop -- 3         the same, through the Taskfile
+//	./task workshop -- 3       the same, through the Taskfile
 //
 // lab/workshop/README.md walks an instructor through the labs. The server is
 // TEST_DATABASE_URL, else DATABASE_URL, else postgres://postgres@127.0.0.1:5432.
