@@ -108,4 +108,15 @@ func TestEndpointsShowWhatTheyAreDoingNow(t *testing.T) {
 	body = page(good.ID)
 	require.Contains(t, body, `data-delivery-state="delivering"`)
 	require.Contains(t, body, `<span class="health health-healthy">delivering</span>`)
+
+	// A message's page names its endpoint's state as the overview does.
+	messagePage := func(dest uuid.UUID) string {
+		var id uuid.UUID
+		require.NoError(t, e.pool.QueryRow(ctx, `SELECT id FROM outbox_messages WHERE destination = $1`, dest).Scan(&id))
+		res, body := get(t, c, e.srv.URL+"/ops/messages/"+id.String())
+		require.Equal(t, http.StatusOK, res.StatusCode)
+		return body
+	}
+	require.Contains(t, messagePage(refusing.ID), `<span class="health health-backing-off">backing off</span>`)
+	require.Contains(t, messagePage(down.ID), `<span class="health health-backing-off">circuit open</span>`)
 }
