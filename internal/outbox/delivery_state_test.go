@@ -191,3 +191,25 @@ func TestDeliveryStatePaused(t *testing.T) {
 	earliest, _ := f.earliestPending(t, ep.ID)
 	require.NotNil(t, earliest, "its message waits")
 }
+
+// A receiver's Retry-After holds the whole endpoint back with its circuit
+// closed: what is due waits for the end of the wait, so the endpoint is
+// retrying until then, and its next attempt is that end, not the earlier
+// time its message became due.
+func TestDeliveryStateRetryingOnRetryAfter(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	rc := newReceiver(t)
+	ep := f.endpoint(t, rc, "order.placed")
+	f.enqueue(t, "order.placed", "due, held back")
+	_, err := f.pool.Exec(context.Background(), `UPDATE webhook_endpoints SET backoff_until = now() + interval '2 minutes' WHERE id = $1`, ep.ID)
+	require.NoError(t, err)
+
+	e := f.deliveryState(t, ep.ID)
+	require.Equal(t, outbox.HealthHealthy, e.State)
+	require.Equal(t, outbox.DeliveryRetrying, e.DeliveryState)
+	earliest, backoffUntil := f.earliestPending(t, ep.ID)
+	require.True(t, earliest.Before(*backoffUntil))
+	require.NotNil(t, e.NextAttemptAt)
+	require.True(t, backoffUntil.Equal(*e.NextAttemptAt), "the end of the Retry-After, %s; got %s", backoffUntil, e.NextAttemptAt)
+}
