@@ -495,6 +495,7 @@ var funcs = template.FuncMap{
 	"age":      func(d time.Duration) string { return humanAge(d) },
 	"ago":      ago,
 	"stamp":    stamp,
+	"datetime": datetime,
 	"num":      num,
 	"short":    func(id uuid.UUID) string { return tail(id.String()) },
 	"truncate": truncate,
@@ -594,6 +595,11 @@ func stamp(v any) string {
 	}
 	return ""
 }
+
+// datetime is a time as a machine reads it (a <time> element's datetime,
+// a test's comparison with the database): RFC 3339 in UTC, to the
+// microsecond PostgreSQL keeps.
+func datetime(t *time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 
 // num groups thousands: 12,345.
 func num(n int64) string {

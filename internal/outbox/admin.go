@@ -57,6 +57,13 @@ type Endpoint struct {
 	// ThrottledUntil, while healthy, is the end of a wait the receiver asked
 	// for with Retry-After.
 	ThrottledUntil *time.Time `json:"throttled_until,omitempty"`
+	// DeliveryState is what it is doing now, finer than State: one of
+	// DeliveryDelivering, DeliveryRetrying, DeliveryCircuitOpen and
+	// DeliveryPaused. NextAttemptAt is when one of its messages is next
+	// tried (past while some are due now); nil while it is paused or when no
+	// message waits to be tried.
+	DeliveryState string     `json:"delivery_state,omitempty"`
+	NextAttemptAt *time.Time `json:"next_attempt_at"`
 	// PreviousSecretExpiresAt, once the secret was rotated, is when the
 	// previous secret stops (or stopped) signing beside the current one.
 	PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at,omitempty"`
@@ -173,7 +180,7 @@ func (a *Admin) CreateEndpointOnce(ctx context.Context, id uuid.UUID, rawURL str
 	}
 	a.logger.InfoContext(ctx, "webhook endpoint created", slog.String("endpoint_id", row.ID.String()),
 		slog.String("url", row.Url), slog.Any("event_types", row.EventTypes))
-	ep := toEndpoint(row)
+	ep := a.described(ctx, toEndpoint(row))
 	ep.Secret = secret
 	return ep, nil
 }
@@ -207,7 +214,7 @@ func (a *Admin) createdBefore(ctx context.Context, id uuid.UUID, rawURL string, 
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("decrypting endpoint %s's secret: %w", id, err)
 	}
-	ep := toEndpoint(row)
+	ep := a.described(ctx, toEndpoint(row))
 	ep.Secret = secret
 	return ep, nil
 }
@@ -232,7 +239,7 @@ func (a *Admin) UpdateEndpoint(ctx context.Context, id uuid.UUID, c EndpointChan
 	}
 	a.logger.InfoContext(ctx, "webhook endpoint changed", slog.String("endpoint_id", id.String()),
 		slog.String("url", row.Url), slog.Any("event_types", row.EventTypes))
-	return toEndpoint(row), nil
+	return a.described(ctx, toEndpoint(row)), nil
 }
 
 // CheckEndpointChange vets a change as UpdateEndpoint would, without
@@ -332,26 +339,106 @@ const (
 // as the server's error rather than its own.
 func isText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
 
-// Endpoints lists every endpoint, without secrets.
+// Endpoints lists every endpoint, without secrets, with its delivery state.
 func (a *Admin) Endpoints(ctx context.Context) ([]Endpoint, error) {
-	rows, err := outboxdb.New(a.pool).EndpointList(ctx)
+	q := outboxdb.New(a.pool)
+	rows, err := q.EndpointList(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("listing endpoints: %w", err)
 	}
 	eps := make([]Endpoint, len(rows))
+	ptrs := make([]*Endpoint, len(rows))
 	for i, r := range rows {
 		eps[i] = toEndpoint(r)
+		ptrs[i] = &eps[i]
+	}
+	if err := withDelivery(ctx, q, ptrs...); err != nil {
+		return nil, fmt.Errorf("listing endpoints: %w", err)
 	}
 	return eps, nil
 }
 
-// Endpoint returns one endpoint, without its secret.
+// Endpoint returns one endpoint, without its secret, with its delivery
+// state.
 func (a *Admin) Endpoint(ctx context.Context, id uuid.UUID) (Endpoint, error) {
-	row, err := outboxdb.New(a.pool).EndpointGet(ctx, id)
+	q := outboxdb.New(a.pool)
+	row, err := q.EndpointGet(ctx, id)
 	if err != nil {
 		return Endpoint{}, notFound("getting endpoint", err)
 	}
-	return toEndpoint(row), nil
+	ep := toEndpoint(row)
+	if err := withDelivery(ctx, q, &ep); err != nil {
+		return Endpoint{}, fmt.Errorf("getting endpoint: %w", err)
+	}
+	return ep, nil
+}
+
+// described is a changed endpoint with its delivery state, for the
+// change's answer. The change has committed, so a failed read leaves the
+// two out (and is logged) rather than failing a change that was made: a
+// rotation's answer is the only one to show its new secret.
+func (a *Admin) described(ctx context.Context, ep Endpoint) Endpoint {
+	if err := withDelivery(ctx, outboxdb.New(a.pool), &ep); err != nil {
+		a.logger.WarnContext(ctx, "reading a changed endpoint's delivery state", slog.String("endpoint_id", ep.ID.String()),
+			slog.Any("error", err))
+	}
+	return ep
+}
+
+// Delivery states: what an endpoint is doing now, as the API's
+// delivery_state and the ops page name it. They refine State: a healthy
+// endpoint whose every waiting message is waiting out its own retry (a
+// receiver answering 422 to everything, which never opens the circuit) is
+// retrying, not delivering.
+const (
+	// DeliveryDelivering: enabled, circuit closed, and what waits for it is
+	// due now, or nothing waits.
+	DeliveryDelivering = "delivering"
+	// DeliveryRetrying: enabled, circuit closed, and nothing that waits is
+	// due: its messages wait out their retries (or a Retry-After) until
+	// NextAttemptAt.
+	DeliveryRetrying = "retrying"
+	// DeliveryCircuitOpen: backing off as a whole (State HealthBackingOff);
+	// one message probes it at NextAttemptAt.
+	DeliveryCircuitOpen = "circuit_open"
+	// DeliveryPaused: disabled (State HealthPaused); nothing is tried.
+	DeliveryPaused = "paused"
+)
+
+// withDelivery fills in the endpoints' DeliveryState and NextAttemptAt
+// from their next attempts (EndpointNextAttempts), judged by the
+// database's clock, and from the State and Enabled they were read with.
+func withDelivery(ctx context.Context, q *outboxdb.Queries, eps ...*Endpoint) error {
+	ids := make([]uuid.UUID, len(eps))
+	for i, ep := range eps {
+		ids[i] = ep.ID
+	}
+	rows, err := q.EndpointNextAttempts(ctx, ids)
+	if err != nil {
+		return fmt.Errorf("reading next attempts: %w", err)
+	}
+	next := make(map[uuid.UUID]outboxdb.EndpointNextAttemptsRow, len(rows))
+	for _, r := range rows {
+		next[r.ID] = r
+	}
+	for _, ep := range eps {
+		r, waits := next[ep.ID]
+		ep.NextAttemptAt = nil
+		if waits && ep.Enabled {
+			ep.NextAttemptAt = &r.NextAttemptAt
+		}
+		switch {
+		case !ep.Enabled:
+			ep.DeliveryState = DeliveryPaused
+		case ep.State == HealthBackingOff:
+			ep.DeliveryState = DeliveryCircuitOpen
+		case waits && r.NextAttemptAt.After(r.Now):
+			ep.DeliveryState = DeliveryRetrying
+		default:
+			ep.DeliveryState = DeliveryDelivering
+		}
+	}
+	return nil
 }
 
 // Discarding a message is a write of its row, tens of thousands a second:
@@ -442,7 +529,7 @@ func (a *Admin) SetEndpointEnabled(ctx context.Context, id uuid.UUID, enabled bo
 		return Endpoint{}, err
 	}
 	a.logger.InfoContext(ctx, "webhook endpoint updated", slog.String("endpoint_id", id.String()), slog.Bool("enabled", enabled))
-	return toEndpoint(row), nil
+	return a.described(ctx, toEndpoint(row)), nil
 }
 
 // RotateSecret gives an endpoint a new signing secret and returns it. For
@@ -495,7 +582,7 @@ func (a *Admin) rotateSecret(ctx context.Context, id uuid.UUID, overlap time.Dur
 	}
 	a.logger.InfoContext(ctx, "webhook endpoint secret rotated", slog.String("endpoint_id", id.String()),
 		slog.Duration("overlap", overlap))
-	ep := toEndpoint(row)
+	ep := a.described(ctx, toEndpoint(row))
 	ep.Secret = secret
 	return ep, nil
 }

@@ -244,8 +244,9 @@ var errRollback = errors.New("rollback")
 // however many destinations there are: with 1,000 endpoints, 200,000
 // delivered rows and 20,000 failed ones, 20 endpoints with due messages and
 // 50 backing off with a backlog each, neither the claim nor finding the due
-// destinations nor the stall check nor the orphan job reads outbox_messages
-// but through an index.
+// destinations nor the stall check nor the orphan job nor the endpoints'
+// next attempts (one probe each) reads outbox_messages but through an
+// index.
 func TestRelayStatementsStayOnIndexesWith1000Endpoints(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -289,6 +290,8 @@ func TestRelayStatementsStayOnIndexesWith1000Endpoints(t *testing.T) {
 	token = uuid.New()
 	require.NoError(t, pool.QueryRow(ctx, `UPDATE webhook_endpoints SET lease_token = $1
 		WHERE id = (SELECT id FROM webhook_endpoints ORDER BY id LIMIT 1) RETURNING id`, token).Scan(&dest))
+	var all []uuid.UUID
+	require.NoError(t, pool.QueryRow(ctx, `SELECT array_agg(id) FROM webhook_endpoints`).Scan(&all))
 
 	for name, run := range map[string]func(q *outboxdb.Queries) error{
 		"claim": func(q *outboxdb.Queries) error {
@@ -305,6 +308,11 @@ func TestRelayStatementsStayOnIndexesWith1000Endpoints(t *testing.T) {
 		},
 		"overdue": func(q *outboxdb.Queries) error {
 			_, err := q.MessageOverdue(ctx)
+			return err
+		},
+		"next attempts": func(q *outboxdb.Queries) error {
+			rows, err := q.EndpointNextAttempts(ctx, all)
+			require.Len(t, rows, 70, "the 20 endpoints with due messages and the 50 backing off with a backlog")
 			return err
 		},
 		"prune failed": func(q *outboxdb.Queries) error {

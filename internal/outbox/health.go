@@ -106,6 +106,13 @@ func endpointsHealth(ctx context.Context, q *outboxdb.Queries, b backlog, window
 		}
 		out[i] = h
 	}
+	eps := make([]*Endpoint, len(out))
+	for i := range out {
+		eps[i] = &out[i].Endpoint
+	}
+	if err := withDelivery(ctx, q, eps...); err != nil {
+		return nil, fmt.Errorf("reading endpoint health: %w", err)
+	}
 	return out, nil
 }
 

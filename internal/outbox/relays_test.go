@@ -146,3 +146,44 @@ func TestRelaysAreJudgedByTheirOwnTimeout(t *testing.T) {
 	eventually(t, func() bool { return !exists(dead) }, "the relay silent past its own 1 s timeout is declared dead")
 	require.True(t, exists(slow), "the relay within its own 10 s timeout is alive, whatever the declarer's timeout")
 }
+
+// Nothing due means nothing overdue. An endpoint whose Retry-After or probe
+// ended ten minutes ago, with its one message waiting out a retry, has no
+// due message: its oldest due age is zero, not the ten minutes since the
+// backoff ended (GREATEST skips a NULL, so the age once grew from the ended
+// backoff alone and the relay read as stalled, with
+// outbox_oldest_due_overdue_seconds alerting, during an ordinary outage).
+// Once a message is due, it is due from the later of its own time and the
+// end of the backoff.
+func TestOldestDueIgnoresAnEndedBackoffWithNothingDue(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	rc := newReceiver(t)
+	ep := f.endpoint(t, rc, "order.placed")
+	admin := outbox.NewAdmin(f.pool, netguard.Guard{AllowPrivate: true}, discardLogger(),
+		outbox.WithStallThreshold(30*time.Second))
+	// A live relay that has not claimed for an hour: were anything due past
+	// the threshold, it would be stalled.
+	_, err := f.pool.Exec(ctx, `INSERT INTO outbox_relays (id, hostname, pid, last_claim_at)
+		VALUES ($1, 'idle', 7, now() - interval '1 hour')`, uuid.New())
+	require.NoError(t, err)
+	_, err = f.pool.Exec(ctx, `UPDATE webhook_endpoints SET backoff_until = now() - interval '10 minutes' WHERE id = $1`, ep.ID)
+	require.NoError(t, err)
+	retrying := f.enqueue(t, "order.placed", "retrying")[0]
+	_, err = f.pool.Exec(ctx, `UPDATE outbox_messages SET attempts = 3, next_attempt_at = now() + interval '5 minutes' WHERE id = $1`, retrying)
+	require.NoError(t, err)
+
+	s, err := admin.Relays(ctx)
+	require.NoError(t, err)
+	require.Zero(t, s.Due)
+	require.Zero(t, s.OldestDueSeconds, "nothing is due, so nothing is overdue")
+	require.Equal(t, outbox.RelayRunning, s.State, "a retry waited out is not a stall")
+
+	_, err = f.pool.Exec(ctx, `UPDATE outbox_messages SET next_attempt_at = now() - interval '20 minutes' WHERE id = $1`, retrying)
+	require.NoError(t, err)
+	s, err = admin.Relays(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), s.Due)
+	require.InDelta(t, 600, s.OldestDueSeconds, 10, "due since the backoff ended, not since its own earlier time")
+}

@@ -206,3 +206,24 @@ SELECT pg_advisory_xact_lock(1869574765, hashtext(CAST(@endpoint::uuid AS text))
 
 -- name: EventsLockPrune :exec
 SELECT pg_advisory_xact_lock(1869574764, 0);
+
+-- name: EndpointNextAttempts :many
+-- When each of @ids is next tried: the later of its backoff (a circuit's
+-- next probe, or the end of a Retry-After) and the earliest next attempt
+-- of its pending messages, parked ones aside (they wait for an earlier
+-- message, not for a time). An endpoint with no such message has no row:
+-- nothing waits to be tried (one in flight is being tried now), whatever
+-- its backoff. Its earliest message is its first entry in the pending
+-- index (destination, next_attempt_at, id): one index probe per endpoint,
+-- however large its backlog. now is the database's clock, which wrote the
+-- times.
+SELECT e.id, GREATEST(m.next_attempt_at, e.backoff_until)::timestamptz AS next_attempt_at,
+       now()::timestamptz AS now
+FROM webhook_endpoints e
+CROSS JOIN LATERAL (
+    SELECT m.next_attempt_at FROM outbox_messages m
+    WHERE m.destination = e.id AND m.status = 'pending' AND NOT m.parked
+    ORDER BY m.next_attempt_at
+    LIMIT 1
+) m
+WHERE e.id = ANY (@ids::uuid[]);

@@ -181,6 +181,54 @@ func (q *Queries) EndpointLockReplay(ctx context.Context, endpoint uuid.UUID) er
 	return err
 }
 
+const endpointNextAttempts = `-- name: EndpointNextAttempts :many
+SELECT e.id, GREATEST(m.next_attempt_at, e.backoff_until)::timestamptz AS next_attempt_at,
+       now()::timestamptz AS now
+FROM webhook_endpoints e
+CROSS JOIN LATERAL (
+    SELECT m.next_attempt_at FROM outbox_messages m
+    WHERE m.destination = e.id AND m.status = 'pending' AND NOT m.parked
+    ORDER BY m.next_attempt_at
+    LIMIT 1
+) m
+WHERE e.id = ANY ($1::uuid[])
+`
+
+type EndpointNextAttemptsRow struct {
+	ID            uuid.UUID
+	NextAttemptAt time.Time
+	Now           time.Time
+}
+
+// When each of @ids is next tried: the later of its backoff (a circuit's
+// next probe, or the end of a Retry-After) and the earliest next attempt
+// of its pending messages, parked ones aside (they wait for an earlier
+// message, not for a time). An endpoint with no such message has no row:
+// nothing waits to be tried (one in flight is being tried now), whatever
+// its backoff. Its earliest message is its first entry in the pending
+// index (destination, next_attempt_at, id): one index probe per endpoint,
+// however large its backlog. now is the database's clock, which wrote the
+// times.
+func (q *Queries) EndpointNextAttempts(ctx context.Context, ids []uuid.UUID) ([]EndpointNextAttemptsRow, error) {
+	rows, err := q.db.Query(ctx, endpointNextAttempts, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []EndpointNextAttemptsRow
+	for rows.Next() {
+		var i EndpointNextAttemptsRow
+		if err := rows.Scan(&i.ID, &i.NextAttemptAt, &i.Now); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const endpointReplay = `-- name: EndpointReplay :one
 WITH ep AS (
     SELECT e.id, e.event_types FROM webhook_endpoints e WHERE e.id = $3::uuid

@@ -86,7 +86,10 @@ SELECT m.destination::uuid AS destination, e.enabled,
              WHEN e.backoff_until > now() THEN m.pending
              ELSE m.pending - m.ready END)::bigint AS scheduled,
        (CASE WHEN NOT e.enabled THEN m.pending ELSE 0 END)::bigint AS paused,
-       COALESCE(CASE WHEN e.enabled AND NOT COALESCE(e.backoff_until > now(), false)
+       -- Due since the later of its own time and the end of a backoff, and
+       -- only when something is due: GREATEST skips a NULL ready_since, and
+       -- would age an ended backoff with nothing due.
+       COALESCE(CASE WHEN e.enabled AND NOT COALESCE(e.backoff_until > now(), false) AND m.ready_since IS NOT NULL
                      THEN EXTRACT(epoch FROM now() - GREATEST(m.ready_since, e.backoff_until)) END, 0)::float8
            AS oldest_due_seconds,
        COALESCE(EXTRACT(epoch FROM now() - m.oldest_pending_at), 0)::float8 AS oldest_pending_age_seconds
