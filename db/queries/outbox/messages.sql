@@ -68,7 +68,10 @@ HAVING count(*) > 0;
 -- outbox_messages_ordering_idx). The last holds a replayed event (whose
 -- message takes its event's place in the key, EndpointReplay) while a
 -- later message of its key is in flight: one message of a key is in
--- flight at a time, whatever their ids. Otherwise it is parked:
+-- flight at a time, whatever their ids. (The lookup repeats the ordering
+-- index's predicate, so it is one probe of that index: written as "claimed,
+-- or earlier and unfinished", PostgreSQL read every claimed message of
+-- every destination for each keyed one.) Otherwise it is parked:
 -- out of the pending index, so out of every later claim's way, until the
 -- message ahead of it settles and promotes it (MessagesRecordOutcomes,
 -- MessageSkip). New messages of a key are due in commit order, so the first
@@ -98,10 +101,9 @@ WITH lease AS (
                OR EXISTS (
                    SELECT 1 FROM outbox_messages b
                    WHERE b.destination = @destination::uuid AND b.ordering_key = d.ordering_key
-                     AND (b.status = 'claimed'
-                          OR (b.id < d.id
-                              AND (b.status = 'failed'
-                                   OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))))))
+                     AND (b.status IN ('claimed', 'failed')
+                          OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked)))
+                     AND (b.status = 'claimed' OR b.id < d.id))
            ) AS behind
     FROM due d
 ), parked AS (
@@ -456,10 +458,9 @@ WHERE m.id IN (
 AND NOT EXISTS (
     SELECT 1 FROM outbox_messages b
     WHERE b.destination = m.destination AND b.ordering_key = m.ordering_key
-      AND (b.status = 'claimed'
-           OR (b.id < m.id
-               AND (b.status = 'failed'
-                    OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))))));
+      AND (b.status IN ('claimed', 'failed')
+           OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked)))
+      AND (b.status = 'claimed' OR b.id < m.id));
 
 -- name: MessagesPromoteKeys :execrows
 -- MessagesPromoteStranded for some keys only, at once: run by a deliver job
@@ -484,10 +485,9 @@ WHERE m.id IN (
 AND NOT EXISTS (
     SELECT 1 FROM outbox_messages b
     WHERE b.destination = m.destination AND b.ordering_key = m.ordering_key
-      AND (b.status = 'claimed'
-           OR (b.id < m.id
-               AND (b.status = 'failed'
-                    OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))))));
+      AND (b.status IN ('claimed', 'failed')
+           OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked)))
+      AND (b.status = 'claimed' OR b.id < m.id));
 
 -- name: MessagesDiscardOrphans :execrows
 -- Discards up to @batch_size pending or failed messages whose endpoint no
@@ -735,10 +735,9 @@ AND status IN ('claimed', 'failed', 'pending');
 -- means it waits only to be promoted (MessagesPromoteStranded).
 SELECT b.id, b.status FROM outbox_messages b
 WHERE b.destination = @destination::uuid AND b.ordering_key = @ordering_key::text
-  AND (b.status = 'claimed'
-       OR (b.id < @id::uuid
-           AND (b.status = 'failed'
-                OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked)))))
+  AND (b.status IN ('claimed', 'failed')
+       OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked)))
+  AND (b.status = 'claimed' OR b.id < @id::uuid)
 ORDER BY b.id
 LIMIT 1;
 

@@ -220,10 +220,9 @@ WITH lease AS (
                OR EXISTS (
                    SELECT 1 FROM outbox_messages b
                    WHERE b.destination = $3::uuid AND b.ordering_key = d.ordering_key
-                     AND (b.status = 'claimed'
-                          OR (b.id < d.id
-                              AND (b.status = 'failed'
-                                   OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))))))
+                     AND (b.status IN ('claimed', 'failed')
+                          OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked)))
+                     AND (b.status = 'claimed' OR b.id < d.id))
            ) AS behind
     FROM due d
 ), parked AS (
@@ -276,7 +275,10 @@ type MessageClaimRow struct {
 // outbox_messages_ordering_idx). The last holds a replayed event (whose
 // message takes its event's place in the key, EndpointReplay) while a
 // later message of its key is in flight: one message of a key is in
-// flight at a time, whatever their ids. Otherwise it is parked:
+// flight at a time, whatever their ids. (The lookup repeats the ordering
+// index's predicate, so it is one probe of that index: written as "claimed,
+// or earlier and unfinished", PostgreSQL read every claimed message of
+// every destination for each keyed one.) Otherwise it is parked:
 // out of the pending index, so out of every later claim's way, until the
 // message ahead of it settles and promotes it (MessagesRecordOutcomes,
 // MessageSkip). New messages of a key are due in commit order, so the first
@@ -380,10 +382,9 @@ func (q *Queries) MessageGet(ctx context.Context, id uuid.UUID) (MessageGetRow, 
 const messageKeyHead = `-- name: MessageKeyHead :one
 SELECT b.id, b.status FROM outbox_messages b
 WHERE b.destination = $1::uuid AND b.ordering_key = $2::text
-  AND (b.status = 'claimed'
-       OR (b.id < $3::uuid
-           AND (b.status = 'failed'
-                OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked)))))
+  AND (b.status IN ('claimed', 'failed')
+       OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked)))
+  AND (b.status = 'claimed' OR b.id < $3::uuid)
 ORDER BY b.id
 LIMIT 1
 `
@@ -972,10 +973,9 @@ WHERE m.id IN (
 AND NOT EXISTS (
     SELECT 1 FROM outbox_messages b
     WHERE b.destination = m.destination AND b.ordering_key = m.ordering_key
-      AND (b.status = 'claimed'
-           OR (b.id < m.id
-               AND (b.status = 'failed'
-                    OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))))))
+      AND (b.status IN ('claimed', 'failed')
+           OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked)))
+      AND (b.status = 'claimed' OR b.id < m.id))
 `
 
 // MessagesPromoteStranded for some keys only, at once: run by a deliver job
@@ -1005,10 +1005,9 @@ WHERE m.id IN (
 AND NOT EXISTS (
     SELECT 1 FROM outbox_messages b
     WHERE b.destination = m.destination AND b.ordering_key = m.ordering_key
-      AND (b.status = 'claimed'
-           OR (b.id < m.id
-               AND (b.status = 'failed'
-                    OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked))))))
+      AND (b.status IN ('claimed', 'failed')
+           OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked)))
+      AND (b.status = 'claimed' OR b.id < m.id))
 `
 
 // The safety net of per-key order, for one destination: promotes parked
