@@ -30,7 +30,7 @@ func shownInt(t *testing.T, s string) int64 {
 // so each ends on the page that offers to continue. Every number a page
 // says is the database's: the events the confirmation counts, the events
 // replayed and skipped so far and in all, the messages discarded so far
-// and in all, and what waits afterwards.
+// and in all, what still waits between requests, and what waits afterwards.
 func TestBrowserReplayAndDiscardFromTheEndpointPage(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -153,6 +153,13 @@ func TestBrowserReplayAndDiscardFromTheEndpointPage(t *testing.T) {
 		m := settled.FindStringSubmatch(text("main"))
 		require.NotNil(t, m, "the continue page says how many it settled so far")
 		require.Equal(t, discarded(), shownInt(t, m[1]), "settled so far: the messages discarded in the database")
+		left := regexp.MustCompile(`<dt>Still waiting</dt><dd>([\d,]+)</dd>`).FindStringSubmatch(html("main"))
+		require.NotNil(t, left, "the continue page says how many still wait")
+		require.Equal(t, pending(), shownInt(t, left[1]), "still waiting: the database's pending messages")
+		if pending() == 0 {
+			require.Contains(t, text("main"), "none wait any more", "the last batch settled everything: the page does not say more wait")
+			shot("65b-discard-none-left.png")
+		}
 		if steps == 0 {
 			shot("65-discard-not-finished.png")
 		}
