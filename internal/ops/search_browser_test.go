@@ -75,7 +75,8 @@ func signIn(t *testing.T, b browserPage, base string) {
 // TestBrowserSearchLandsOnTheRightPage types ids into the one search box,
 // in headless Chromium with scripts off, against the real api: a message
 // id opens that message, an event id lists its deliveries, an order id its
-// events' deliveries, an endpoint id its page, and an event that no
+// events' deliveries, another ordering key its events' deliveries, part
+// of an endpoint's URL or its id its page, and an event that no
 // endpoint was subscribed to says it has no deliveries. What each page
 // lists is what the database holds. On the way, the empty overview links
 // to the new-endpoint form, and the overview's shortened ids show in full
@@ -158,6 +159,29 @@ func TestBrowserSearchLandsOnTheRightPage(t *testing.T) {
 		"an order id lists the deliveries of that order's events, newest first")
 	require.Equal(t, orders[1], attr("#f-key", "value"))
 	shot("44-search-order-id.png")
+
+	// Another module's ordering key, among the last day's events: the
+	// deliveries of its events.
+	const invoice = "invoice-77"
+	for i := range 2 {
+		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := outbox.Enqueue(ctx, tx, outbox.Event{Type: "order.placed", OrderingKey: invoice, Data: map[string]int{"n": i}})
+			return err
+		}))
+	}
+	search(invoice)
+	do(chromedp.WaitReady(chromedp.ID("messages")))
+	require.Equal(t, ids(t, pool, `SELECT id FROM outbox_messages WHERE ordering_key = $1 ORDER BY id DESC`, invoice), b.listed(),
+		"an ordering key lists the deliveries of its events, newest first")
+	require.Equal(t, invoice, attr("#f-key", "value"))
+
+	// Part of one endpoint's URL: its page; of no endpoint's: nothing found.
+	search("search/b")
+	do(chromedp.WaitReady(chromedp.ID("endpoint-url")))
+	require.Equal(t, base+"/ops/endpoints/"+placedB.ID.String(), b.location(), "the one endpoint whose URL holds it")
+	search("search/zzz")
+	do(chromedp.WaitReady(chromedp.ID("nothing-found")))
+	require.Contains(t, text("#nothing-found"), "search/zzz")
 
 	// An endpoint id: its page.
 	search(placedA.ID.String())
