@@ -14,7 +14,8 @@ import (
 // ordering key, event id, a window of time and several at once. For each,
 // the list's pages, followed from the newest through Older to the last, hold
 // exactly the database's matching messages, newest first, each once; the
-// browser's Back returns to each page before, and Newest to the first.
+// browser's Back returns to each page before, as Newer does from the last
+// page, and Newest goes to the first.
 func TestBrowserMessageListFiltersAndPages(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -25,7 +26,7 @@ func TestBrowserMessageListFiltersAndPages(t *testing.T) {
 	b := browserPage{t, bctx}
 	do := b.do
 
-	// Three hours of events, of two types and eleven ordering keys, to
+	// Three hours of events, of two types and three ordering keys, to
 	// endpoint a (every type) and b (order.placed), in every status.
 	epA := e.endpoint(t, "http://127.0.0.1:9/list/a", "order.placed", "order.cancelled")
 	epB := e.endpoint(t, "http://127.0.0.1:9/list/b", "order.placed")
@@ -33,7 +34,7 @@ func TestBrowserMessageListFiltersAndPages(t *testing.T) {
 WITH plan AS MATERIALIZED (
     SELECT g, now() - make_interval(secs => g * 83) AS created,
            CASE WHEN g % 3 = 0 THEN 'order.cancelled' ELSE 'order.placed' END AS type,
-           'order-' || (g % 11) AS key
+           'order-' || (g % 3) AS key
     FROM generate_series(1, 130) g
 ), ev AS (
     INSERT INTO outbox_events (id, type, payload, ordering_key, created_at)
@@ -58,7 +59,7 @@ FROM dest`)
 	// walk reads every page of the list the browser is on, following Older
 	// to the last, and checks the way back: Back to each page before, then
 	// Newest to the first. It returns the pages' ids, in order.
-	walk := func(name string) []string {
+	walk := func(name string) ([]string, int) {
 		t.Helper()
 		var pages [][]string
 		for {
@@ -79,9 +80,26 @@ FROM dest`)
 				do(chromedp.NavigateBack(), chromedp.WaitReady(chromedp.ID("filters")))
 				require.Equal(t, pages[i], b.listed(), "Back shows the page before, unchanged")
 			}
+			// Older to the last page again, then Newer, page by page, to
+			// the first, which has no Newer.
+			for i := 1; i < len(pages); i++ {
+				follow(t, bctx, chromedp.Click(chromedp.ID("older")))
+				do(chromedp.WaitReady(chromedp.ID("newest")))
+				require.Equal(t, pages[i], b.listed(), "Older shows the next page again")
+			}
+			for i := len(pages) - 2; i >= 0; i-- {
+				follow(t, bctx, chromedp.Click(chromedp.ID("newer")))
+				do(chromedp.WaitReady(chromedp.ID("filters")))
+				require.Equal(t, pages[i], b.listed(), "Newer shows the page before")
+				if i == 1 {
+					shot(name + "-newer.png")
+				}
+			}
+			require.False(t, b.exists("#newer"), "the first page has nothing newer")
+			require.False(t, b.exists("#newest"), "Newer reached the first page")
+			// Newest, from an older page.
 			follow(t, bctx, chromedp.Click(chromedp.ID("older")))
 			do(chromedp.WaitReady(chromedp.ID("newest")))
-			require.Equal(t, pages[1], b.listed(), "Older shows the second page again")
 			follow(t, bctx, chromedp.Click(chromedp.ID("newest")))
 			do(chromedp.WaitReady(chromedp.ID("filters")))
 			require.Equal(t, pages[0], b.listed(), "Newest shows the first page again")
@@ -95,11 +113,11 @@ FROM dest`)
 			}
 			all = append(all, p...)
 		}
-		return all
+		return all, len(pages)
 	}
 	// filter fills the form from an empty list, submits it, and checks
 	// every page against the database's rows in order.
-	filter := func(name string, fields map[string]string, want []string) {
+	filter := func(name string, fields map[string]string, want []string) (pages int) {
 		t.Helper()
 		require.NotEmpty(t, want, "%s: the seeded messages include some that match", name)
 		require.Less(t, int64(len(want)), total, "%s: the filter leaves some out", name)
@@ -114,7 +132,9 @@ FROM dest`)
 			require.Equal(t, v, b.attr("#"+id+` `+selectedOr(id), "value"), "%s: the form keeps %s", name, id)
 		}
 		shot(name + ".png")
-		require.Equal(t, want, walk(name), "%s: the list's pages hold the database's matching messages, newest first", name)
+		got, pages := walk(name)
+		require.Equal(t, want, got, "%s: the list's pages hold the database's matching messages, newest first", name)
+		return pages
 	}
 
 	signIn(t, b, base)
@@ -122,7 +142,9 @@ FROM dest`)
 	// No filter: every message, over several pages.
 	do(chromedp.Navigate(base+"/ops/messages"), chromedp.WaitReady(chromedp.ID("filters")))
 	all := ids(t, e.pool, `SELECT id FROM outbox_messages ORDER BY id DESC`)
-	require.Equal(t, all, walk("50-messages-all"), "the unfiltered pages hold every message, newest first")
+	got, pages := walk("50-messages-all")
+	require.Equal(t, all, got, "the unfiltered pages hold every message, newest first")
+	require.Greater(t, pages, 2, "the messages fill more than two pages, so some page is neither first nor last")
 
 	filter("51-messages-failed", map[string]string{"f-status": "failed"},
 		ids(t, e.pool, `SELECT id FROM outbox_messages WHERE status = 'failed' ORDER BY id DESC`))
@@ -130,8 +152,9 @@ FROM dest`)
 		ids(t, e.pool, `SELECT id FROM outbox_messages WHERE type = 'order.cancelled' ORDER BY id DESC`))
 	filter("53-messages-endpoint", map[string]string{"f-endpoint": epB.ID.String()},
 		ids(t, e.pool, `SELECT id FROM outbox_messages WHERE destination = $1 ORDER BY id DESC`, epB.ID))
-	filter("54-messages-key", map[string]string{"f-key": "order-3"},
-		ids(t, e.pool, `SELECT id FROM outbox_messages WHERE ordering_key = 'order-3' ORDER BY id DESC`))
+	pages = filter("54-messages-key", map[string]string{"f-key": "order-1"},
+		ids(t, e.pool, `SELECT id FROM outbox_messages WHERE ordering_key = 'order-1' ORDER BY id DESC`))
+	require.Greater(t, pages, 1, "a key's messages fill more than a page: its pages are read by key too")
 	event := ids(t, e.pool, `SELECT event_id FROM outbox_messages WHERE destination = $1 ORDER BY id LIMIT 1`, epB.ID)[0]
 	filter("55-messages-event", map[string]string{"f-event": event},
 		ids(t, e.pool, `SELECT id FROM outbox_messages WHERE event_id = $1 ORDER BY id DESC`, event))
