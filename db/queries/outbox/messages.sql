@@ -749,7 +749,7 @@ LIMIT @max_rows;
 
 -- name: MessageListByKeyNewer :many
 -- MessageListByKey's page just newer than @after_id, oldest first (as
--- MessageListNewer).
+-- MessageListNewer), reading the key's window from the cursor's time on.
 SELECT m.id, m.event_id, m.type, m.destination, m.status, m.attempts,
        m.parked, m.next_attempt_at,
        m.claimed_at, m.delivered_at, m.discarded_at, m.last_error, m.created_at, m.ordering_key,
@@ -762,6 +762,9 @@ WHERE ev.ordering_key = @ordering_key
   AND (sqlc.narg(status)::text IS NULL OR m.status = sqlc.narg(status))
   AND (sqlc.narg(type)::text IS NULL OR m.type = sqlc.narg(type))
   AND (sqlc.narg(destination)::uuid IS NULL OR m.destination = sqlc.narg(destination))
+  -- A delivery's id begins with its event's time: the events before the
+  -- cursor's time hold none of the page, and are not read.
+  AND ev.id >= outbox_uuid_floor(@after_id)
   AND m.id > @after_id
 ORDER BY m.id
 LIMIT @max_rows;

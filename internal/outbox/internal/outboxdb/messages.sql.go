@@ -604,6 +604,9 @@ WHERE ev.ordering_key = $1
   AND ($5::text IS NULL OR m.status = $5)
   AND ($6::text IS NULL OR m.type = $6)
   AND ($7::uuid IS NULL OR m.destination = $7)
+  -- A delivery's id begins with its event's time: the events before the
+  -- cursor's time hold none of the page, and are not read.
+  AND ev.id >= outbox_uuid_floor($8)
   AND m.id > $8
 ORDER BY m.id
 LIMIT $9
@@ -641,7 +644,7 @@ type MessageListByKeyNewerRow struct {
 }
 
 // MessageListByKey's page just newer than @after_id, oldest first (as
-// MessageListNewer).
+// MessageListNewer), reading the key's window from the cursor's time on.
 func (q *Queries) MessageListByKeyNewer(ctx context.Context, arg MessageListByKeyNewerParams) ([]MessageListByKeyNewerRow, error) {
 	rows, err := q.db.Query(ctx, messageListByKeyNewer,
 		arg.OrderingKey,
