@@ -317,11 +317,24 @@ func (h *Handler) handleDiscardWaiting(w http.ResponseWriter, r *http.Request) {
 	if err == nil && !finished {
 		h.logAction(r, "discard_waiting", slog.String("endpoint_id", ep.ID.String()), slog.Int64("discarded", n), slog.Bool("finished", false))
 		so := strconv.FormatInt(total, 10)
+		// What still waits, as the database says now: the last batch may
+		// have settled everything (only a batch that finds nothing ends the
+		// discard), and the page should not say more wait then.
+		health, herr := h.admin.EndpointHealth(r.Context(), ep.ID, Window)
+		if herr != nil {
+			h.actionError(w, r, herr)
+			return
+		}
+		left := health.Waiting - health.InFlight
+		still := "none wait any more. Continue to finish it."
+		if left > 0 {
+			still = plural(strconv.FormatInt(left, 10), "message still waits", "messages still wait") + ". Continue discarding?"
+		}
 		h.render(w, r, http.StatusOK, "confirm", confirmPage{
 			Layout: h.layout(r, "Discard not finished"),
-			Question: fmt.Sprintf("The discard has settled %s so far, and more are waiting. Continue discarding?",
-				plural(so, "message", "messages")),
-			Details: []fact{{"Endpoint", ep.URL}, {"Discarded so far", so}},
+			Question: fmt.Sprintf("The discard has settled %s so far; %s",
+				plural(so, "message", "messages"), still),
+			Details: []fact{{"Endpoint", ep.URL}, {"Discarded so far", so}, {"Still waiting", strconv.FormatInt(left, 10)}},
 			Action:  r.URL.Path, Return: returnPath(r), Hidden: []fact{{"discarded", so}},
 			Button: "Continue discarding", Cancel: "Stop here", Danger: true,
 		})

@@ -27,6 +27,8 @@ type messagesPage struct {
 	Messages  []messageRow
 	// Older is the link to the next (older) page; empty on the last one.
 	Older string
+	// Newer is the link to the page before (newer); empty on the first.
+	Newer string
 	// Paged: this is not the first page.
 	Paged bool
 	// Statuses are the status filter's choices.
@@ -112,19 +114,38 @@ func (h *Handler) handleMessages(w http.ResponseWriter, r *http.Request) {
 	}
 	p := messagesPage{Layout: h.layout(r, "Messages"), Filter: f, Endpoints: eps, Statuses: outbox.Statuses}
 	mf, err := f.parse()
-	if err == nil && q.Get("before") != "" {
-		id, perr := uuid.Parse(q.Get("before"))
+	for _, c := range []struct {
+		name string
+		dst  **uuid.UUID
+	}{{"before", &mf.Before}, {"after", &mf.After}} {
+		if err != nil || q.Get(c.name) == "" {
+			continue
+		}
+		id, perr := uuid.Parse(q.Get(c.name))
 		if perr != nil {
 			err = errors.New("the page cursor is not an id: start again from the newest")
 		}
-		mf.Before, p.Paged = &id, true
+		*c.dst, p.Paged = &id, true
 	}
 	if err != nil {
 		p.Error = err.Error()
 		h.render(w, r, http.StatusBadRequest, "messages", p)
 		return
 	}
+	if mf.After != nil {
+		// One more than a page: whether anything is newer still.
+		mf.Limit = pageSize + 1
+	}
 	msgs, next, err := h.admin.Messages(ctx, mf)
+	if err == nil && mf.After != nil {
+		if len(msgs) <= pageSize {
+			// Nothing newer than a page: the page before is the first.
+			mf.After, mf.Before, mf.Limit, p.Paged = nil, nil, pageSize, false
+			msgs, next, err = h.admin.Messages(ctx, mf)
+		} else {
+			msgs = msgs[1:]
+		}
+	}
 	if err != nil {
 		h.actionError(w, r, err)
 		return
@@ -140,6 +161,14 @@ func (h *Handler) handleMessages(w http.ResponseWriter, r *http.Request) {
 		nq := f.query()
 		nq.Set("before", next.String())
 		p.Older = Prefix + "/messages?" + nq.Encode()
+	}
+	if p.Paged {
+		p.Newer = p.NewestLink()
+		if len(msgs) > 0 {
+			nq := f.query()
+			nq.Set("after", msgs[0].ID.String())
+			p.Newer = Prefix + "/messages?" + nq.Encode()
+		}
 	}
 	h.render(w, r, http.StatusOK, "messages", p)
 }

@@ -201,7 +201,7 @@ func TestMessageListFiltersAndPages(t *testing.T) {
 	require.Contains(t, body, `id="no-messages"`)
 
 	// Bad filters are a clear 400.
-	for _, q := range []string{"status=lost", "endpoint=nope", "from=yesterday", "before=x"} {
+	for _, q := range []string{"status=lost", "endpoint=nope", "from=yesterday", "before=x", "after=x"} {
 		res, body := get(t, c, e.srv.URL+"/ops/messages?"+q)
 		require.Equal(t, http.StatusBadRequest, res.StatusCode, q)
 		require.Contains(t, body, `id="filter-error"`, q)

@@ -112,6 +112,10 @@ func headless(t *testing.T, ctx context.Context, scripts bool) (context.Context,
 		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
 		chromedp.Flag("disable-dev-shm-usage", true), chromedp.Flag("disable-extensions", true),
 		chromedp.Flag("force-device-scale-factor", "1"),
+		// Back and Forward load the page again, as its no-store asks: a page
+		// restored from the back-forward cache fires no load event, and
+		// chromedp's NavigateBack would wait for one until its deadline.
+		chromedp.Flag("disable-features", "BackForwardCache"),
 		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1360, 900),
 	)
 	t.Cleanup(cancelAlloc)

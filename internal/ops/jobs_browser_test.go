@@ -4,6 +4,7 @@ import (
 	"context"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -143,4 +144,50 @@ func TestBrowserRiverUIShowsTheRelaysQueues(t *testing.T) {
 		require.False(t, m.IsException() || m.Type == "error", "River UI failed in the browser: %s %s", m.Type, m.Text)
 	}
 	require.NotContains(t, a.log.String(), token)
+}
+
+// TestBrowserRiverUIShowsARelayJob opens, in headless Chromium with scripts
+// on, River UI's page of one of the relay's own jobs (the prune it runs at
+// start) under the ops page's mount, and waits until it shows the job as
+// the database holds it: its id, kind, queue and state.
+func TestBrowserRiverUIShowsARelayJob(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	a := runAPIWithRelay(t, ctx)
+	bctx, shot := headless(t, ctx, true)
+	b := browserPage{t, bctx}
+
+	// The relay's prune, once it has run: a job whose row no longer moves.
+	var id int64
+	var kind, queue, state string
+	require.Eventually(t, func() bool {
+		err := a.pool.QueryRow(ctx, `SELECT id, kind, queue, state FROM river_job
+			WHERE kind = 'outbox_prune' AND finalized_at IS NOT NULL ORDER BY id LIMIT 1`).Scan(&id, &kind, &queue, &state)
+		return err == nil
+	}, 60*time.Second, 50*time.Millisecond, "the relay never ran its prune at start")
+	require.Contains(t, relayQueues, queue, "the prune runs on one of the relay's queues")
+
+	// Signing in on the way to it returns to the job's page.
+	jobPage := a.base + ops.JobsPath + "/jobs/" + strconv.FormatInt(id, 10)
+	b.do(chromedp.Navigate(jobPage), chromedp.WaitReady(chromedp.ID("token")), chromedp.SendKeys(chromedp.ID("token"), token))
+	follow(t, bctx, chromedp.Click(chromedp.ID("login")))
+	require.Equal(t, jobPage, b.location())
+
+	// River UI draws the job once its scripts have fetched it.
+	deadline := time.Now().Add(30 * time.Second)
+	var text string
+	for {
+		var err error
+		text, err = chromedp.Run(bctx, chromedp.Evaluate[string](`document.body ? document.body.innerText : ""`))
+		require.NoError(t, err)
+		if strings.Contains(text, kind) && strings.Contains(text, queue) {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "River UI never showed job %d; the page says:\n%s", id, text)
+		time.Sleep(100 * time.Millisecond)
+	}
+	require.Contains(t, text, "ID: "+strconv.FormatInt(id, 10), "the page is the job's")
+	require.Contains(t, strings.ToLower(text), strings.ToLower(state), "the page shows the job's state in the database")
+	shot("75-river-ui-job.png")
 }

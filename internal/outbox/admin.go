@@ -654,6 +654,10 @@ type MessageFilter struct {
 	CreatedFrom, CreatedTo *time.Time
 	// Before is the pagination cursor: only messages older than this id.
 	Before *uuid.UUID
+	// After is the cursor of the page before (newer): the Limit messages
+	// just newer than this id, still listed newest first. Before is ignored
+	// with it.
+	After *uuid.UUID
 	// Limit bounds the page; 0 means 50.
 	Limit int
 }
@@ -685,9 +689,12 @@ func (a *Admin) Messages(ctx context.Context, f MessageFilter) ([]Message, *uuid
 	}
 	var rows []outboxdb.MessageListRow
 	var err error
-	if f.OrderingKey != "" {
+	switch {
+	case f.After != nil:
+		rows, err = a.messagesNewer(ctx, f.OrderingKey, *f.After, p)
+	case f.OrderingKey != "":
 		rows, err = a.messagesByKey(ctx, f.OrderingKey, p)
-	} else {
+	default:
 		rows, err = outboxdb.New(a.pool).MessageList(ctx, p)
 	}
 	if err != nil {
@@ -717,6 +724,35 @@ func (a *Admin) messagesByKey(ctx context.Context, key string, p outboxdb.Messag
 	for i, r := range rows {
 		out[i] = outboxdb.MessageListRow(r)
 	}
+	return out, nil
+}
+
+// messagesNewer is the page just newer than after (MessageFilter.After),
+// newest first like every page.
+func (a *Admin) messagesNewer(ctx context.Context, key string, after uuid.UUID, p outboxdb.MessageListParams) ([]outboxdb.MessageListRow, error) {
+	var out []outboxdb.MessageListRow
+	q := outboxdb.New(a.pool)
+	if key != "" {
+		rows, err := q.MessageListByKeyNewer(ctx, outboxdb.MessageListByKeyNewerParams{OrderingKey: &key,
+			EventsFrom: p.EventsFrom, EventsTo: p.EventsTo, EventID: p.EventID, Status: p.Status, Type: p.Type, Destination: p.Destination,
+			AfterID: after, MaxRows: p.MaxRows})
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range rows {
+			out = append(out, outboxdb.MessageListRow(r))
+		}
+	} else {
+		rows, err := q.MessageListNewer(ctx, outboxdb.MessageListNewerParams{Status: p.Status, Type: p.Type, Destination: p.Destination,
+			EventID: p.EventID, EventsFrom: p.EventsFrom, EventsTo: p.EventsTo, AfterID: after, MaxRows: p.MaxRows})
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range rows {
+			out = append(out, outboxdb.MessageListRow(r))
+		}
+	}
+	slices.Reverse(out)
 	return out, nil
 }
 

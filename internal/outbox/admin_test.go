@@ -47,6 +47,18 @@ func TestMessagesFilterAndPaginate(t *testing.T) {
 	for i := 1; i < len(seen); i++ {
 		require.Less(t, seen[i].String(), seen[i-1].String(), "newest first")
 	}
+	// After reads the page just newer than a message, newest first too:
+	// back up from the oldest, the same pages.
+	for end := len(seen) - 1; end > 0; end -= 5 {
+		start := max(end-5, 0)
+		page, _, err := f.admin.Messages(ctx, outbox.MessageFilter{Limit: 5, After: &seen[end]})
+		require.NoError(t, err)
+		var got []uuid.UUID
+		for _, m := range page {
+			got = append(got, m.ID)
+		}
+		require.Equal(t, seen[start:end], got, "the page newer than %s", seen[end])
+	}
 
 	byType, _, err := f.admin.Messages(ctx, outbox.MessageFilter{Type: "order.cancelled"})
 	require.NoError(t, err)
@@ -70,6 +82,17 @@ func TestMessagesFilterAndPaginate(t *testing.T) {
 		require.NoError(t, err)
 		require.Empty(t, none, "to %s, by key", to)
 	}
+
+	// After by key: the key's messages newer than its oldest.
+	for i := range 3 {
+		f.publish(t, outbox.Event{Type: "order.placed", OrderingKey: "k-after", Data: i})
+	}
+	keyed, _, err := f.admin.Messages(ctx, outbox.MessageFilter{OrderingKey: "k-after"})
+	require.NoError(t, err)
+	require.Len(t, keyed, 6, "three events, each to both endpoints")
+	newer, _, err := f.admin.Messages(ctx, outbox.MessageFilter{OrderingKey: "k-after", After: &keyed[len(keyed)-1].ID})
+	require.NoError(t, err)
+	require.Equal(t, keyed[:len(keyed)-1], newer, "the key's messages newer than its oldest, newest first")
 
 	_, _, err = f.admin.Messages(ctx, outbox.MessageFilter{Status: "lost"})
 	require.ErrorIs(t, err, outbox.ErrInvalidStatus)

@@ -747,3 +747,45 @@ LIMIT 1;
 SELECT count(*) FROM outbox_messages w
 WHERE w.destination = @destination::uuid AND w.ordering_key = @ordering_key::text AND w.id > @id::uuid
   AND w.status = 'pending' AND w.parked;
+
+-- name: MessageListNewer :many
+-- The page of MessageList just newer than @after_id (the list's previous
+-- page): the @max_rows messages above it, read oldest first from the
+-- cursor up the primary key; the caller shows them newest first.
+SELECT m.id, m.event_id, m.type, m.destination, m.status, m.attempts,
+       m.parked, m.next_attempt_at,
+       m.claimed_at, m.delivered_at, m.discarded_at, m.last_error, m.created_at, m.ordering_key,
+       ev.created_at AS event_created_at, ev.payload
+FROM outbox_messages m
+JOIN outbox_events ev ON ev.id = m.event_id
+WHERE (sqlc.narg(status)::text IS NULL OR m.status = sqlc.narg(status))
+  AND (sqlc.narg(type)::text IS NULL OR m.type = sqlc.narg(type))
+  AND (sqlc.narg(destination)::uuid IS NULL OR m.destination = sqlc.narg(destination))
+  AND (sqlc.narg(event_id)::uuid IS NULL OR (m.id BETWEEN outbox_uuid_floor(sqlc.narg(event_id)) AND outbox_uuid_ceil(sqlc.narg(event_id))
+                                             AND m.event_id = sqlc.narg(event_id)))
+  AND m.id >= outbox_uuid_at(@events_from::timestamptz) AND m.id < outbox_uuid_at(@events_to::timestamptz)
+  AND m.id > @after_id
+ORDER BY m.id
+LIMIT @max_rows;
+
+-- name: MessageListByKeyNewer :many
+-- MessageListByKey's page just newer than @after_id, oldest first (as
+-- MessageListNewer), reading the key's window from the cursor's time on.
+SELECT m.id, m.event_id, m.type, m.destination, m.status, m.attempts,
+       m.parked, m.next_attempt_at,
+       m.claimed_at, m.delivered_at, m.discarded_at, m.last_error, m.created_at, m.ordering_key,
+       ev.created_at AS event_created_at, ev.payload
+FROM outbox_events ev
+JOIN outbox_messages m ON m.id BETWEEN outbox_uuid_floor(ev.id) AND outbox_uuid_ceil(ev.id) AND m.event_id = ev.id
+WHERE ev.ordering_key = @ordering_key
+  AND ev.id >= outbox_uuid_at(@events_from::timestamptz) AND ev.id < outbox_uuid_at(@events_to::timestamptz)
+  AND (sqlc.narg(event_id)::uuid IS NULL OR ev.id = sqlc.narg(event_id))
+  AND (sqlc.narg(status)::text IS NULL OR m.status = sqlc.narg(status))
+  AND (sqlc.narg(type)::text IS NULL OR m.type = sqlc.narg(type))
+  AND (sqlc.narg(destination)::uuid IS NULL OR m.destination = sqlc.narg(destination))
+  -- A delivery's id begins with its event's time: the events before the
+  -- cursor's time hold none of the page, and are not read.
+  AND ev.id >= outbox_uuid_floor(@after_id)
+  AND m.id > @after_id
+ORDER BY m.id
+LIMIT @max_rows;

@@ -608,6 +608,204 @@ func (q *Queries) MessageListByKey(ctx context.Context, arg MessageListByKeyPara
 	return items, nil
 }
 
+const messageListByKeyNewer = `-- name: MessageListByKeyNewer :many
+SELECT m.id, m.event_id, m.type, m.destination, m.status, m.attempts,
+       m.parked, m.next_attempt_at,
+       m.claimed_at, m.delivered_at, m.discarded_at, m.last_error, m.created_at, m.ordering_key,
+       ev.created_at AS event_created_at, ev.payload
+FROM outbox_events ev
+JOIN outbox_messages m ON m.id BETWEEN outbox_uuid_floor(ev.id) AND outbox_uuid_ceil(ev.id) AND m.event_id = ev.id
+WHERE ev.ordering_key = $1
+  AND ev.id >= outbox_uuid_at($2::timestamptz) AND ev.id < outbox_uuid_at($3::timestamptz)
+  AND ($4::uuid IS NULL OR ev.id = $4)
+  AND ($5::text IS NULL OR m.status = $5)
+  AND ($6::text IS NULL OR m.type = $6)
+  AND ($7::uuid IS NULL OR m.destination = $7)
+  -- A delivery's id begins with its event's time: the events before the
+  -- cursor's time hold none of the page, and are not read.
+  AND ev.id >= outbox_uuid_floor($8)
+  AND m.id > $8
+ORDER BY m.id
+LIMIT $9
+`
+
+type MessageListByKeyNewerParams struct {
+	OrderingKey *string
+	EventsFrom  time.Time
+	EventsTo    time.Time
+	EventID     *uuid.UUID
+	Status      *string
+	Type        *string
+	Destination *uuid.UUID
+	AfterID     uuid.UUID
+	MaxRows     int32
+}
+
+type MessageListByKeyNewerRow struct {
+	ID             uuid.UUID
+	EventID        uuid.UUID
+	Type           string
+	Destination    uuid.UUID
+	Status         string
+	Attempts       int32
+	Parked         bool
+	NextAttemptAt  time.Time
+	ClaimedAt      *time.Time
+	DeliveredAt    *time.Time
+	DiscardedAt    *time.Time
+	LastError      *string
+	CreatedAt      time.Time
+	OrderingKey    *string
+	EventCreatedAt time.Time
+	Payload        []byte
+}
+
+// MessageListByKey's page just newer than @after_id, oldest first (as
+// MessageListNewer), reading the key's window from the cursor's time on.
+func (q *Queries) MessageListByKeyNewer(ctx context.Context, arg MessageListByKeyNewerParams) ([]MessageListByKeyNewerRow, error) {
+	rows, err := q.db.Query(ctx, messageListByKeyNewer,
+		arg.OrderingKey,
+		arg.EventsFrom,
+		arg.EventsTo,
+		arg.EventID,
+		arg.Status,
+		arg.Type,
+		arg.Destination,
+		arg.AfterID,
+		arg.MaxRows,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []MessageListByKeyNewerRow
+	for rows.Next() {
+		var i MessageListByKeyNewerRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.EventID,
+			&i.Type,
+			&i.Destination,
+			&i.Status,
+			&i.Attempts,
+			&i.Parked,
+			&i.NextAttemptAt,
+			&i.ClaimedAt,
+			&i.DeliveredAt,
+			&i.DiscardedAt,
+			&i.LastError,
+			&i.CreatedAt,
+			&i.OrderingKey,
+			&i.EventCreatedAt,
+			&i.Payload,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const messageListNewer = `-- name: MessageListNewer :many
+SELECT m.id, m.event_id, m.type, m.destination, m.status, m.attempts,
+       m.parked, m.next_attempt_at,
+       m.claimed_at, m.delivered_at, m.discarded_at, m.last_error, m.created_at, m.ordering_key,
+       ev.created_at AS event_created_at, ev.payload
+FROM outbox_messages m
+JOIN outbox_events ev ON ev.id = m.event_id
+WHERE ($1::text IS NULL OR m.status = $1)
+  AND ($2::text IS NULL OR m.type = $2)
+  AND ($3::uuid IS NULL OR m.destination = $3)
+  AND ($4::uuid IS NULL OR (m.id BETWEEN outbox_uuid_floor($4) AND outbox_uuid_ceil($4)
+                                             AND m.event_id = $4))
+  AND m.id >= outbox_uuid_at($5::timestamptz) AND m.id < outbox_uuid_at($6::timestamptz)
+  AND m.id > $7
+ORDER BY m.id
+LIMIT $8
+`
+
+type MessageListNewerParams struct {
+	Status      *string
+	Type        *string
+	Destination *uuid.UUID
+	EventID     *uuid.UUID
+	EventsFrom  time.Time
+	EventsTo    time.Time
+	AfterID     uuid.UUID
+	MaxRows     int32
+}
+
+type MessageListNewerRow struct {
+	ID             uuid.UUID
+	EventID        uuid.UUID
+	Type           string
+	Destination    uuid.UUID
+	Status         string
+	Attempts       int32
+	Parked         bool
+	NextAttemptAt  time.Time
+	ClaimedAt      *time.Time
+	DeliveredAt    *time.Time
+	DiscardedAt    *time.Time
+	LastError      *string
+	CreatedAt      time.Time
+	OrderingKey    *string
+	EventCreatedAt time.Time
+	Payload        []byte
+}
+
+// The page of MessageList just newer than @after_id (the list's previous
+// page): the @max_rows messages above it, read oldest first from the
+// cursor up the primary key; the caller shows them newest first.
+func (q *Queries) MessageListNewer(ctx context.Context, arg MessageListNewerParams) ([]MessageListNewerRow, error) {
+	rows, err := q.db.Query(ctx, messageListNewer,
+		arg.Status,
+		arg.Type,
+		arg.Destination,
+		arg.EventID,
+		arg.EventsFrom,
+		arg.EventsTo,
+		arg.AfterID,
+		arg.MaxRows,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []MessageListNewerRow
+	for rows.Next() {
+		var i MessageListNewerRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.EventID,
+			&i.Type,
+			&i.Destination,
+			&i.Status,
+			&i.Attempts,
+			&i.Parked,
+			&i.NextAttemptAt,
+			&i.ClaimedAt,
+			&i.DeliveredAt,
+			&i.DiscardedAt,
+			&i.LastError,
+			&i.CreatedAt,
+			&i.OrderingKey,
+			&i.EventCreatedAt,
+			&i.Payload,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const messageOverdue = `-- name: MessageOverdue :one
 WITH RECURSIVE heads AS (
     (SELECT destination, next_attempt_at FROM outbox_messages
