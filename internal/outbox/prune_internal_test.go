@@ -163,7 +163,9 @@ func TestAttemptMinutesArePrunedInBoundedBatches(t *testing.T) {
 		SELECT $1, date_trunc('minute', now()) - g * interval '1 minute', 'delivered', 50, 1, 1, 1
 		FROM generate_series(0, 24) g`, ep)
 	require.NoError(t, err)
-	before := time.Now().Add(-10*time.Minute - 30*time.Second) // minutes 11 to 24 ago: 14 rows
+	// Minutes 11 to 24 ago: 14 rows (the database's clock, which wrote them).
+	var before time.Time
+	require.NoError(t, pool.QueryRow(ctx, `SELECT date_trunc('minute', now()) - interval '10 minutes 30 seconds'`).Scan(&before))
 
 	q := outboxdb.New(pool)
 	var batches []int64
