@@ -126,7 +126,7 @@ func TestNATSDuplicateOnAnotherSubjectIsAFailure(t *testing.T) {
 	_, js := brokertest.JetStream(t)
 	id := strings.ReplaceAll(uuid.NewString(), "-", "")
 	name, prefix := "OUTBOXTWO_"+id, "outboxtwo."+id
-	s, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: name, Subjects: []string{prefix + ".>"}, Duplicates: time.Minute})
+	s, err := brokertest.CreateStream(ctxT(t), js, jetstream.StreamConfig{Name: name, Subjects: []string{prefix + ".>"}, Duplicates: time.Minute})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
 	tr := broker.NewNATS(natsURL(), source)
@@ -303,7 +303,7 @@ func TestBrokersSayAMessageTooLargeIsItsOwnFault(t *testing.T) {
 		_, js := brokertest.JetStream(t)
 		id := strings.ReplaceAll(uuid.NewString(), "-", "")
 		name, subject := "OUTBOXBIG_"+id, "outboxbig."+id
-		_, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: name, Subjects: []string{subject}, MaxMsgSize: 1024})
+		_, err := brokertest.CreateStream(ctxT(t), js, jetstream.StreamConfig{Name: name, Subjects: []string{subject}, MaxMsgSize: 1024})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
 		tr := broker.NewNATS(natsURL(), source)
@@ -348,7 +348,7 @@ func TestNATSDuplicateOfAConsumedMessageIsDelivered(t *testing.T) {
 	_, js := brokertest.JetStream(t)
 	id := strings.ReplaceAll(uuid.NewString(), "-", "")
 	name, subject := "OUTBOXWQ_"+id, "outboxwq."+id
-	s, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: name, Subjects: []string{subject},
+	s, err := brokertest.CreateStream(ctxT(t), js, jetstream.StreamConfig{Name: name, Subjects: []string{subject},
 		Retention: jetstream.WorkQueuePolicy, Duplicates: time.Minute})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
@@ -376,7 +376,7 @@ func TestNATSDuplicateOfAGoneMessageOnAnotherSubjectIsAFailure(t *testing.T) {
 	_, js := brokertest.JetStream(t)
 	id := strings.ReplaceAll(uuid.NewString(), "-", "")
 	name, prefix := "OUTBOXWQ2_"+id, "outboxwq2."+id
-	s, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: name, Subjects: []string{prefix + ".>"},
+	s, err := brokertest.CreateStream(ctxT(t), js, jetstream.StreamConfig{Name: name, Subjects: []string{prefix + ".>"},
 		Retention: jetstream.WorkQueuePolicy, Duplicates: time.Minute})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })

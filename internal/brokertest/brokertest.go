@@ -10,6 +10,7 @@ package brokertest
 
 import (
 	"context"
+	"errors"
 	"os"
 	"strings"
 	"testing"
@@ -78,13 +79,38 @@ func Stream(t testing.TB, js jetstream.JetStream, prefix string, dedup time.Dura
 	subject := strings.ToLower(prefix) + "." + id + ".events"
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subject}, Duplicates: dedup})
+	s, err := CreateStream(ctx, js, jetstream.StreamConfig{Name: name, Subjects: []string{subject}, Duplicates: dedup})
 	if err != nil {
 		t.Fatalf("creating stream %s: %v", name, err)
 	}
 	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
 	return s, subject
 }
+
+// CreateStream creates a stream as js.CreateStream does, trying again
+// while the server fails to create its store. The NATS server removes an
+// account's store directory with its last stream (seen with nats-server
+// 2.9), so a stream created while a test in another process deletes the
+// only other one can find its parent directory gone: "error creating
+// store for stream" (10049). The next try makes the directory anew.
+func CreateStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	for {
+		s, err := js.CreateStream(ctx, cfg)
+		var apiErr *jetstream.APIError
+		if err == nil || !errors.As(err, &apiErr) || apiErr.ErrorCode != streamStoreFailed {
+			return s, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// streamStoreFailed is JetStream's error code for a stream whose store
+// could not be created (JSStreamStoreFailedErr).
+const streamStoreFailed jetstream.ErrorCode = 10049
 
 // RabbitMQ connects to the RabbitMQ server, or skips the test when none
 // answers; the connection closes when the test ends.

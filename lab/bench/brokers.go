@@ -17,6 +17,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/orders/internal/broker"
+	"github.com/outboxkit/orders/internal/brokertest"
 	"github.com/outboxkit/orders/internal/outbox"
 )
 
@@ -57,7 +58,7 @@ func natsTarget(ctx context.Context) (*brokerTarget, error) {
 	}
 	id := strings.ReplaceAll(uuid.NewString(), "-", "")
 	name, subject := "BENCH_"+id, "bench."+id+".orders"
-	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subject}, Storage: jetstream.FileStorage})
+	s, err := brokertest.CreateStream(ctx, js, jetstream.StreamConfig{Name: name, Subjects: []string{subject}, Storage: jetstream.FileStorage})
 	if err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("creating stream: %w", err)

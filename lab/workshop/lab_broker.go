@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxkit/orders/internal/broker"
+	"github.com/outboxkit/orders/internal/brokertest"
 	"github.com/outboxkit/orders/internal/consumer"
 	"github.com/outboxkit/orders/internal/orders"
 	"github.com/outboxkit/orders/internal/outbox"
@@ -47,7 +48,7 @@ func lab9(l *lab) (*Report, error) {
 	}
 	id := strings.ReplaceAll(uuid.NewString(), "-", "")
 	name, subject := "WORKSHOP_"+id, "workshop."+id+".orders"
-	stream, err := js.CreateStream(l.ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subject}, Duplicates: window})
+	stream, err := brokertest.CreateStream(l.ctx, js, jetstream.StreamConfig{Name: name, Subjects: []string{subject}, Duplicates: window})
 	if err != nil {
 		return nil, fmt.Errorf("creating the stream: %w", err)
 	}
