@@ -219,3 +219,24 @@ func TestSearchAndFiltersThatAreNotTextAreRefused(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, res.StatusCode, path)
 	}
 }
+
+// A list that ends exactly at a page's end offers no older page: before,
+// 50 messages showed an "Older" link to an empty page.
+func TestMessageListEndingAtAPageEndHasNoOlderPage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, token)
+	c := e.loggedIn(t)
+	ep := e.endpoint(t, "http://127.0.0.1:9/a", "order.placed")
+	const pageSize = 50 // a list page's
+	for i := range pageSize {
+		e.enqueue(t, "order.placed", map[string]int{"i": i})
+	}
+	res, body := get(t, c, e.srv.URL+"/ops/messages?endpoint="+ep.ID.String())
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Len(t, messageRowRe.FindAllStringSubmatch(body, -1), pageSize, "the whole list on one page")
+	require.NotContains(t, body, `id="older"`, "nothing older to show")
+
+	e.enqueue(t, "order.placed", map[string]int{"i": pageSize})
+	_, body = get(t, c, e.srv.URL+"/ops/messages?endpoint="+ep.ID.String())
+	require.Contains(t, body, `id="older"`, "one more message: an older page")
+}

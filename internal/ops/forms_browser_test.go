@@ -3,6 +3,7 @@ package ops_test
 import (
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -41,7 +42,8 @@ func TestBrowserFormMistakesAreShownWithTheForm(t *testing.T) {
 		chromedp.SetValue(chromedp.ID("url"), "not a url"), chromedp.SetValue(chromedp.ID("event_types"), "order.placed"))
 	require.Equal(t, http.StatusUnprocessableEntity, submit("#save"))
 	do(chromedp.WaitReady(chromedp.ID("form-error")))
-	require.NotEmpty(t, text("#form-error"))
+	require.Equal(t, `URL: scheme "" is not http or https`, strings.TrimSpace(text("#form-error")),
+		"the reason, without the chain of errors that carried it")
 	require.Equal(t, "not a url", attr("#url", "value"), "the form keeps what was entered")
 	require.Equal(t, "order.placed", attr("#event_types", "value"))
 	require.Zero(t, e.count(t, `SELECT count(*) FROM webhook_endpoints`), "a refused form creates nothing")
