@@ -757,7 +757,8 @@ func (s *session) counted(ctx context.Context, outcomes []outcome) {
 
 // settle ends the job: in one transaction it records the last outcomes,
 // releases what was claimed and never sent, promotes messages parked behind
-// one that settled unseen (MessagesPromoteStranded), stores the destination's health
+// one that settled unseen (MessagesPromoteStranded, once a while:
+// strandedSweepDue), stores the destination's health
 // and frees its lease, queues the next job when due work remains, and
 // completes this River job. It runs even when the job's context was
 // cancelled. If the database cannot be reached, the relay retries the same
@@ -799,6 +800,38 @@ func (s *session) settle(ctx context.Context) error {
 	return nil
 }
 
+// strandedSweepEvery is how often, at most, the deliver jobs of one
+// process sweep a destination's stranded messages as they end.
+const strandedSweepEvery = 10 * time.Second
+
+// strandedSweepDue says whether a deliver job of dest ending now sweeps
+// its stranded messages (MessagesPromoteStranded), and if so counts it as
+// done. The sweep reads every parked message of the destination, and a
+// job ends after idlePolls polls with nothing due: when messages come due
+// in a trickle (retries in an outage that holds thousands of keys behind
+// their heads), a sweep at every end could be most of the database's
+// work. What it catches is rare (a claim racing a person's
+// skip or a released claim), so a stranded message waits at most this
+// interval and a job's end; the prune job sweeps every destination too.
+func (r *Relay) strandedSweepDue(dest uuid.UUID) bool {
+	now := r.now()
+	r.sweepMu.Lock()
+	defer r.sweepMu.Unlock()
+	if at, ok := r.sweptAt[dest]; ok && now.Sub(at) < strandedSweepEvery {
+		return false
+	}
+	if len(r.sweptAt) > 1000 {
+		// Forget destinations not swept lately (deleted ones, say).
+		for d, at := range r.sweptAt {
+			if now.Sub(at) >= strandedSweepEvery {
+				delete(r.sweptAt, d)
+			}
+		}
+	}
+	r.sweptAt[dest] = now
+	return true
+}
+
 // settleWrite is the settle's writes but the River job's completion: the
 // last outcomes recorded, the unsent released, the stranded promoted, the
 // destination's health stored and its lease freed, and the next deliver
@@ -820,8 +853,10 @@ func (s *session) settleWrite(ctx context.Context, tx pgx.Tx, health string, bac
 			return fmt.Errorf("releasing messages of failed claims: %w", err)
 		}
 	}
-	if _, err := q.MessagesPromoteStranded(ctx, s.dest); err != nil {
-		return fmt.Errorf("promoting stranded messages: %w", err)
+	if s.r.strandedSweepDue(s.dest) {
+		if _, err := q.MessagesPromoteStranded(ctx, s.dest); err != nil {
+			return fmt.Errorf("promoting stranded messages: %w", err)
+		}
 	}
 	redispatch, err := q.DestinationSettle(ctx, outboxdb.DestinationSettleParams{
 		ID: s.dest, LeaseToken: s.token, Health: health, HealthReason: reason,

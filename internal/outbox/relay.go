@@ -89,6 +89,11 @@ type Relay struct {
 	wakeMu      sync.Mutex
 	sessions    map[uuid.UUID]chan struct{}
 
+	// sweptAt is when a deliver job of this process last swept each
+	// destination's stranded messages (strandedSweepDue).
+	sweepMu sync.Mutex
+	sweptAt map[uuid.UUID]time.Time
+
 	mu sync.Mutex
 	// unsettled holds the final writes of jobs that could not reach the
 	// database as they ended; the heartbeat loop retries them.
@@ -109,7 +114,8 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig, transport Transport, logger *
 	}
 	r := &Relay{pool: pool, cfg: cfg.withDefaults(), transport: transport, logger: logger, metrics: metrics,
 		tracer: cfg.tracer(), id: uuid.New(), drain: make(chan struct{}),
-		dispatchNow: make(chan struct{}, 1), sessions: map[uuid.UUID]chan struct{}{}, now: time.Now}
+		dispatchNow: make(chan struct{}, 1), sessions: map[uuid.UUID]chan struct{}{}, now: time.Now,
+		sweptAt: map[uuid.UUID]time.Time{}}
 	r.progressAt.Store(time.Now().UnixNano())
 	return r, nil
 }

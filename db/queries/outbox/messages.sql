@@ -443,9 +443,11 @@ WHERE t.destination = old.destination AND t.minute = old.minute AND t.outcome = 
 -- messages (see MessageClaim) that nothing earlier of their key holds back
 -- any more, such as one a claim parked while a person skipped the message
 -- ahead of it (the skip's promotion could not see it yet). Promoting one
--- that still has to wait is harmless: the next claim parks it again. Every
--- deliver job runs it as it ends, and the prune job for every endpoint; with
--- nothing parked it is one probe of outbox_messages_ordering_idx.
+-- that still has to wait is harmless: the next claim parks it again. A
+-- deliver job runs it as it ends, at most once every 10 s per destination
+-- and process (it reads every parked message of the destination), and the
+-- prune job for every endpoint; with nothing parked it is one probe of
+-- outbox_messages_ordering_idx.
 UPDATE outbox_messages m
 SET parked = false
 WHERE m.id IN (
