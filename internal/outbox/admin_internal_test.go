@@ -300,6 +300,11 @@ func jobEndAbortedAndRetried(t *testing.T) bool {
 	ctx := context.Background()
 	Seed(t, pool, dest, 2, "")
 	r := defaultRelay(t, pool, slog.New(slog.DiscardHandler))
+	// A River client, not started, for a job's end that queues the next
+	// deliver job (when the deletion is the side aborted).
+	client, err := r.newRiverClient()
+	require.NoError(t, err)
+	r.client = client
 	rows, err := claimMessages(ctx, pool, outboxdb.MessageClaimParams{ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 2})
 	require.NoError(t, err)
 	require.Len(t, rows, 2)
@@ -503,15 +508,10 @@ func deleteAside(admin *Admin, ep uuid.UUID) <-chan error {
 }
 
 // defaultRelay is a relay at the default settings delivering webhooks to
-// any address, local ones included, that is not started (its River client
-// can insert jobs, and works none).
+// any address, local ones included, that is not started.
 func defaultRelay(t *testing.T, pool *pgxpool.Pool, logger *slog.Logger) *Relay {
 	t.Helper()
 	r, err := NewRelay(pool, RelayConfig{}, &HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()}, logger, nil)
-	require.NoError(t, err)
-	// A River client that is not started, for a job's end that queues the
-	// next deliver job.
-	r.client, err = r.newRiverClient()
 	require.NoError(t, err)
 	return r
 }
