@@ -132,16 +132,16 @@ func (h *Handler) handleMessages(w http.ResponseWriter, r *http.Request) {
 		h.render(w, r, http.StatusBadRequest, "messages", p)
 		return
 	}
-	// One more than a page: whether anything is newer still (going back
-	// up), or older (going down), so a list ending at a page's end offers
-	// no empty page.
-	mf.Limit = pageSize + 1
-	msgs, _, err := h.admin.Messages(ctx, mf)
+	if mf.After != nil {
+		// One more than a page: whether anything is newer still.
+		mf.Limit = pageSize + 1
+	}
+	msgs, next, err := h.admin.Messages(ctx, mf)
 	if err == nil && mf.After != nil {
 		if len(msgs) <= pageSize {
 			// Nothing newer than a page: the page before is the first.
-			mf.After, mf.Before, p.Paged = nil, nil, false
-			msgs, _, err = h.admin.Messages(ctx, mf)
+			mf.After, mf.Before, mf.Limit, p.Paged = nil, nil, pageSize, false
+			msgs, next, err = h.admin.Messages(ctx, mf)
 		} else {
 			msgs = msgs[1:]
 		}
@@ -149,15 +149,6 @@ func (h *Handler) handleMessages(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		h.actionError(w, r, err)
 		return
-	}
-	var next *uuid.UUID
-	switch {
-	case mf.After != nil && len(msgs) > 0:
-		// A page newer than the cursor: the cursor's page is older.
-		next = &msgs[len(msgs)-1].ID
-	case len(msgs) > pageSize:
-		msgs = msgs[:pageSize]
-		next = &msgs[pageSize-1].ID
 	}
 	urls := make(map[uuid.UUID]string, len(eps))
 	for _, e := range eps {

@@ -663,7 +663,8 @@ type MessageFilter struct {
 }
 
 // Messages lists messages newest first and returns the cursor of the next
-// page (nil on the last page).
+// (older) page: nil on the last page, even one that ends exactly at Limit,
+// as one row more than the page tells.
 func (a *Admin) Messages(ctx context.Context, f MessageFilter) ([]Message, *uuid.UUID, error) {
 	from, to := idTimeMin, idTimeMax
 	if f.CreatedFrom != nil {
@@ -673,8 +674,14 @@ func (a *Admin) Messages(ctx context.Context, f MessageFilter) ([]Message, *uuid
 		to = *f.CreatedTo
 	}
 	from, to = idTimes(from, to)
+	limit := cmp.Or(f.Limit, 50)
+	read := limit + 1 // whether an older page exists
+	if f.After != nil {
+		// The page just newer than After: the older page is After's.
+		read = limit
+	}
 	p := outboxdb.MessageListParams{Destination: f.Destination, EventID: f.Event, EventsFrom: from, EventsTo: to,
-		BeforeID: f.Before, MaxRows: int32(cmp.Or(f.Limit, 50))}
+		BeforeID: f.Before, MaxRows: int32(read)}
 	if f.Status != "" {
 		if !slices.Contains(Statuses, f.Status) {
 			return nil, nil, ErrInvalidStatus
@@ -705,8 +712,12 @@ func (a *Admin) Messages(ctx context.Context, f MessageFilter) ([]Message, *uuid
 		msgs[i] = toMessage(r)
 	}
 	var next *uuid.UUID
-	if len(msgs) == int(p.MaxRows) {
+	switch {
+	case f.After != nil && len(msgs) > 0:
 		next = &msgs[len(msgs)-1].ID
+	case len(msgs) > limit:
+		msgs = msgs[:limit]
+		next = &msgs[limit-1].ID
 	}
 	return msgs, next, nil
 }
