@@ -307,6 +307,12 @@ func TestEnqueueSerializesTransactionsOfOneKey(t *testing.T) {
 			WHERE pid = $1 AND locktype = 'advisory' AND NOT granted)`, secondPID).Scan(&waiting))
 		return waiting
 	}, "the second transaction waits on the key")
+	// The clock is read after the lock is taken, not before: an event of
+	// the key whose clock was read while it waited could be numbered
+	// before the event of the transaction that held the lock and committed
+	// first.
+	var whileWaiting time.Time
+	require.NoError(t, f.pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&whileWaiting))
 	select {
 	case <-done:
 		t.Fatal("the second enqueue went ahead while the first transaction was open")
@@ -316,6 +322,9 @@ func TestEnqueueSerializesTransactionsOfOneKey(t *testing.T) {
 	secondID := <-done
 	require.NoError(t, second.Commit(ctx))
 	require.Less(t, firstID.String(), secondID.String(), "ids follow commit order")
+	var secondAt time.Time
+	require.NoError(t, f.pool.QueryRow(ctx, "SELECT created_at FROM outbox_events WHERE id = $1", secondID).Scan(&secondAt))
+	require.True(t, secondAt.After(whileWaiting), "the waiting event's time %s is read after it got the key's lock, not before %s", secondAt, whileWaiting)
 
 	// Another key does not wait.
 	other, err := f.pool.Begin(ctx)

@@ -124,8 +124,9 @@ func sqlPlacer(pool *pgxpool.Pool, mode outboxMode) placeFunc {
 				_, err := tx.Exec(ctx, orderLinesInsert.SQL, linesArgs...)
 				return err
 			}
-			payload, err := json.Marshal(map[string]any{"id": id, "customer_id": req.CustomerID, "status": "placed",
-				"total_cents": total, "lines": req.Lines, "created_at": time.Now()})
+			// The order as orders.Service.Place gives it to outbox.Queue.
+			payload, err := json.Marshal(orders.Order{ID: id, CustomerID: req.CustomerID, Status: "placed",
+				TotalCents: total, Lines: req.Lines, CreatedAt: time.Now()})
 			if err != nil {
 				return err
 			}
@@ -204,6 +205,7 @@ const (
 	writeMany    = "with outbox, 1,000 other endpoints"
 )
 
+// writeVariants are section 1's variants, the baseline first.
 var writeVariants = []writeVariant{
 	{writeWithout, func(p writePools) placeFunc { return sqlPlacer(p.plain, noOutbox) }},
 	{writeWith, func(p writePools) placeFunc { return sqlPlacer(p.plain, batched) }},
@@ -231,13 +233,25 @@ type writeResult struct {
 
 // measureWrite runs every variant at every client count, interleaved
 // (A, B, C, A, B, C, …) so drift on a noisy machine hits all alike, and
-// returns the medians. A variant's ratio is the median of its ratios to
-// the baseline run just before it in the same round: on a machine whose
-// speed drifts by tens of percent over minutes, the ratio of two runs a
-// few seconds apart is steadier than the ratio of two medians.
+// returns the medians. Each round runs the baseline first and last, and
+// the other variants between them in an order that rotates from round to
+// round: a variant's ratio in a round is to the mean of the two baseline
+// runs around it, and no variant always follows the baseline, whose orders
+// leave autovacuum work (and checkpoints) to whatever runs next. A
+// variant's ratio is the median of its rounds' ratios: on a machine whose
+// speed drifts by tens of percent over minutes, the ratio of runs a few
+// seconds apart is steadier than the ratio of two medians.
 func measureWrite(ctx context.Context, pools writePools, clientCounts []int, reps int, d time.Duration) (writeResult, error) {
 	res := writeResult{tps: map[int]map[string]float64{}, ratio: map[int]map[string]float64{},
 		low: map[int]map[string]float64{}, high: map[int]map[string]float64{}}
+	run := func(v writeVariant, clients int) (float64, error) {
+		tps, err := placeLoop(ctx, v.place(pools), clients, d)
+		if err != nil {
+			return 0, fmt.Errorf("%s, %d clients: %w", v.name, clients, err)
+		}
+		return tps, nil
+	}
+	base, others := writeVariants[0], writeVariants[1:]
 	for _, clients := range clientCounts {
 		samples := map[string][]float64{}
 		ratios := map[string][]float64{}
@@ -250,18 +264,26 @@ func measureWrite(ctx context.Context, pools writePools, clientCounts []int, rep
 				return writeResult{}, err
 			}
 		}
-		for range reps {
-			var base float64
-			for _, v := range writeVariants {
-				tps, err := placeLoop(ctx, v.place(pools), clients, d)
-				if err != nil {
-					return writeResult{}, fmt.Errorf("%s, %d clients: %w", v.name, clients, err)
+		for round := range reps {
+			first, err := run(base, clients)
+			if err != nil {
+				return writeResult{}, err
+			}
+			tps := map[string]float64{}
+			for i := range others {
+				v := others[(round+i)%len(others)]
+				if tps[v.name], err = run(v, clients); err != nil {
+					return writeResult{}, err
 				}
-				if v.name == writeWithout {
-					base = tps
-				}
-				samples[v.name] = append(samples[v.name], tps)
-				ratios[v.name] = append(ratios[v.name], tps/base)
+			}
+			last, err := run(base, clients)
+			if err != nil {
+				return writeResult{}, err
+			}
+			tps[base.name] = (first + last) / 2
+			for name, x := range tps {
+				samples[name] = append(samples[name], x)
+				ratios[name] = append(ratios[name], x/tps[base.name])
 			}
 		}
 		res.tps[clients] = map[string]float64{}
@@ -345,7 +367,7 @@ func scenarioWrite(ctx context.Context, cfg config, rep *report) error {
 		"- **outbox + NOTIFY**: *with outbox* on a pool whose connections were made with `outbox.NotifyRelays`, as the api's are with `OUTBOX_NOTIFY=true`: `outbox.Queue` adds `EventNotify`, a `pg_notify` naming the destination, to the same round trip; it is sent at commit, which takes a database-wide lock to queue it. No relay listens here: this is the write path's cost, and section 3 shows the latency it buys;\n"+
 		"- **orders.Service.Place**: the product's own path, the *with outbox* transaction plus its validation, JSON encoding and log line (no NOTIFY);\n"+
 		"- **1,000 other endpoints**: *with outbox* on a database of its own where, beside the one subscribed endpoint, 1,000 endpoints are subscribed to other event types (two each): the event's subscribers are found on `webhook_endpoints_event_types_idx`, so this should stay close to *with outbox*.\n\n"+
-		"Each cell is the median of %d runs of %s; the variants are interleaved run by run, the baseline first in each round, and a ratio is the median of each round's ratio to that round's baseline; the lowest and highest rounds' ratios follow it for *with outbox*.\n\n",
+		"Each cell is the median of %d runs of %s; the variants are interleaved run by run: each round runs the baseline first and last and the others between, in an order that rotates from round to round; a ratio is the median of each round's ratio to the mean of that round's two baseline runs, and the baseline's cell is the median of those means; the lowest and highest rounds' ratios follow it for *with outbox*.\n\n",
 		reps, cfg.WriteDuration)
 	b.WriteString("| clients | without outbox | with outbox | ratio | own round trip | ratio | outbox + NOTIFY | ratio NOTIFY / outbox | orders.Service.Place | 1,000 other endpoints | ratio / with outbox |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, c := range clientCounts {

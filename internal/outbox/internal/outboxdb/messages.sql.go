@@ -71,9 +71,8 @@ WITH event AS (
     SELECT outbox_uuid_v7_at(s.at), $1::text, $2::json, $3::jsonb,
            $4::text, s.at
     FROM (SELECT CASE WHEN $4::text IS NULL THEN clock_timestamp()
-                 ELSE (SELECT clock_timestamp()
-                       FROM (SELECT pg_advisory_xact_lock(1869574763, hashtext($4::text)) AS locked
-                             OFFSET 0) l)
+                      WHEN pg_advisory_xact_lock(1869574763, hashtext($4::text)) IS NOT NULL
+                          THEN clock_timestamp()
                  END AS at) s
     RETURNING id, type, ordering_key, created_at
 ), delivery AS (
@@ -97,12 +96,17 @@ type EventEnqueueParams struct {
 // disabled means paused, and they wait until the endpoint is enabled again.
 //
 // An event with an ordering key first takes a transaction-scoped advisory
-// lock on the key, and only then reads the clock (the subquery under OFFSET
-// 0 runs before the clock is read): two transactions writing events of one
-// key are serialized, the second reads the clock after the first
-// committed, and ids and due times of one key follow commit order. The lock
-// is in the two-integer space, apart from River's, and costs nothing when
-// the business rows already serialize the key (an order's row lock does).
+// lock on the key, and only then reads the clock: a CASE evaluates its
+// WHEN conditions in order and a THEN only after its condition, so the
+// lock (a condition that is always true once taken) comes before
+// clock_timestamp(). Two transactions writing events of one key are
+// serialized, the second reads the clock after the first committed, and
+// ids and due times of one key follow commit order. The lock is in the
+// two-integer space, apart from River's, and costs nothing when the
+// business rows already serialize the key (an order's row lock does). It
+// is an expression, not a subquery, because this statement is on every
+// order's write path: an InitPlan and its scan cost more to set up than
+// the lock.
 //
 // Subscribers are found with `event_types @> ARRAY[type]`, the form
 // webhook_endpoints_event_types_idx answers, so the write path does not
