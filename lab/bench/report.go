@@ -236,8 +236,9 @@ and another variant doing more
 last, the others rotate between, and a ratio is to the mean of the two.
 Runs of ` + "`" + `go run ./lab/bench -only write` + "`" + ` on one evening: 0.75 and 0.76 before
 these changes (0.70 the day before); after them 0.80, 0.75 and 0.73 with
-the old rounds, 0.79 and 0.78 with the new; single rounds still span 0.69
-to 0.89. The lock itself is not what costs (pgbench: no difference
+the old rounds; 0.79, 0.78, 0.73 and 0.78 with the new, the last two in
+whole runs of the suite (this file is the second). The median of those
+seven is 0.78, and single rounds still span 0.63 to 0.89. The lock itself is not what costs (pgbench: no difference
 with and without the key beyond the noise), nor the partial indexes of
 settled rows (dropping them all: about 10 µs of 400, within the noise).
 What is left is the rows themselves: the median now clears the target
