@@ -13,7 +13,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stretchr/testify/assert"
@@ -284,12 +283,7 @@ func TestMessagesReadsOnlyTheWindow(t *testing.T) {
 // scene again, a few times at most, until the job is the one.
 func TestJobEndBesideADeletionOutlastsADeadlock(t *testing.T) {
 	t.Parallel()
-	for try := 1; ; try++ {
-		if jobEndAbortedAndRetried(t) {
-			return
-		}
-		require.Less(t, try, 5, "the deletion, not the job, was aborted %d times in a row", try)
-	}
+	untilTheSideIsAborted(t, "the job", jobEndAbortedAndRetried)
 }
 
 // jobEndAbortedAndRetried produces the cycle of
@@ -328,7 +322,7 @@ func jobEndAbortedAndRetried(t *testing.T) bool {
 
 	// The deletion reaches the message the job recorded: the cycle.
 	n, err := outboxdb.New(del).MessagesDiscardForDestination(ctx, "endpoint deleted", dest, discardBatch)
-	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "40P01" {
+	if isDeadlock(err) {
 		t.Log("PostgreSQL aborted the deletion, not the job: setting the scene again")
 		require.NoError(t, del.Rollback(ctx))
 		require.NoError(t, <-settled, "the job's end finishes once the deletion is aborted")
@@ -358,11 +352,16 @@ func jobEndAbortedAndRetried(t *testing.T) bool {
 // again, a few times at most, until the deletion is the one.
 func TestDeleteEndpointBesideAJobEndOutlastsADeadlock(t *testing.T) {
 	t.Parallel()
-	for try := 1; ; try++ {
-		if deletionAbortedAndRetried(t) {
-			return
-		}
-		require.Less(t, try, 5, "the job, not the deletion, was aborted %d times in a row", try)
+	untilTheSideIsAborted(t, "the deletion", deletionAbortedAndRetried)
+}
+
+// untilTheSideIsAborted sets a deadlock's scene again, 5 times at most,
+// until PostgreSQL aborts the side the test is about (scene reports false
+// when it aborted the other).
+func untilTheSideIsAborted(t *testing.T, side string, scene func(*testing.T) bool) {
+	t.Helper()
+	for try := 1; !scene(t); try++ {
+		require.Less(t, try, 5, "the other side, not %s, was aborted %d times in a row", side, try)
 	}
 }
 
@@ -393,7 +392,7 @@ func deletionAbortedAndRetried(t *testing.T) bool {
 
 	// The job releases the earlier message: the cycle.
 	_, err = outboxdb.New(job).MessagesRelease(ctx, []uuid.UUID{rows[0].ID}, lease)
-	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "40P01" {
+	if isDeadlock(err) {
 		t.Log("PostgreSQL aborted the job, not the deletion: setting the scene again")
 		require.NoError(t, job.Rollback(ctx))
 		require.NoError(t, <-deleted, "the deletion finishes once the job is aborted")

@@ -157,14 +157,21 @@ func (s *statements) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEnd
 // are recorded, to be explained.
 func tracedPool(t *testing.T) (*pgxpool.Pool, *statements) {
 	t.Helper()
+	trace := &statements{}
+	return poolTracedBy(t, trace), trace
+}
+
+// poolTracedBy is a pool on a database of the test's own whose queries
+// tracer sees.
+func poolTracedBy(t *testing.T, tracer pgx.QueryTracer) *pgxpool.Pool {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
 	require.NoError(t, err)
-	trace := &statements{}
-	cfg.ConnConfig.Tracer = trace
+	cfg.ConnConfig.Tracer = tracer
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	return pool, trace
+	return pool
 }
 
 // explain runs EXPLAIN (ANALYZE, BUFFERS) of the statement that run issued,

@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -11,11 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-
-	"github.com/outboxkit/orders/internal/dbtest"
-	"github.com/outboxkit/orders/internal/netguard"
 )
 
 // sweepCounter counts the stranded-message sweeps run through a pool.
@@ -39,28 +34,14 @@ func (c *sweepCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryE
 func TestJobEndsSweepStrandedMessagesAtMostOnceAWhile(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
-	require.NoError(t, err)
 	sweeps := &sweepCounter{}
-	cfg.ConnConfig.Tracer = sweeps
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := poolTracedBy(t, sweeps)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
 	t.Cleanup(srv.Close)
 	dest := testEndpoint(t, pool, nil)
-	_, err = pool.Exec(ctx, `UPDATE webhook_endpoints SET url = $1 WHERE id = $2`, srv.URL, dest)
+	_, err := pool.Exec(ctx, `UPDATE webhook_endpoints SET url = $1 WHERE id = $2`, srv.URL, dest)
 	require.NoError(t, err)
-
-	r, err := NewRelay(pool, RelayConfig{}, &HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
-		slog.New(slog.DiscardHandler), nil)
-	require.NoError(t, err)
-	require.NoError(t, r.Start(ctx))
-	t.Cleanup(func() {
-		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = r.Stop(c)
-	})
+	startRelay(t, pool, nil)
 	// The prune job run at the start sweeps every endpoint: let it end.
 	require.Eventually(t, func() bool {
 		var done bool

@@ -28,10 +28,16 @@ func inTx(ctx context.Context, db interface {
 ) error {
 	for try := 0; ; try++ {
 		err := pgx.BeginFunc(ctx, db, fn)
-		var pgErr *pgconn.PgError
-		if try < deadlockRetries && errors.As(err, &pgErr) && pgErr.Code == "40P01" {
+		if try < deadlockRetries && isDeadlock(err) {
 			continue
 		}
 		return err
 	}
+}
+
+// isDeadlock says whether err is PostgreSQL's abort of a transaction to
+// break a deadlock.
+func isDeadlock(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "40P01"
 }
