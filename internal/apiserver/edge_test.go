@@ -314,3 +314,59 @@ func TestRotateSecretWithoutABodyUsesTheDefaultOverlap(t *testing.T) {
 	resp, body = send(t, http.MethodPost, s.url+"/webhook-endpoints/"+ep.ID+"/rotate-secret", auth, `{"overlap":"1h"`)
 	requireProblem(t, resp, body, http.StatusBadRequest, "")
 }
+
+// A refused input's problem detail is its reason in the caller's terms,
+// field first, and nothing more: not the chain of packages and actions
+// that wrapped it on its way out, which is for a log. The production
+// guard refuses the URLs.
+func TestAdminRefusalsSayWhyInTheCallersTerms(t *testing.T) {
+	t.Parallel()
+	tok := strings.Repeat("k", 32)
+	s := setup(t, map[string]string{"DATABASE_URL": dbtest.URL(t), "ADMIN_TOKEN": tok})
+	auth := map[string]string{"Authorization": "Bearer " + tok, "Content-Type": "application/json"}
+	resp, body := send(t, http.MethodPost, s.url+"/webhook-endpoints", auth, `{"kind":"nats","subject":"orders.events","event_types":["order.placed"]}`)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", body)
+	type endpoint struct {
+		ID, URL    string
+		EventTypes []string `json:"event_types"`
+	}
+	var ep endpoint
+	require.NoError(t, json.Unmarshal(body, &ep))
+
+	for _, tc := range []struct{ method, path, body, detail string }{
+		{http.MethodPost, "/webhook-endpoints", `{"url":"ftp://1.1.1.1/hooks","event_types":["order.placed"]}`,
+			`url: scheme "ftp" is not http or https`},
+		{http.MethodPost, "/webhook-endpoints", `{"url":"http://[::1","event_types":["order.placed"]}`,
+			`url: missing ']' in host`},
+		{http.MethodPost, "/webhook-endpoints", `{"url":"http://169.254.169.254/latest/meta-data/","event_types":["order.placed"]}`,
+			`url: 169.254.169.254 is the cloud metadata service, which webhooks may not reach`},
+		{http.MethodPost, "/webhook-endpoints", `{"kind":"nats","subject":"orders.*","event_types":["order.placed"]}`,
+			`NATS subject "orders.*" has a wildcard; publish to one subject`},
+		{http.MethodPost, "/webhook-endpoints", `{"kind":"nats","url":"https://1.1.1.1/","event_types":["order.placed"]}`,
+			`url does not apply to a nats destination (it takes subject)`},
+		{http.MethodPatch, "/webhook-endpoints/" + ep.ID, `{"url":"https://user:pw@1.1.1.1/"}`,
+			`url: userinfo is not allowed`},
+		{http.MethodPatch, "/webhook-endpoints/" + ep.ID, `{"event_types":[]}`,
+			`event_types must name at least one event type`},
+		{http.MethodPost, "/webhook-endpoints/" + ep.ID + "/replay", `{"from":"2026-01-02T00:00:00Z","to":"2026-01-01T00:00:00Z"}`,
+			`from must be before to`},
+		{http.MethodGet, "/outbox/messages?status=lost", ``,
+			`status must be one of pending, claimed, delivered, failed, discarded, not "lost"`},
+	} {
+		resp, body := send(t, tc.method, s.url+tc.path, auth, tc.body)
+		requireProblem(t, resp, body, http.StatusUnprocessableEntity, tc.detail)
+		var p struct{ Detail string }
+		require.NoError(t, json.Unmarshal(body, &p))
+		require.Equal(t, tc.detail, p.Detail, "%s %s: the reason, and only the reason", tc.method, tc.path)
+	}
+	resp, body = send(t, http.MethodGet, s.url+"/webhook-endpoints/"+ep.ID, auth, "")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	var after endpoint
+	require.NoError(t, json.Unmarshal(body, &after))
+	require.Equal(t, ep, after, "the refused changes changed nothing")
+	resp, body = send(t, http.MethodGet, s.url+"/webhook-endpoints", auth, "")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	var all []endpoint
+	require.NoError(t, json.Unmarshal(body, &all))
+	require.Len(t, all, 1, "the refused creations wrote nothing")
+}

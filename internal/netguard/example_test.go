@@ -18,7 +18,7 @@ func ExampleGuard_CheckAddr() {
 	fmt.Println(netguard.Guard{AllowPrivate: true}.CheckAddr(netip.MustParseAddr("192.168.1.10")))
 	// Output:
 	// <nil>
-	// netguard: forbidden address: ::ffff:127.0.0.1 is loopback
+	// netguard: forbidden address: ::ffff:127.0.0.1 is loopback, which webhooks may not reach
 	// <nil>
 }
 
@@ -37,7 +37,7 @@ func ExampleGuard_CheckURL() {
 	// <nil>
 	// checking webhook url: netguard: invalid webhook url: scheme "ftp" is not http or https
 	// checking webhook url: netguard: invalid webhook url: userinfo is not allowed
-	// checking webhook url host: netguard: forbidden address: 169.254.169.254 is the cloud metadata service
+	// checking webhook url host: netguard: forbidden address: 169.254.169.254 is the cloud metadata service, which webhooks may not reach
 }
 
 func ExampleGuard_Client() {

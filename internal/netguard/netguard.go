@@ -22,15 +22,40 @@ import (
 	"time"
 )
 
-// ErrForbiddenAddress is returned (wrapped, with the address and the reason)
-// when a target is refused, so callers can tell a policy refusal from a
-// network failure with errors.Is, even through *url.Error and *net.OpError.
+// ErrForbiddenAddress is the kind of a *RefusedError (with the address and
+// the reason) for a target refused by policy, so callers can tell a policy
+// refusal from a network failure with errors.Is, even through *url.Error
+// and *net.OpError.
 var ErrForbiddenAddress = errors.New("netguard: forbidden address")
 
-// ErrInvalidURL is returned (wrapped, with the problem) by CheckURL when a
-// webhook URL is malformed or uses a form the relay will not deliver to, so
-// APIs can report it as a client error.
+// ErrInvalidURL is the kind of a *RefusedError (with the problem) from
+// CheckURL when a webhook URL is malformed or uses a form the relay will not
+// deliver to, so APIs can report it as a client error.
 var ErrInvalidURL = errors.New("netguard: invalid webhook url")
+
+// RefusedError is a URL or an address the guard refuses. Its Error is for a
+// log; its Reason says why in words for the person who gave the URL, without
+// the package's prefix. errors.Is matches its kind: ErrInvalidURL or
+// ErrForbiddenAddress.
+type RefusedError struct {
+	kind   error
+	reason string
+}
+
+func refused(kind error, format string, args ...any) *RefusedError {
+	return &RefusedError{kind: kind, reason: fmt.Sprintf(format, args...)}
+}
+
+// Error is the kind and the reason: "netguard: forbidden address:
+// 169.254.169.254 is the cloud metadata service".
+func (e *RefusedError) Error() string { return e.kind.Error() + ": " + e.reason }
+
+// Unwrap is the kind, for errors.Is.
+func (e *RefusedError) Unwrap() error { return e.kind }
+
+// Reason is why, for the person who gave the URL: "scheme "ftp" is not
+// http or https".
+func (e *RefusedError) Reason() string { return e.reason }
 
 // Guard decides which addresses outbound webhooks may reach. The zero value
 // is the safe production policy: only globally routable unicast addresses.
@@ -71,7 +96,7 @@ func (g Guard) CheckAddr(addr netip.Addr) error {
 	case class == classNonGlobal && g.AllowPrivate:
 		return nil
 	default:
-		return fmt.Errorf("%w: %s is %s", ErrForbiddenAddress, addr, reason)
+		return refused(ErrForbiddenAddress, "%s is %s, which webhooks may not reach", addr, reason)
 	}
 }
 
@@ -83,22 +108,22 @@ func (g Guard) CheckAddr(addr netip.Addr) error {
 func (g Guard) CheckURL(ctx context.Context, rawURL string) error {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return fmt.Errorf("parsing webhook url: %w: %w", ErrInvalidURL, err)
+		return fmt.Errorf("parsing webhook url: %w", refused(ErrInvalidURL, "%s", urlReason(err)))
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
-		return fmt.Errorf("checking webhook url: %w: scheme %q is not http or https", ErrInvalidURL, u.Scheme)
+		return fmt.Errorf("checking webhook url: %w", refused(ErrInvalidURL, "scheme %q is not http or https", u.Scheme))
 	}
 	if u.Opaque != "" || u.Host == "" || u.Hostname() == "" {
-		return fmt.Errorf("checking webhook url: %w: missing host", ErrInvalidURL)
+		return fmt.Errorf("checking webhook url: %w", refused(ErrInvalidURL, "missing host"))
 	}
 	if u.User != nil {
 		// Credentials in URLs leak into logs and admin UIs, and userinfo is
 		// a classic trick to make a URL look like it points elsewhere.
-		return fmt.Errorf("checking webhook url: %w: userinfo is not allowed", ErrInvalidURL)
+		return fmt.Errorf("checking webhook url: %w", refused(ErrInvalidURL, "userinfo is not allowed"))
 	}
 	if port := u.Port(); port != "" {
 		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
-			return fmt.Errorf("checking webhook url: %w: invalid port %q", ErrInvalidURL, port)
+			return fmt.Errorf("checking webhook url: %w", refused(ErrInvalidURL, "invalid port %q", port))
 		}
 	}
 
@@ -123,6 +148,16 @@ func (g Guard) CheckURL(ctx context.Context, rawURL string) error {
 		}
 	}
 	return nil
+}
+
+// urlReason is a url.Parse error without the URL, which the person
+// who gave it has in front of them.
+func urlReason(err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err.Error()
+	}
+	return err.Error()
 }
 
 // Control is a net.Dialer Control function. The dialer calls it with the

@@ -380,3 +380,28 @@ func TestCheckURLHonoursContext(t *testing.T) {
 	require.Error(t, err)
 	require.True(t, errors.Is(err, context.Canceled), "got %v", err)
 }
+
+// A refusal's Reason is for the person who gave the URL: the problem
+// alone, without the package's prefix or the action that found it, which
+// Error keeps for a log; errors.Is still tells the kind.
+func TestRefusalReasons(t *testing.T) {
+	t.Parallel()
+	for rawURL, want := range map[string]struct {
+		kind   error
+		reason string
+	}{
+		"ftp://1.1.1.1/hooks":      {netguard.ErrInvalidURL, `scheme "ftp" is not http or https`},
+		"http://[::1":              {netguard.ErrInvalidURL, `missing ']' in host`},
+		"https://u:p@1.1.1.1/":     {netguard.ErrInvalidURL, "userinfo is not allowed"},
+		"https://1.1.1.1:0/":       {netguard.ErrInvalidURL, `invalid port "0"`},
+		"http://169.254.169.254/":  {netguard.ErrForbiddenAddress, "169.254.169.254 is the cloud metadata service, which webhooks may not reach"},
+		"http://[::ffff:10.0.0.1]": {netguard.ErrForbiddenAddress, "::ffff:10.0.0.1 is private, which webhooks may not reach"},
+	} {
+		err := netguard.Guard{}.CheckURL(context.Background(), rawURL)
+		require.ErrorIs(t, err, want.kind, rawURL)
+		var refused *netguard.RefusedError
+		require.ErrorAs(t, err, &refused, rawURL)
+		require.Equal(t, want.reason, refused.Reason(), rawURL)
+		require.Contains(t, err.Error(), want.kind.Error()+": "+want.reason, "the log's text has both")
+	}
+}

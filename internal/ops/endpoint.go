@@ -12,7 +12,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/outbox"
 )
 
@@ -128,25 +127,12 @@ func (h *Handler) refuseForm(w http.ResponseWriter, r *http.Request, f endpointF
 	h.render(w, r, http.StatusUnprocessableEntity, "endpoint_form", f)
 }
 
-// formReason is why an endpoint was refused, for a person at the form:
-// the reason without the chain of what wrapped it ("outbox: invalid
-// webhook endpoint: checking webhook url: netguard: invalid webhook url:
-// scheme "ftp" is not http or https" reads `URL: scheme "ftp" is not http
-// or https`).
-func formReason(err error) string {
-	msg := strings.TrimPrefix(err.Error(), outbox.ErrInvalidEndpoint.Error()+": ")
-	if _, rest, ok := strings.Cut(msg, netguard.ErrInvalidURL.Error()+": "); ok {
-		return "URL: " + rest
-	}
-	return msg
-}
-
 // formFailed answers a form whose endpoint was refused or whose action
 // failed: the form again with the reason when the input was invalid, the
 // error page otherwise.
 func (h *Handler) formFailed(w http.ResponseWriter, r *http.Request, f endpointForm, err error) {
 	if errors.Is(err, outbox.ErrInvalidEndpoint) {
-		h.refuseForm(w, r, f, formReason(err))
+		h.refuseForm(w, r, f, outbox.Reason(err))
 		return
 	}
 	if f.Endpoint == nil && errors.Is(err, outbox.ErrConflict) {

@@ -122,6 +122,8 @@ func TestEndpointActionsFromThePage(t *testing.T) {
 	res, body := postPage(t, c, e.srv.URL+"/ops/endpoints/new", url.Values{"csrf": {csrf}, "url": {"ftp://x"}, "event_types": {"order.placed"}})
 	require.Equal(t, http.StatusUnprocessableEntity, res.StatusCode)
 	require.Contains(t, body, `id="form-error"`)
+	require.Contains(t, body, `url: scheme &#34;ftp&#34; is not http or https`, "the reason, in the person's terms")
+	require.NotContains(t, body, "netguard", "not the chain of packages it came through")
 	res, _ = postPage(t, c, e.srv.URL+"/ops/endpoints/new", url.Values{"csrf": {csrf}, "url": {"http://127.0.0.1:9/x"}, "event_types": {" , "}})
 	require.Equal(t, http.StatusUnprocessableEntity, res.StatusCode)
 	require.Zero(t, e.count(t, `SELECT count(*) FROM webhook_endpoints`))

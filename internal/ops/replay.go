@@ -234,7 +234,7 @@ func (h *Handler) handleReplay(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		h.logAction(r, "replay_endpoint", append(attrs, slog.String("error", err.Error()))...)
 		if errors.Is(err, outbox.ErrInvalidReplay) {
-			form.Error = "The replay's range is not valid: from must be before to."
+			form.Error = "Not replayed: " + outbox.Reason(err) + "."
 			h.renderReplayForm(w, r, http.StatusBadRequest, ep, form)
 			return
 		}
@@ -274,7 +274,7 @@ func (h *Handler) handleReplay(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) confirmReplay(w http.ResponseWriter, r *http.Request, ep outbox.Endpoint, in replayInput, form replayForm) {
 	n, err := h.admin.ReplayCount(r.Context(), ep.ID, in.replay())
 	if errors.Is(err, outbox.ErrInvalidReplay) {
-		form.Error = "The replay's range is not valid: from must be before to."
+		form.Error = "Not replayed: " + outbox.Reason(err) + "."
 		h.renderReplayForm(w, r, http.StatusBadRequest, ep, form)
 		return
 	}

@@ -254,7 +254,7 @@ func (a *Admin) CheckEndpointChange(ctx context.Context, c EndpointChange) error
 // deduplicated (nil when it does not change them).
 func (a *Admin) checkChange(ctx context.Context, c EndpointChange) ([]string, error) {
 	if c.URL == nil && c.EventTypes == nil {
-		return nil, fmt.Errorf("%w: a change names a destination (url, or kind and its fields), event_types, or both", ErrInvalidEndpoint)
+		return nil, invalid(ErrInvalidEndpoint, "a change names a destination (url, or kind and its fields), event_types, or both")
 	}
 	var types []string
 	if c.EventTypes != nil {
@@ -279,20 +279,20 @@ func (a *Admin) checkDestination(ctx context.Context, rawURL string) error {
 	if !isText(rawURL) {
 		// PostgreSQL stores neither: a NUL in a subject or routing key, or
 		// bytes that are not UTF-8 in a URL's path, would fail the write.
-		return fmt.Errorf("%w: a destination must be UTF-8 text without NUL", ErrInvalidEndpoint)
+		return invalid(ErrInvalidEndpoint, "a destination must be UTF-8 text without NUL")
 	}
 	if len(rawURL) > maxDestinationBytes {
-		return fmt.Errorf("%w: a destination is at most %d bytes", ErrInvalidEndpoint, maxDestinationBytes)
+		return invalid(ErrInvalidEndpoint, "a destination is at most %d bytes", maxDestinationBytes)
 	}
 	d, err := parseDestination(rawURL)
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalidEndpoint, err)
+		return invalidAs(ErrInvalidEndpoint, "", err)
 	}
 	if d.Kind != KindWebhook {
 		return nil
 	}
 	if err := a.checker.CheckURL(ctx, rawURL); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalidEndpoint, err)
+		return invalidAs(ErrInvalidEndpoint, "url", err)
 	}
 	return nil
 }
@@ -302,24 +302,24 @@ func (a *Admin) checkDestination(ctx context.Context, rawURL string) error {
 func subscription(in []string) ([]string, error) {
 	types := slices.Compact(slices.Sorted(slices.Values(in)))
 	if len(types) == 0 {
-		return nil, fmt.Errorf("%w: event_types must name at least one event type", ErrInvalidEndpoint)
+		return nil, invalid(ErrInvalidEndpoint, "event_types must name at least one event type")
 	}
 	if len(types) > maxEventTypes {
-		return nil, fmt.Errorf("%w: event_types names %d types; at most %d", ErrInvalidEndpoint, len(types), maxEventTypes)
+		return nil, invalid(ErrInvalidEndpoint, "event_types names %d types; at most %d", len(types), maxEventTypes)
 	}
 	for _, t := range types {
 		if strings.TrimSpace(t) == "" {
-			return nil, fmt.Errorf("%w: event_types must not contain an empty type", ErrInvalidEndpoint)
+			return nil, invalid(ErrInvalidEndpoint, "event_types must not contain an empty type")
 		}
 		if !isText(t) {
-			return nil, fmt.Errorf("%w: event_types must be UTF-8 text without NUL bytes", ErrInvalidEndpoint)
+			return nil, invalid(ErrInvalidEndpoint, "event_types must be UTF-8 text without NUL bytes")
 		}
 		if strings.TrimSpace(t) != t {
 			// No event's type has spaces around it: such a type matches none.
-			return nil, fmt.Errorf("%w: event type %q has spaces around it", ErrInvalidEndpoint, t)
+			return nil, invalid(ErrInvalidEndpoint, "event type %q has spaces around it", t)
 		}
 		if len(t) > maxEventTypeBytes {
-			return nil, fmt.Errorf("%w: an event type is at most %d bytes", ErrInvalidEndpoint, maxEventTypeBytes)
+			return nil, invalid(ErrInvalidEndpoint, "an event type is at most %d bytes", maxEventTypeBytes)
 		}
 	}
 	return types, nil
@@ -551,7 +551,7 @@ func (a *Admin) RotateSecretAsSeen(ctx context.Context, seen Endpoint, overlap t
 
 func (a *Admin) rotateSecret(ctx context.Context, id uuid.UUID, overlap time.Duration, seen *Endpoint) (Endpoint, error) {
 	if overlap < 0 || overlap > 30*24*time.Hour {
-		return Endpoint{}, fmt.Errorf("%w: overlap must be from 0 to 720h, got %s", ErrInvalidEndpoint, overlap)
+		return Endpoint{}, invalid(ErrInvalidEndpoint, "overlap must be from 0 to 720h, got %s", overlap)
 	}
 	secret, err := webhook.NewSecret()
 	if err != nil {
@@ -598,7 +598,7 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 }
 
 // ErrInvalidStatus is returned for a status filter that is not a status.
-var ErrInvalidStatus = errors.New("outbox: status must be pending, claimed, delivered, failed or discarded")
+var ErrInvalidStatus = errors.New("outbox: invalid status filter")
 
 // ErrInvalidFilter is returned by Messages for a filter value that cannot
 // name anything stored (not text).
@@ -684,12 +684,12 @@ func (a *Admin) Messages(ctx context.Context, f MessageFilter) ([]Message, *uuid
 		BeforeID: f.Before, MaxRows: int32(read)}
 	if f.Status != "" {
 		if !slices.Contains(Statuses, f.Status) {
-			return nil, nil, ErrInvalidStatus
+			return nil, nil, invalid(ErrInvalidStatus, "status must be one of %s, not %q", strings.Join(Statuses, ", "), f.Status)
 		}
 		p.Status = &f.Status
 	}
 	if !isText(f.Type) || !isText(f.OrderingKey) {
-		return nil, nil, fmt.Errorf("%w: type and ordering_key must be UTF-8 text without NUL bytes", ErrInvalidFilter)
+		return nil, nil, invalid(ErrInvalidFilter, "type and ordering_key must be UTF-8 text without NUL bytes")
 	}
 	if f.Type != "" {
 		p.Type = &f.Type

@@ -71,7 +71,7 @@ func (spec DestinationSpec) URLOf() (string, error) {
 			"exchange": spec.Exchange, "routing_key": spec.RoutingKey}
 		for name, v := range fields {
 			if v != "" && !contains(allowed, name) {
-				return fmt.Errorf("%w: %s does not apply to a %s destination (it takes %s)", ErrInvalidDestination,
+				return invalid(ErrInvalidDestination, "%s does not apply to a %s destination (it takes %s)",
 					name, kind, strings.Join(allowed, " and "))
 			}
 		}
@@ -84,10 +84,10 @@ func (spec DestinationSpec) URLOf() (string, error) {
 			return "", err
 		}
 		if spec.URL == "" {
-			return "", fmt.Errorf("%w: url is required", ErrInvalidDestination)
+			return "", invalid(ErrInvalidDestination, "url is required")
 		}
 		if d, _ := parseDestination(spec.URL); d.Kind != KindWebhook {
-			return "", fmt.Errorf("%w: %q is a %s destination: register it with kind %q", ErrInvalidDestination, spec.URL, d.Kind, d.Kind)
+			return "", invalid(ErrInvalidDestination, "%q is a %s destination: register it with kind %q", spec.URL, d.Kind, d.Kind)
 		}
 		return spec.URL, nil
 	case KindNATS:
@@ -106,7 +106,7 @@ func (spec DestinationSpec) URLOf() (string, error) {
 		}
 		u = KindRabbitMQ + ":" + spec.Exchange + "/" + spec.RoutingKey
 	default:
-		return "", fmt.Errorf("%w: unknown kind %q (want one of %s)", ErrInvalidDestination, spec.Kind, strings.Join(Kinds, ", "))
+		return "", invalid(ErrInvalidDestination, "unknown kind %q (want one of %s)", spec.Kind, strings.Join(Kinds, ", "))
 	}
 	if _, err := parseDestination(u); err != nil {
 		return "", err
@@ -127,7 +127,7 @@ func parseDestination(rawURL string) (Destination, error) {
 		return d, checkTopic(d.Name)
 	case KindRabbitMQ:
 		if !strings.Contains(strings.TrimPrefix(rawURL, KindRabbitMQ+":"), "/") {
-			return d, fmt.Errorf("%w: a RabbitMQ destination is exchange/routing-key, got %q", ErrInvalidDestination, rawURL)
+			return d, invalid(ErrInvalidDestination, "a RabbitMQ destination is exchange/routing-key, got %q", rawURL)
 		}
 		return d, checkExchange(d.Exchange, d.RoutingKey)
 	}
@@ -164,19 +164,19 @@ func destinationOf(rawURL string) Destination {
 // dot-separated tokens, none empty, no wildcards, no whitespace.
 func checkSubject(s string) error {
 	if s == "" {
-		return fmt.Errorf("%w: the NATS subject is empty", ErrInvalidDestination)
+		return invalid(ErrInvalidDestination, "the NATS subject is empty")
 	}
 	if len(s) > 255 {
-		return fmt.Errorf("%w: the NATS subject is longer than 255 bytes", ErrInvalidDestination)
+		return invalid(ErrInvalidDestination, "the NATS subject is longer than 255 bytes")
 	}
 	for tok := range strings.SplitSeq(s, ".") {
 		switch {
 		case tok == "":
-			return fmt.Errorf("%w: NATS subject %q has an empty token", ErrInvalidDestination, s)
+			return invalid(ErrInvalidDestination, "NATS subject %q has an empty token", s)
 		case tok == "*" || tok == ">":
-			return fmt.Errorf("%w: NATS subject %q has a wildcard; publish to one subject", ErrInvalidDestination, s)
+			return invalid(ErrInvalidDestination, "NATS subject %q has a wildcard; publish to one subject", s)
 		case strings.ContainsFunc(tok, unicode.IsSpace) || !utf8.ValidString(tok):
-			return fmt.Errorf("%w: NATS subject %q has whitespace or invalid UTF-8", ErrInvalidDestination, s)
+			return invalid(ErrInvalidDestination, "NATS subject %q has whitespace or invalid UTF-8", s)
 		}
 	}
 	return nil
@@ -187,7 +187,7 @@ var kafkaTopic = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
 
 func checkTopic(s string) error {
 	if !kafkaTopic.MatchString(s) || s == "." || s == ".." {
-		return fmt.Errorf("%w: Kafka topic %q must be 1 to 249 of a-z, A-Z, 0-9, '.', '_', '-' (and not . or ..)", ErrInvalidDestination, s)
+		return invalid(ErrInvalidDestination, "Kafka topic %q must be 1 to 249 of a-z, A-Z, 0-9, '.', '_', '-' (and not . or ..)", s)
 	}
 	return nil
 }
@@ -197,13 +197,13 @@ var amqpExchange = regexp.MustCompile(`^[a-zA-Z0-9._:-]{0,255}$`)
 
 func checkExchange(ex, key string) error {
 	if !amqpExchange.MatchString(ex) {
-		return fmt.Errorf("%w: RabbitMQ exchange %q must be up to 255 of a-z, A-Z, 0-9, '.', '_', ':', '-'", ErrInvalidDestination, ex)
+		return invalid(ErrInvalidDestination, "RabbitMQ exchange %q must be up to 255 of a-z, A-Z, 0-9, '.', '_', ':', '-'", ex)
 	}
 	if len(key) > 255 || !utf8.ValidString(key) {
-		return fmt.Errorf("%w: the RabbitMQ routing key must be valid UTF-8 of at most 255 bytes", ErrInvalidDestination)
+		return invalid(ErrInvalidDestination, "the RabbitMQ routing key must be valid UTF-8 of at most 255 bytes")
 	}
 	if ex == "" && key == "" {
-		return fmt.Errorf("%w: with the default exchange the routing key names the queue: it cannot be empty", ErrInvalidDestination)
+		return invalid(ErrInvalidDestination, "with the default exchange the routing key names the queue: it cannot be empty")
 	}
 	return nil
 }

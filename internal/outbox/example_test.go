@@ -169,3 +169,19 @@ func ExampleRelay() {
 	fmt.Println(<-received == event.String())
 	// Output: true
 }
+
+// A refusal says why twice: Reason for the person who sent the input (the
+// admin API's problem detail), Error for a log, with the chain that
+// wrapped it. Vetting a change needs no database.
+func ExampleReason() {
+	admin := outbox.NewAdmin(nil, netguard.Guard{}, slog.New(slog.DiscardHandler))
+	bad := "ftp://1.1.1.1/hooks"
+	err := admin.CheckEndpointChange(context.Background(), outbox.EndpointChange{URL: &bad})
+	fmt.Println(errors.Is(err, outbox.ErrInvalidEndpoint), errors.Is(err, netguard.ErrInvalidURL))
+	fmt.Println(outbox.Reason(err))
+	fmt.Println(err)
+	// Output:
+	// true true
+	// url: scheme "ftp" is not http or https
+	// outbox: invalid webhook endpoint: checking webhook url: netguard: invalid webhook url: scheme "ftp" is not http or https
+}

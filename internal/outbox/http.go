@@ -53,7 +53,7 @@ func (a *Admin) handleCreateEndpoint(w http.ResponseWriter, r *http.Request) {
 	}
 	u, err := req.URLOf()
 	if err != nil {
-		a.writeError(w, r, fmt.Errorf("%w: %w", ErrInvalidEndpoint, err))
+		a.writeError(w, r, invalidAs(ErrInvalidEndpoint, "", err))
 		return
 	}
 	ep, err := a.CreateEndpoint(r.Context(), u, req.EventTypes)
@@ -128,10 +128,10 @@ func (a *Admin) handleUpdateEndpoint(w http.ResponseWriter, r *http.Request) {
 	if spec, named := req.destination(); named {
 		u, err := spec.URLOf()
 		if err == nil && u == "" {
-			err = errors.New("the destination is empty")
+			err = invalid(ErrInvalidDestination, "the destination is empty")
 		}
 		if err != nil {
-			a.writeError(w, r, fmt.Errorf("%w: %w", ErrInvalidEndpoint, err))
+			a.writeError(w, r, invalidAs(ErrInvalidEndpoint, "", err))
 			return
 		}
 		change.URL = &u
@@ -369,7 +369,9 @@ func (a *Admin) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		httpjson.WriteError(w, err)
 		return
 	}
-	httpjson.WriteProblem(w, httpjson.NewProblem(status, "%s", err.Error()))
+	// The reason, in the sender's terms: the chain of actions that wrapped
+	// it is for the log, and this one is not logged.
+	httpjson.WriteProblem(w, httpjson.NewProblem(status, "%s", Reason(err)))
 }
 
 func pathID(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {

@@ -61,17 +61,17 @@ type ReplayResult struct {
 
 func (r Replay) check() error {
 	if r.From.IsZero() || r.To.IsZero() {
-		return fmt.Errorf("%w: from and to are both required", ErrInvalidReplay)
+		return invalid(ErrInvalidReplay, "from and to are both required")
 	}
 	if !r.From.Before(r.To) {
-		return fmt.Errorf("%w: from must be before to", ErrInvalidReplay)
+		return invalid(ErrInvalidReplay, "from must be before to")
 	}
 	if r.Limit < 0 || r.Limit > MaxReplayBatch {
-		return fmt.Errorf("%w: limit must be from 1 to %d", ErrInvalidReplay, MaxReplayBatch)
+		return invalid(ErrInvalidReplay, "limit must be from 1 to %d", MaxReplayBatch)
 	}
 	for _, t := range r.EventTypes {
 		if !isText(t) {
-			return fmt.Errorf("%w: an event type must be UTF-8 text without NUL", ErrInvalidReplay)
+			return invalid(ErrInvalidReplay, "an event type must be UTF-8 text without NUL")
 		}
 	}
 	return nil

@@ -131,16 +131,16 @@ func TestBrokerDestinations(t *testing.T) {
 		require.NotEqual(t, "webhook", ep.Kind)
 	}
 	// Bad destinations: a clear 422, and nothing written.
-	for _, bad := range []string{
-		`"kind":"sqs","url":"x"`,
-		`"kind":"nats","subject":"orders.>"`,
-		`"kind":"kafka","topic":"orders","url":"kafka://elsewhere:9092"`,
-		`"kind":"rabbitmq","exchange":"a b","routing_key":"k"`,
-		`"url":"nats:orders"`,
+	for bad, why := range map[string]string{
+		`"kind":"sqs","url":"x"`:                                         `unknown kind \"sqs\"`,
+		`"kind":"nats","subject":"orders.>"`:                             `NATS subject \"orders.\u003e\" has a wildcard`,
+		`"kind":"kafka","topic":"orders","url":"kafka://elsewhere:9092"`: `url does not apply to a kafka destination`,
+		`"kind":"rabbitmq","exchange":"a b","routing_key":"k"`:           `RabbitMQ exchange \"a b\" must be`,
+		`"url":"nats:orders"`:                                            `is a nats destination: register it with kind \"nats\"`,
 	} {
 		code, body := api.call(t, http.MethodPost, "/webhook-endpoints", "Bearer "+adminToken, `{`+bad+`,`+types+`}`)
 		require.Equal(t, http.StatusUnprocessableEntity, code, "%s: %s", bad, body)
-		require.Contains(t, string(body), "destination", "%s: the problem names what is wrong", bad)
+		require.Contains(t, string(body), why, "%s: the problem names what is wrong", bad)
 	}
 	var eps []struct{ Kind, URL string }
 	require.Equal(t, http.StatusOK, api.admin(t, http.MethodGet, "/webhook-endpoints", "", &eps))
