@@ -46,8 +46,8 @@ func refused(kind error, format string, args ...any) *RefusedError {
 	return &RefusedError{kind: kind, reason: fmt.Sprintf(format, args...)}
 }
 
-// Error is the kind and the reason: "netguard: forbidden address:
-// 169.254.169.254 is the cloud metadata service".
+// Error is the kind and the reason: "netguard: invalid webhook url: scheme
+// "ftp" is not http or https".
 func (e *RefusedError) Error() string { return e.kind.Error() + ": " + e.reason }
 
 // Unwrap is the kind, for errors.Is.
