@@ -42,7 +42,7 @@ func TestBrowserFormMistakesAreShownWithTheForm(t *testing.T) {
 		chromedp.SetValue(chromedp.ID("url"), "not a url"), chromedp.SetValue(chromedp.ID("event_types"), "order.placed"))
 	require.Equal(t, http.StatusUnprocessableEntity, submit("#save"))
 	do(chromedp.WaitReady(chromedp.ID("form-error")))
-	require.Equal(t, `URL: scheme "" is not http or https`, strings.TrimSpace(text("#form-error")),
+	require.Equal(t, `url: scheme "" is not http or https`, strings.TrimSpace(text("#form-error")),
 		"the reason, without the chain of errors that carried it")
 	require.Equal(t, "not a url", attr("#url", "value"), "the form keeps what was entered")
 	require.Equal(t, "order.placed", attr("#event_types", "value"))
