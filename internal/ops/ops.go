@@ -596,7 +596,7 @@ func (h *Handler) actionError(w http.ResponseWriter, r *http.Request, err error)
 		h.renderError(w, r, http.StatusConflict, "Nothing to do",
 			"Only failed messages can be retried or skipped, and this one is not failed (any more), or its endpoint was deleted. Reload the page to see its status.")
 	case errors.Is(err, outbox.ErrInvalidReplay):
-		h.renderError(w, r, http.StatusBadRequest, "Cannot replay that", "Not replayed: "+outbox.Reason(err)+".")
+		h.renderError(w, r, http.StatusBadRequest, "Cannot replay that", replayRefusal(err))
 	case errors.Is(err, context.DeadlineExceeded):
 		h.logger.WarnContext(r.Context(), "ops request took too long", slog.String("path", r.URL.Path), slog.Any("error", err))
 		h.renderError(w, r, http.StatusServiceUnavailable, "Took too long",

@@ -234,7 +234,7 @@ func (h *Handler) handleReplay(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		h.logAction(r, "replay_endpoint", append(attrs, slog.String("error", err.Error()))...)
 		if errors.Is(err, outbox.ErrInvalidReplay) {
-			form.Error = "Not replayed: " + outbox.Reason(err) + "."
+			form.Error = replayRefusal(err)
 			h.renderReplayForm(w, r, http.StatusBadRequest, ep, form)
 			return
 		}
@@ -270,11 +270,15 @@ func (h *Handler) handleReplay(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
+// replayRefusal is why a replay was refused, for the form and the error
+// page alike.
+func replayRefusal(err error) string { return "Not replayed: " + outbox.Reason(err) + "." }
+
 // confirmReplay asks before a replay, saying how many events it sends.
 func (h *Handler) confirmReplay(w http.ResponseWriter, r *http.Request, ep outbox.Endpoint, in replayInput, form replayForm) {
 	n, err := h.admin.ReplayCount(r.Context(), ep.ID, in.replay())
 	if errors.Is(err, outbox.ErrInvalidReplay) {
-		form.Error = "Not replayed: " + outbox.Reason(err) + "."
+		form.Error = replayRefusal(err)
 		h.renderReplayForm(w, r, http.StatusBadRequest, ep, form)
 		return
 	}
