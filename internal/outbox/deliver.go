@@ -351,9 +351,14 @@ func (s *session) run(ctx context.Context) error {
 					s.inFlight++
 					// A broker destination signs nothing: its secret is
 					// never opened, so one that does not decrypt holds
-					// nothing up.
-					dest, sign := destinationOf(row.EndpointUrl), signing{}
-					if dest.Kind == KindWebhook {
+					// nothing up. The destination is checked again: a row
+					// stored before a rule (controlSurface) is not sent.
+					dest, err := parseDestination(row.EndpointUrl)
+					sign := signing{}
+					switch {
+					case err != nil:
+						sign.err = fmt.Errorf("not sent: %w", err)
+					case dest.Kind == KindWebhook:
 						sign = s.signing(row)
 					}
 					go s.send(sendCtx, row, dest, sign)

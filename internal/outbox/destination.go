@@ -21,7 +21,9 @@ import (
 //
 // The broker's address and credentials are never part of it: they come from
 // the worker's configuration, so an API caller cannot point the relay at a
-// server of their choosing.
+// server of their choosing. Nor at the broker's own control surface: a
+// destination names a place for events, never an API the relay's
+// credentials could drive (controlSurface).
 const (
 	KindWebhook  = "webhook"
 	KindNATS     = "nats"
@@ -161,10 +163,14 @@ func destinationOf(rawURL string) Destination {
 }
 
 // checkSubject accepts a JetStream subject a message can be published to:
-// dot-separated tokens, none empty, no wildcards, no whitespace.
+// dot-separated tokens, none empty, no wildcards, no whitespace, and none
+// of the server's own (controlSurface).
 func checkSubject(s string) error {
 	if s == "" {
 		return invalid(ErrInvalidDestination, "the NATS subject is empty")
+	}
+	if strings.HasPrefix(s, "$") || s == "_INBOX" || strings.HasPrefix(s, "_INBOX.") {
+		return invalid(ErrInvalidDestination, "NATS subject %q is the server's own (%s): publish to a subject of your streams", s, controlSurface)
 	}
 	if len(s) > 255 {
 		return invalid(ErrInvalidDestination, "the NATS subject is longer than 255 bytes")
@@ -189,6 +195,9 @@ func checkTopic(s string) error {
 	if !kafkaTopic.MatchString(s) || s == "." || s == ".." {
 		return invalid(ErrInvalidDestination, "Kafka topic %q must be 1 to 249 of a-z, A-Z, 0-9, '.', '_', '-' (and not . or ..)", s)
 	}
+	if strings.HasPrefix(s, "__") {
+		return invalid(ErrInvalidDestination, "Kafka topic %q is internal to Kafka (%s): publish to a topic of your own", s, controlSurface)
+	}
 	return nil
 }
 
@@ -205,7 +214,28 @@ func checkExchange(ex, key string) error {
 	if ex == "" && key == "" {
 		return invalid(ErrInvalidDestination, "with the default exchange the routing key names the queue: it cannot be empty")
 	}
+	if strings.HasPrefix(ex, "amq.") && !amqpStandardExchanges[ex] {
+		return invalid(ErrInvalidDestination, "RabbitMQ exchange %q is the server's own (%s): publish to one of your exchanges or amq.direct, amq.topic, amq.fanout, amq.headers, amq.match", ex, controlSurface)
+	}
+	if ex == "" && strings.HasPrefix(key, "amq.") {
+		return invalid(ErrInvalidDestination, "RabbitMQ queue %q is a server-named or reply queue (%s): route to a queue of your own", key, controlSurface)
+	}
 	return nil
+}
+
+// controlSurface is why a broker's own names are refused: publishing to
+// them drives the broker rather than storing an event (a NATS subject under
+// $JS.API purges or deletes streams, one under _INBOX answers another
+// client's request), with the relay's credentials and on an API caller's
+// word. The destination is checked when it is stored and again before each
+// delivery, so a row stored before this rule is not delivered either.
+const controlSurface = "a control surface, not a place for events"
+
+// amqpStandardExchanges are the exchanges every RabbitMQ server declares
+// for its users: the other amq. ones are the server's own (its event,
+// log and trace exchanges).
+var amqpStandardExchanges = map[string]bool{
+	"amq.direct": true, "amq.topic": true, "amq.fanout": true, "amq.headers": true, "amq.match": true,
 }
 
 func contains(xs []string, x string) bool {

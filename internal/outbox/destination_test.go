@@ -37,6 +37,22 @@ func TestDestinationSpecs(t *testing.T) {
 		"bad exchange":          {spec: outbox.DestinationSpec{Kind: "rabbitmq", Exchange: "a b", RoutingKey: "k"}, err: "RabbitMQ exchange"},
 		"default ex, no queue":  {spec: outbox.DestinationSpec{Kind: "rabbitmq"}, err: "cannot be empty"},
 		"routing key over 255":  {spec: outbox.DestinationSpec{Kind: "rabbitmq", Exchange: "x", RoutingKey: strings.Repeat("k", 256)}, err: "255 bytes"},
+		// A destination is a place for events, never the broker's own API.
+		"jetstream api":         {spec: outbox.DestinationSpec{Kind: "nats", Subject: "$JS.API.STREAM.PURGE.ORDERS"}, err: "control surface"},
+		"key-value store":       {spec: outbox.DestinationSpec{Kind: "nats", Subject: "$KV.config.x"}, err: "control surface"},
+		"system account":        {spec: outbox.DestinationSpec{Kind: "nats", Subject: "$SYS.REQ.SERVER.PING"}, err: "control surface"},
+		"reply inbox":           {spec: outbox.DestinationSpec{Kind: "nats", Subject: "_INBOX.abc"}, err: "control surface"},
+		"inbox prefix alone":    {spec: outbox.DestinationSpec{Kind: "nats", Subject: "_INBOX"}, err: "control surface"},
+		"subject like inbox":    {spec: outbox.DestinationSpec{Kind: "nats", Subject: "_INBOXES.orders"}, url: "nats:_INBOXES.orders"},
+		"consumer offsets":      {spec: outbox.DestinationSpec{Kind: "kafka", Topic: "__consumer_offsets"}, err: "internal to Kafka"},
+		"transaction state":     {spec: outbox.DestinationSpec{Kind: "kafka", Topic: "__transaction_state"}, err: "internal to Kafka"},
+		"any internal topic":    {spec: outbox.DestinationSpec{Kind: "kafka", Topic: "__schemas"}, err: "internal to Kafka"},
+		"one underscore topic":  {spec: outbox.DestinationSpec{Kind: "kafka", Topic: "_orders"}, url: "kafka:_orders"},
+		"rabbitmq event ex":     {spec: outbox.DestinationSpec{Kind: "rabbitmq", Exchange: "amq.rabbitmq.event", RoutingKey: "k"}, err: "server's own"},
+		"rabbitmq trace ex":     {spec: outbox.DestinationSpec{Kind: "rabbitmq", Exchange: "amq.rabbitmq.trace", RoutingKey: "k"}, err: "server's own"},
+		"rabbitmq reply-to":     {spec: outbox.DestinationSpec{Kind: "rabbitmq", RoutingKey: "amq.rabbitmq.reply-to"}, err: "reply queue"},
+		"rabbitmq server queue": {spec: outbox.DestinationSpec{Kind: "rabbitmq", RoutingKey: "amq.gen-JzTY20BRgKO-HjmUJj0wLg"}, err: "server-named"},
+		"rabbitmq amq.topic":    {spec: outbox.DestinationSpec{Kind: "rabbitmq", Exchange: "amq.topic", RoutingKey: "orders.placed"}, url: "rabbitmq:amq.topic/orders.placed"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

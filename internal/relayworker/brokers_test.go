@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -210,4 +211,76 @@ func TestDownBrokerBacksOffAlone(t *testing.T) {
 		"the webhook deliveries recorded")
 	require.Zero(t, s.Failed, "waiting behind an open circuit fails nothing")
 	require.EqualValues(t, n, s.Pending+s.Claimed, "the broker's messages wait")
+}
+
+// A destination names a place for events, never the broker's control
+// surface: the admin API refuses the JetStream API, Kafka's internal topics
+// and RabbitMQ's own exchanges at create and at PATCH, and a row stored
+// before the rule (written here by hand) is never published to: the stream
+// whose purge subject it names keeps its messages.
+func TestDestinationsNeverNameTheBrokersOwnAPI(t *testing.T) {
+	t.Parallel()
+	b := newBrokers(t)
+	nc, js := brokertest.JetStream(t)
+	ctx := context.Background()
+	for i := range 3 {
+		_, err := js.Publish(ctx, b.subject, []byte{byte('0' + i)})
+		require.NoError(t, err)
+	}
+	info, err := b.stream.Info(ctx)
+	require.NoError(t, err)
+	purge := "$JS.API.STREAM.PURGE." + info.Config.Name
+
+	dbURL := dbtest.URL(t)
+	api := startAPI(t, map[string]string{"DATABASE_URL": dbURL, "ADMIN_TOKEN": adminToken})
+	types := `"event_types":["order.placed"]`
+	var ok struct{ ID string }
+	require.Equal(t, http.StatusCreated, api.admin(t, http.MethodPost, "/webhook-endpoints",
+		`{"kind":"nats","subject":"`+b.subject+`",`+types+`}`, &ok))
+	for _, bad := range []string{
+		`"kind":"nats","subject":"` + purge + `"`,
+		`"kind":"nats","subject":"$KV.config.x"`,
+		`"kind":"nats","subject":"_INBOX.abc"`,
+		`"kind":"kafka","topic":"__consumer_offsets"`,
+		`"kind":"rabbitmq","exchange":"amq.rabbitmq.event","routing_key":"x"`,
+	} {
+		code, body := api.call(t, http.MethodPost, "/webhook-endpoints", "Bearer "+adminToken, `{`+bad+`,`+types+`}`)
+		require.Equal(t, http.StatusUnprocessableEntity, code, "create %s: %s", bad, body)
+		require.Contains(t, string(body), "control surface", "create %s: the problem says why", bad)
+		code, body = api.call(t, http.MethodPatch, "/webhook-endpoints/"+ok.ID, "Bearer "+adminToken, `{`+bad+`}`)
+		require.Equal(t, http.StatusUnprocessableEntity, code, "patch %s: %s", bad, body)
+		require.Contains(t, string(body), "control surface", "patch %s: the problem says why", bad)
+	}
+
+	// Rows stored before the rule, one per broker: the relay refuses each
+	// at delivery, before its transport.
+	conn, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	stored := []string{"nats:" + purge, "kafka:__consumer_offsets", "rabbitmq:amq.rabbitmq.event/x"}
+	for _, u := range stored {
+		_, err := conn.Exec(ctx, `INSERT INTO webhook_endpoints (url, secret, event_types) VALUES ($1, 'whsec_c2VjcmV0', '{order.placed}')`, u)
+		require.NoError(t, err)
+	}
+	env := relayEnv(dbURL)
+	env["OUTBOX_NATS_URL"], env["OUTBOX_AMQP_URL"], env["OUTBOX_KAFKA_BROKERS"] = b.natsURL, b.amqpURL, strings.Join(b.kafka, ",")
+	startWorker(t, env)
+	code, body := api.call(t, http.MethodPost, "/orders", "", `{"customer_id":"c-1","lines":[{"sku":"A-1","quantity":1,"unit_price_cents":500}]}`)
+	require.Equal(t, http.StatusCreated, code, "body: %s", body)
+
+	refused := func() int {
+		var n int
+		require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM outbox_messages m JOIN webhook_endpoints e ON e.id = m.destination
+			WHERE e.url = ANY ($1) AND m.last_error LIKE '%control surface%'`, stored).Scan(&n))
+		return n
+	}
+	require.Eventually(t, func() bool { return refused() == len(stored) }, 20*time.Second, 20*time.Millisecond,
+		"each stored control-surface destination is refused at delivery, saying why")
+	require.Eventually(t, func() bool {
+		info, err := b.stream.Info(ctx)
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, info.State.Msgs, uint64(3), "the stream is never purged")
+		return info.State.Msgs == 4
+	}, 10*time.Second, 20*time.Millisecond, "the stream keeps its 3 messages and gets the order's event from the valid endpoint")
+	require.NoError(t, nc.Flush())
 }
