@@ -22,6 +22,8 @@ import (
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/orders"
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 	"github.com/outboxkit/orders/internal/webhook"
 )
 
@@ -89,9 +91,9 @@ func script(t *testing.T, databaseURL, name string, args ...string) string {
 // startRelay runs a real relay (River client) on pool; stop stops it gracefully.
 func startRelay(t *testing.T, pool *pgxpool.Pool) (stop func()) {
 	t.Helper()
-	cfg := outbox.RelayConfig{PollInterval: 50 * time.Millisecond, BackoffBase: 20 * time.Millisecond,
+	cfg := relay.Config{PollInterval: 50 * time.Millisecond, BackoffBase: 20 * time.Millisecond,
 		BackoffMax: 100 * time.Millisecond, DeliveryTimeout: 2 * time.Second}
-	relay, err := outbox.NewRelay(pool, cfg, &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
+	relay, err := relay.New(pool, cfg, &relay.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
 		slog.New(slog.DiscardHandler), nil)
 	require.NoError(t, err)
 	require.NoError(t, relay.Start(context.Background()))
@@ -160,7 +162,7 @@ func TestBackupAndRestoreRedeliverWhatWasPending(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(src.Close)
 	rc := newReceiver(t)
-	ep, err := outbox.NewAdmin(src, netguard.Guard{AllowPrivate: true}, logger).
+	ep, err := admin.New(src, netguard.Guard{AllowPrivate: true}, logger).
 		CreateEndpoint(ctx, rc.srv.URL+"/hook", []string{orders.EventPlaced})
 	require.NoError(t, err)
 	rc.verifier, err = webhook.NewVerifier(ep.Secret)

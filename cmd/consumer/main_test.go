@@ -15,10 +15,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxkit/orders/internal/outbox/relay"
 	"github.com/outboxkit/orders/internal/proctest"
 
 	"github.com/outboxkit/orders/internal/dbtest"
-	"github.com/outboxkit/orders/internal/outbox"
 	"github.com/outboxkit/orders/internal/webhook"
 )
 
@@ -77,7 +77,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 func TestMinInboxRetentionOutlastsTheSendersRetries(t *testing.T) {
 	t.Parallel()
 	var span time.Duration
-	for _, d := range outbox.DefaultRetrySchedule {
+	for _, d := range relay.DefaultRetrySchedule {
 		span += d + d/10
 	}
 	require.Greater(t, minInboxRetention, span)

@@ -36,7 +36,7 @@ import (
 	"github.com/outboxkit/orders/internal/devdb"
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/orders"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
 	"github.com/outboxkit/orders/internal/process"
 	"github.com/outboxkit/orders/internal/relayworker"
 	"github.com/outboxkit/orders/internal/secretbox"
@@ -190,13 +190,13 @@ func events() []string { return slices.Concat(orders.Events) }
 // today's events, so its id and history stay and what it still waits for
 // is delivered to this run.
 func registerReceiver(ctx context.Context, pool *pgxpool.Pool, addr string, keys *secretbox.Keyring, logger *slog.Logger) (http.Handler, error) {
-	admin := outbox.NewAdmin(pool, netguard.Guard{AllowPrivate: true}, logger, outbox.WithSecretKeys(keys))
+	svc := admin.New(pool, netguard.Guard{AllowPrivate: true}, logger, admin.WithSecretKeys(keys))
 	url := "http://" + addr + "/webhooks"
-	existing, err := admin.Endpoints(ctx)
+	existing, err := svc.Endpoints(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var ep outbox.Endpoint
+	var ep admin.Endpoint
 	want := slices.Sorted(slices.Values(events()))
 	for _, e := range existing {
 		if e.URL != url {
@@ -204,22 +204,22 @@ func registerReceiver(ctx context.Context, pool *pgxpool.Pool, addr string, keys
 		}
 		if !slices.Equal(e.EventTypes, want) {
 			// The modules changed: the same endpoint, subscribed to them now.
-			if _, err := admin.UpdateEndpoint(ctx, e.ID, outbox.EndpointChange{EventTypes: want}); err != nil {
+			if _, err := svc.UpdateEndpoint(ctx, e.ID, admin.EndpointChange{EventTypes: want}); err != nil {
 				return nil, fmt.Errorf("subscribing the demo receiver to every event: %w", err)
 			}
 		}
-		if ep, err = admin.RotateSecret(ctx, e.ID, 0); err != nil {
+		if ep, err = svc.RotateSecret(ctx, e.ID, 0); err != nil {
 			return nil, fmt.Errorf("renewing the demo receiver's secret: %w", err)
 		}
 		if !ep.Enabled {
-			if _, err := admin.SetEndpointEnabled(ctx, e.ID, true); err != nil {
+			if _, err := svc.SetEndpointEnabled(ctx, e.ID, true); err != nil {
 				return nil, err
 			}
 		}
 		break
 	}
 	if ep.ID == uuid.Nil {
-		if ep, err = admin.CreateEndpoint(ctx, url, events()); err != nil {
+		if ep, err = svc.CreateEndpoint(ctx, url, events()); err != nil {
 			return nil, fmt.Errorf("registering demo receiver: %w", err)
 		}
 	}

@@ -16,7 +16,7 @@ import (
 
 	"github.com/outboxkit/orders/internal/dbtest"
 	"github.com/outboxkit/orders/internal/netguard"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
 	"github.com/outboxkit/orders/internal/proctest"
 )
 
@@ -88,7 +88,7 @@ func TestRestartKeepsTheDemoEndpoint(t *testing.T) {
 	ctx := context.Background()
 	pool := dbtest.Pool(t)
 	addr := "127.0.0.1:8082"
-	admin := outbox.NewAdmin(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	admin := admin.New(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
 	// An earlier run's, from before a module added an event type.
 	first, err := admin.CreateEndpoint(ctx, "http://"+addr+"/webhooks", events()[:1])
 	require.NoError(t, err)

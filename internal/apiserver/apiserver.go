@@ -28,6 +28,7 @@ import (
 	"github.com/outboxkit/orders/internal/ops"
 	"github.com/outboxkit/orders/internal/orders"
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
 	"github.com/outboxkit/orders/internal/process"
 	"github.com/outboxkit/orders/internal/secretbox"
 	"github.com/outboxkit/orders/internal/telemetry"
@@ -72,7 +73,7 @@ func parseConfig(getenv func(string) string, environ []string) (config, error) {
 		allowPrivate:    env.Bool("OUTBOX_ALLOW_PRIVATE_TARGETS", false),
 		notify:          env.Bool("OUTBOX_NOTIFY", false),
 		opsCookieSecure: env.Bool("OPS_COOKIE_SECURE", false),
-		stallThreshold:  env.Duration("OUTBOX_STALL_THRESHOLD", outbox.DefaultStallThreshold),
+		stallThreshold:  env.Duration("OUTBOX_STALL_THRESHOLD", admin.DefaultStallThreshold),
 		tracing:         telemetry.FromEnv(env, "orders-api"),
 		secretKeys:      parseSecretKeys(env),
 	}
@@ -165,10 +166,10 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 
 	guard := netguard.Guard{AllowPrivate: cfg.allowPrivate}
 	ordersSvc := orders.NewService(pool, logger)
-	admin := outbox.NewAdmin(pool, guard, logger, outbox.WithSecretKeys(cfg.secretKeys),
-		outbox.WithStallThreshold(cfg.stallThreshold))
+	adminSvc := admin.New(pool, guard, logger, admin.WithSecretKeys(cfg.secretKeys),
+		admin.WithStallThreshold(cfg.stallThreshold))
 	httpMetrics := process.NewHTTPMetrics()
-	backlog := outbox.NewBacklogCollector(pool)
+	backlog := admin.NewBacklogCollector(pool)
 	defer backlog.Close() // before pool.Close, which waits for its connection
 	reg, err := process.NewRegistry(append(httpMetrics.Collectors(),
 		backlog, process.NewPoolCollector(pool, "api"))...)
@@ -188,7 +189,7 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 	if cfg.adminAddr != "" {
 		adminMux = http.NewServeMux()
 	}
-	opsOpts := ops.Options{Admin: admin, Token: cfg.adminToken, Logger: logger, Warnings: slices.Concat(cfg.misspelt, cfg.warnings()),
+	opsOpts := ops.Options{Admin: adminSvc, Token: cfg.adminToken, Logger: logger, Warnings: slices.Concat(cfg.misspelt, cfg.warnings()),
 		Pool: pool, CookieSecure: cfg.opsCookieSecure, Lookups: []ops.Lookup{orderLookup(ordersSvc)}}
 	// River UI counts River's jobs in the background: only when someone
 	// can sign in to look at it.
@@ -203,7 +204,7 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 	opsH := ops.New(opsOpts)
 	// The admin API's token is checked as the ops page's bearer logins are,
 	// under the same throttle.
-	adminH := opsH.RequireToken(httpjson.RefuseBrowserForms(admin.Handler()))
+	adminH := opsH.RequireToken(httpjson.RefuseBrowserForms(adminSvc.Handler()))
 	adminMux.Handle("/webhook-endpoints", adminH)
 	adminMux.Handle("/webhook-endpoints/", adminH)
 	adminMux.Handle("/outbox/", adminH)

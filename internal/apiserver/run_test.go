@@ -18,7 +18,7 @@ import (
 
 	"github.com/outboxkit/orders/internal/apiserver"
 	"github.com/outboxkit/orders/internal/dbtest"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
 	"github.com/outboxkit/orders/internal/proctest"
 )
 
@@ -376,13 +376,13 @@ func TestServe(t *testing.T) {
 			StallThresholdSeconds float64 `json:"stall_threshold_seconds"`
 		}
 		require.NoError(t, json.Unmarshal(body, &relays))
-		require.Equal(t, outbox.RelayDown, relays.State)
+		require.Equal(t, admin.RelayDown, relays.State)
 		require.Contains(t, relays.Reason, "No worker has sent a heartbeat")
 		require.Zero(t, relays.Alive)
 		require.Empty(t, relays.Relays)
 		require.Equal(t, int64(1), relays.Due, "the order's one message, due at once")
 		require.Zero(t, relays.Scheduled)
-		require.Equal(t, outbox.DefaultStallThreshold.Seconds(), relays.StallThresholdSeconds)
+		require.Equal(t, admin.DefaultStallThreshold.Seconds(), relays.StallThresholdSeconds)
 	})
 
 	t.Run("admin token never logged", func(t *testing.T) {

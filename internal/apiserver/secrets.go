@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
 	"github.com/outboxkit/orders/internal/process"
 	"github.com/outboxkit/orders/internal/secretbox"
 )
@@ -50,6 +50,6 @@ func reencryptSecrets(ctx context.Context, pool *pgxpool.Pool, keys *secretbox.K
 	if keys == nil {
 		return errors.New("reencrypt-secrets: OUTBOX_SECRET_KEYS is not set: there is no key to encrypt with")
 	}
-	_, err := outbox.NewAdmin(pool, nil, logger, outbox.WithSecretKeys(keys)).ReencryptSecrets(ctx)
+	_, err := admin.New(pool, nil, logger, admin.WithSecretKeys(keys)).ReencryptSecrets(ctx)
 	return err
 }

@@ -26,6 +26,12 @@ type pkg struct {
 //  3. A generated package (internal/X/internal/Xdb) is imported only from
 //     inside its module, internal/X/... (Go's internal rule enforces this
 //     too; the test says it in the rule's words).
+//  4. Another module's code imports the outbox's root package alone
+//     (Event, Enqueue, Queue, the statuses), never its engine (relay), its
+//     admin or its other packages: those are for the programs that wire
+//     them (cmd/, apiserver, relayworker) and for the ops page, the
+//     operators' face of the outbox's admin (a module only for the
+//     sessions it keeps). Tests may drive them.
 func TestImportRules(t *testing.T) {
 	mod := goList(t, "-m")
 	pkgs := listPackages(t)
@@ -60,6 +66,9 @@ func TestImportRules(t *testing.T) {
 			}
 			if modules[from] && (from == "outbox" || to != "outbox") {
 				violations = append(violations, p.ImportPath+" imports "+imp+": module "+from+" may import the outbox module only")
+			}
+			if to == "outbox" && modules[from] && from != "ops" && imp != internal+"outbox" && slices.Contains(p.Imports, imp) {
+				violations = append(violations, p.ImportPath+" imports "+imp+": another module imports the outbox's root package only")
 			}
 			if rest := strings.TrimPrefix(imp, internal+to); strings.HasPrefix(rest, "/internal/") && strings.HasSuffix(path.Base(imp), "db") {
 				violations = append(violations, p.ImportPath+" imports "+imp+": a generated package is private to its module")

@@ -1,5 +1,5 @@
 // Package broker publishes outbox messages to message brokers: NATS
-// JetStream, Kafka and RabbitMQ. Each transport implements outbox.Transport,
+// JetStream, Kafka and RabbitMQ. Each transport implements relay.Transport,
 // so broker destinations share the relay's claim, per-destination
 // scheduling, backoff, circuit breaker, history and metrics with webhooks.
 //
@@ -24,9 +24,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outboxkit/orders/internal/outbox/destination"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/outboxkit/orders/internal/outbox"
 )
 
 // Config is where the brokers are. Addresses and credentials come from the
@@ -52,32 +52,32 @@ type Config struct {
 }
 
 // Transports opens a transport for each configured broker and returns them
-// by kind, ready to add to an outbox.Router. Connections are made at the
+// by kind, ready to add to an relay.Router. Connections are made at the
 // first publish, so a broker that is down at start delays nothing but its
 // own destinations. close closes them all.
-func Transports(cfg Config) (ts map[string]outbox.Transport, close func(), err error) {
+func Transports(cfg Config) (ts map[string]relay.Transport, close func(), err error) {
 	if err := CheckNATSURL(cfg.NATSURL); err != nil {
 		return nil, nil, fmt.Errorf("checking the NATS URL: %w", err)
 	}
 	if err := CheckAMQPURL(cfg.AMQPURL); err != nil {
 		return nil, nil, fmt.Errorf("checking the RabbitMQ URL: %w", err)
 	}
-	ts = map[string]outbox.Transport{}
+	ts = map[string]relay.Transport{}
 	var closers []func()
 	if cfg.NATSURL != "" {
 		t := NewNATS(cfg.NATSURL, cfg.Source)
-		ts[outbox.KindNATS], closers = t, append(closers, t.Close)
+		ts[destination.KindNATS], closers = t, append(closers, t.Close)
 	}
 	if len(cfg.KafkaBrokers) > 0 {
 		t, err := NewKafka(cfg, cfg.Source)
 		if err != nil {
 			return nil, nil, err
 		}
-		ts[outbox.KindKafka], closers = t, append(closers, t.Close)
+		ts[destination.KindKafka], closers = t, append(closers, t.Close)
 	}
 	if cfg.AMQPURL != "" {
 		t := NewRabbitMQ(cfg.AMQPURL, cfg.Source)
-		ts[outbox.KindRabbitMQ], closers = t, append(closers, t.Close)
+		ts[destination.KindRabbitMQ], closers = t, append(closers, t.Close)
 	}
 	return ts, func() {
 		for _, c := range closers {
@@ -137,7 +137,7 @@ type attribute struct{ name, value string }
 
 // attributes are the event's CloudEvents attributes, unprefixed, and the
 // trace context headers, which every binding carries as they are.
-func attributes(d outbox.Delivery, source string) (ce []attribute, trace []attribute) {
+func attributes(d relay.Delivery, source string) (ce []attribute, trace []attribute) {
 	ce = []attribute{
 		{"specversion", "1.0"},
 		{"id", d.EventID.String()},

@@ -18,7 +18,7 @@ import (
 
 	"github.com/outboxkit/orders/internal/broker"
 	"github.com/outboxkit/orders/internal/brokertest"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // There is no Kafka server here: Kafka runs in process (franz-go's kfake),
@@ -31,9 +31,9 @@ var (
 
 const source = "urn:test:orders"
 
-func delivery(t *testing.T, url, key string) outbox.Delivery {
+func delivery(t *testing.T, url, key string) relay.Delivery {
 	t.Helper()
-	return outbox.Delivery{
+	return relay.Delivery{
 		EventID: uuid.Must(uuid.NewV7()), MessageID: uuid.Must(uuid.NewV7()), Type: "order.placed", URL: url,
 		Data: json.RawMessage(`{"id":"o-1","total_cents":1000}`), CreatedAt: time.Date(2026, 12, 1, 10, 0, 0, 5000, time.UTC),
 		OrderingKey: key,
@@ -244,7 +244,7 @@ func TestKafkaProducesKeyedCloudEvents(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(tr.Close)
 
-	var sent []outbox.Delivery
+	var sent []relay.Delivery
 	for range 5 {
 		d := delivery(t, "kafka:orders", "order-7")
 		res := tr.Deliver(ctxT(t), d)

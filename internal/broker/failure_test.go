@@ -16,7 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxkit/orders/internal/broker"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // freezer is a TCP proxy in front of a real broker that can stop passing
@@ -140,7 +140,7 @@ func TestRabbitMQThatStopsAnsweringHoldsNoPublishPastItsDeadline(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
 			within(t, 4*time.Second, "a publish to a broker that stopped answering", func() {
-				res := tr.Deliver(ctx, outbox.Delivery{EventID: d.EventID, MessageID: d.MessageID, Type: d.Type,
+				res := tr.Deliver(ctx, relay.Delivery{EventID: d.EventID, MessageID: d.MessageID, Type: d.Type,
 					URL: dest, Data: d.Data, CreatedAt: d.CreatedAt})
 				// Its deadline, or the connection dropped under it when
 				// another's deadline came first: a failure either way.
@@ -180,7 +180,7 @@ func TestKafkaThatStopsAnsweringHoldsNoProducePastItsDeadline(t *testing.T) {
 	t.Cleanup(tr.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	var res outbox.Result
+	var res relay.Result
 	d := delivery(t, "kafka:orders", "order-7")
 	require.True(t, within(t, 5*time.Second, "a produce to a broker that stopped answering", func() {
 		res = tr.Deliver(ctx, d)
@@ -236,7 +236,7 @@ func TestSilentBrokerFailsWaitingPublishesTogether(t *testing.T) {
 	addr := silentServer(t)
 	for _, tc := range []struct {
 		name string
-		tr   outbox.Transport
+		tr   relay.Transport
 		dest string
 	}{
 		{"nats", broker.NewNATS("nats://"+addr, source), "nats:orders.events"},
@@ -325,7 +325,7 @@ func TestADialHoldsNoPublishPastItsDeadline(t *testing.T) {
 	addr := silentServer(t)
 	for _, tc := range []struct {
 		name string
-		tr   outbox.Transport
+		tr   relay.Transport
 		dest string
 	}{
 		// Three seeds, all silent: 15 s of dialing.

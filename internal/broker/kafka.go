@@ -6,11 +6,10 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/outboxkit/orders/internal/outbox/relay"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
-
-	"github.com/outboxkit/orders/internal/outbox"
 )
 
 // Kafka produces to Kafka topics with franz-go's idempotent producer and
@@ -56,8 +55,8 @@ func NewKafka(cfg Config, source string) (*Kafka, error) {
 	return &Kafka{client: client, source: source}, nil
 }
 
-// Deliver implements outbox.Transport.
-func (t *Kafka) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result {
+// Deliver implements relay.Transport.
+func (t *Kafka) Deliver(ctx context.Context, d relay.Delivery) relay.Result {
 	dest := d.Target()
 	rec := &kgo.Record{Topic: dest.Name, Value: d.Data}
 	if d.OrderingKey != "" {
@@ -74,10 +73,10 @@ func (t *Kafka) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result {
 	rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: "content-type", Value: []byte(contentType)})
 	if err := t.client.ProduceSync(ctx, rec).FirstErr(); err != nil {
 		// Too large for the producer or the topic: this message's fault.
-		return outbox.Result{Err: fmt.Errorf("producing to Kafka topic %q: %w", dest.Name, err),
+		return relay.Result{Err: fmt.Errorf("producing to Kafka topic %q: %w", dest.Name, err),
 			MessageFault: errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge)}
 	}
-	return outbox.Result{Acked: true}
+	return relay.Result{Acked: true}
 }
 
 // Close flushes nothing (every produce is synchronous) and closes the client.

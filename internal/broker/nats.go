@@ -9,8 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // NATS publishes to JetStream subjects. Each message carries Nats-Msg-Id =
@@ -104,12 +103,12 @@ func (t *NATS) dial(done chan struct{}) {
 	}
 }
 
-// Deliver implements outbox.Transport.
-func (t *NATS) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result {
+// Deliver implements relay.Transport.
+func (t *NATS) Deliver(ctx context.Context, d relay.Delivery) relay.Result {
 	dest := d.Target()
 	js, err := t.conn(ctx)
 	if err != nil {
-		return outbox.Result{Err: err}
+		return relay.Result{Err: err}
 	}
 	msg := nats.NewMsg(dest.Name)
 	msg.Data = d.Data
@@ -133,14 +132,14 @@ func (t *NATS) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result {
 		}
 		// Too large for the server or the stream: this message's fault.
 		tooLarge := errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum)
-		return outbox.Result{Err: fmt.Errorf("publishing to JetStream: %w", err), MessageFault: tooLarge}
+		return relay.Result{Err: fmt.Errorf("publishing to JetStream: %w", err), MessageFault: tooLarge}
 	}
 	if ack.Duplicate {
 		if err := sameSubject(ctx, js, ack, dest.Name); err != nil {
-			return outbox.Result{Err: err}
+			return relay.Result{Err: err}
 		}
 	}
-	return outbox.Result{Acked: true}
+	return relay.Result{Acked: true}
 }
 
 // sameSubject checks that the message a duplicate ack points at was

@@ -8,9 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/outboxkit/orders/internal/outbox/relay"
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/outboxkit/orders/internal/outbox"
 )
 
 // RabbitMQ publishes to RabbitMQ exchanges with publisher confirms,
@@ -205,12 +204,12 @@ func (t *RabbitMQ) release(c *confirmChannel) {
 // closes, and no publish, nor the lock, may wait for that.
 func discard(ch *amqp.Channel) { go ch.Close() } //nolint:errcheck
 
-// Deliver implements outbox.Transport.
-func (t *RabbitMQ) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result {
+// Deliver implements relay.Transport.
+func (t *RabbitMQ) Deliver(ctx context.Context, d relay.Delivery) relay.Result {
 	dest := d.Target()
 	c, err := t.channel(ctx)
 	if err != nil {
-		return outbox.Result{Err: err}
+		return relay.Result{Err: err}
 	}
 	ce, trace := attributes(d, t.source)
 	headers := amqp.Table{}
@@ -229,7 +228,7 @@ func (t *RabbitMQ) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result
 	dc, err := c.ch.PublishWithDeferredConfirmWithContext(ctx, dest.Exchange, dest.RoutingKey, true, false, pub)
 	if err != nil {
 		discard(c.ch)
-		return outbox.Result{Err: fmt.Errorf("publishing to RabbitMQ: %w", err)}
+		return relay.Result{Err: fmt.Errorf("publishing to RabbitMQ: %w", err)}
 	}
 	published := time.Now().UnixNano()
 	acked, err := dc.WaitContext(ctx)
@@ -247,7 +246,7 @@ func (t *RabbitMQ) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result
 		} else {
 			t.abandon(c.conn)
 		}
-		return outbox.Result{Err: fmt.Errorf("waiting for RabbitMQ's confirm: %w", err)}
+		return relay.Result{Err: fmt.Errorf("waiting for RabbitMQ's confirm: %w", err)}
 	}
 	if acked {
 		t.confirmedAt.Store(time.Now().UnixNano())
@@ -260,7 +259,7 @@ func (t *RabbitMQ) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result
 		}
 		// A return precedes its confirm: no queue took the message.
 		t.release(c)
-		return outbox.Result{Err: fmt.Errorf("RabbitMQ returned the message as unroutable: %d %s (exchange %q, routing key %q)",
+		return relay.Result{Err: fmt.Errorf("RabbitMQ returned the message as unroutable: %d %s (exchange %q, routing key %q)",
 			ret.ReplyCode, ret.ReplyText, dest.Exchange, dest.RoutingKey)}
 	default:
 	}
@@ -278,10 +277,10 @@ func (t *RabbitMQ) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result
 			reason = errors.New("the connection was dropped before the broker confirmed it")
 		}
 		discard(c.ch)
-		return outbox.Result{Err: fmt.Errorf("publishing to RabbitMQ exchange %q: %w", dest.Exchange, reason)}
+		return relay.Result{Err: fmt.Errorf("publishing to RabbitMQ exchange %q: %w", dest.Exchange, reason)}
 	}
 	t.release(c)
-	return outbox.Result{Acked: true}
+	return relay.Result{Acked: true}
 }
 
 // errNack is a confirm that says the broker did not take the message.

@@ -23,6 +23,8 @@ import (
 	"github.com/outboxkit/orders/internal/dbtest"
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 	"github.com/outboxkit/orders/internal/webhook"
 )
 
@@ -495,7 +497,7 @@ func TestAnEventThroughTwoEndpointsIsAppliedOnce(t *testing.T) {
 	pool := dbtest.Pool(t)
 	logger := slog.New(slog.DiscardHandler)
 	require.NoError(t, consumer.Migrate(ctx, pool, logger))
-	admin := outbox.NewAdmin(pool, netguard.Guard{AllowPrivate: true}, logger)
+	admin := admin.New(pool, netguard.Guard{AllowPrivate: true}, logger)
 
 	// The consumer answers on two paths; its endpoints are registered first
 	// so it can be given both secrets.
@@ -528,7 +530,7 @@ func TestAnEventThroughTwoEndpointsIsAppliedOnce(t *testing.T) {
 			Data: map[string]any{"id": orderID, "customer_id": "c-1", "status": "placed", "total_cents": 1500}})
 		return err
 	}))
-	relay, err := outbox.NewRelay(pool, outbox.RelayConfig{}, &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()}, logger, nil)
+	relay, err := relay.New(pool, relay.Config{}, &relay.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()}, logger, nil)
 	require.NoError(t, err)
 	require.NoError(t, relay.Start(ctx))
 	t.Cleanup(func() {

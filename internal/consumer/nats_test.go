@@ -17,7 +17,7 @@ import (
 	"github.com/outboxkit/orders/internal/broker"
 	"github.com/outboxkit/orders/internal/brokertest"
 	"github.com/outboxkit/orders/internal/consumer"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // jetStream makes a stream and a durable pull consumer of their own for
@@ -32,9 +32,9 @@ func jetStream(t *testing.T) (js jetstream.JetStream, cons jetstream.Consumer, s
 }
 
 // orderEvent is a delivery as the relay hands it to the NATS transport.
-func orderEvent(typ, customer string, orderID uuid.UUID, total int64) outbox.Delivery {
+func orderEvent(typ, customer string, orderID uuid.UUID, total int64) relay.Delivery {
 	data, _ := json.Marshal(map[string]any{"id": orderID, "customer_id": customer, "status": "placed", "total_cents": total})
-	return outbox.Delivery{EventID: uuid.Must(uuid.NewV7()), Type: typ, Data: data, CreatedAt: time.Now(),
+	return relay.Delivery{EventID: uuid.Must(uuid.NewV7()), Type: typ, Data: data, CreatedAt: time.Now(),
 		OrderingKey: orderID.String(), Header: http.Header{}}
 }
 
@@ -93,7 +93,7 @@ func TestJetStreamEventsAreAppliedOnce(t *testing.T) {
 // consumeNATS runs f's consumer on cons until the test ends, and returns a
 // function that publishes a delivery to subject through the relay's own
 // NATS transport.
-func (f *fixture) consumeNATS(t *testing.T, cons jetstream.Consumer, subject, url string) func(outbox.Delivery) {
+func (f *fixture) consumeNATS(t *testing.T, cons jetstream.Consumer, subject, url string) func(relay.Delivery) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -102,12 +102,12 @@ func (f *fixture) consumeNATS(t *testing.T, cons jetstream.Consumer, subject, ur
 		cancel()
 		require.NoError(t, <-done, "ConsumeNATS returns nil when its context ends")
 	})
-	relay := broker.NewNATS(url, "urn:test:orders")
-	t.Cleanup(relay.Close)
-	return func(d outbox.Delivery) {
+	pub := broker.NewNATS(url, "urn:test:orders")
+	t.Cleanup(pub.Close)
+	return func(d relay.Delivery) {
 		t.Helper()
 		d.URL = "nats:" + subject
-		require.True(t, relay.Deliver(context.Background(), d).Acked)
+		require.True(t, pub.Deliver(context.Background(), d).Acked)
 	}
 }
 
@@ -224,7 +224,7 @@ func TestJetStreamOutageDoesNotCountAsOutOfOrder(t *testing.T) {
 	_, cons, subject, url := jetStream(t)
 	publish := f.consumeNATS(t, cons, subject, url)
 	const orders = 20
-	var events []outbox.Delivery
+	var events []relay.Delivery
 	for i := range orders {
 		id := uuid.New()
 		events = append(events, orderEvent("order.placed", fmt.Sprintf("c-%d", i), id, 100))

@@ -22,6 +22,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // chromiumPath finds the browser: CHROMIUM_PATH, else Debian's chromium
@@ -80,15 +82,15 @@ func TestBrowserRetryAFailedMessage(t *testing.T) {
 	// two attempts.
 	api := startAPI(t, ctx, nil)
 	base, pool, apiLog := api.base, api.pool, api.log
-	api.startRelay(t, ctx, outbox.RelayConfig{
+	api.startRelay(t, ctx, relay.Config{
 		PollInterval: 50 * time.Millisecond, BackoffBase: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
 		DeliveryTimeout: 2 * time.Second, ClaimTimeout: time.Minute, MaxAttempts: 2,
 	})
 
 	// Endpoints and orders, through the api like any client.
-	healthyEP := apiJSON[outbox.Endpoint](t, base, "POST", "/webhook-endpoints",
+	healthyEP := apiJSON[admin.Endpoint](t, base, "POST", "/webhook-endpoints",
 		map[string]any{"url": healthy.URL + "/webhooks", "event_types": []string{"order.placed"}})
-	flakyEP := apiJSON[outbox.Endpoint](t, base, "POST", "/webhook-endpoints",
+	flakyEP := apiJSON[admin.Endpoint](t, base, "POST", "/webhook-endpoints",
 		map[string]any{"url": flaky.URL + "/webhooks/orders", "event_types": []string{"order.cancelled"}})
 	seedHistory(t, pool, healthyEP.ID)
 	var orderIDs []string

@@ -5,7 +5,7 @@ import (
 	"math"
 	"strings"
 
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
 )
 
 // The charts are inline SVG computed here: geometry in Go, markup in the
@@ -90,7 +90,7 @@ func (c *chart) yAxis(maxV float64) func(float64) float64 {
 }
 
 // xAxis labels every 15 minutes (UTC) and the current minute.
-func (c *chart) xAxis(minutes []outbox.MinuteActivity) (slot float64) {
+func (c *chart) xAxis(minutes []admin.MinuteActivity) (slot float64) {
 	slot = (c.Right - c.Left) / float64(len(minutes))
 	for i, m := range minutes {
 		if m.Minute.UTC().Minute()%15 == 0 && i < len(minutes)-3 {
@@ -113,7 +113,7 @@ func compact(v float64) string {
 	return strings.TrimSuffix(fmt.Sprintf("%.1f", v), ".0")
 }
 
-func span(minutes []outbox.MinuteActivity) string {
+func span(minutes []admin.MinuteActivity) string {
 	if len(minutes) == 0 {
 		return ""
 	}
@@ -122,7 +122,7 @@ func span(minutes []outbox.MinuteActivity) string {
 }
 
 // deliveriesChart stacks each minute's attempts: delivered, retried, failed.
-func deliveriesChart(minutes []outbox.MinuteActivity) chart {
+func deliveriesChart(minutes []admin.MinuteActivity) chart {
 	c := frame("deliveries", 230)
 	var peak, delivered, retried, failed int64
 	for _, m := range minutes {
@@ -161,7 +161,7 @@ func deliveriesChart(minutes []outbox.MinuteActivity) chart {
 }
 
 // backlogChart draws pending + claimed messages at the end of each minute.
-func backlogChart(minutes []outbox.MinuteActivity) chart {
+func backlogChart(minutes []admin.MinuteActivity) chart {
 	c := frame("backlog", 140)
 	var peak int64
 	for _, m := range minutes {

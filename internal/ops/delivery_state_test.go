@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/netguard"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // What each endpoint is doing now, on the overview and on its own page,
@@ -43,8 +43,8 @@ func TestEndpointsShowWhatTheyAreDoingNow(t *testing.T) {
 		health_changed_at = now(), consecutive_failures = 5, backoff_until = now() + interval '10 minutes' WHERE id = $1`, down.ID)
 	require.Len(t, e.enqueue(t, "order.placed", 1), 4, "one message for each endpoint")
 
-	relay, err := outbox.NewRelay(e.pool, outbox.RelayConfig{RetrySchedule: []time.Duration{time.Hour}},
-		&outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()}, slog.New(slog.DiscardHandler), nil)
+	relay, err := relay.New(e.pool, relay.Config{RetrySchedule: []time.Duration{time.Hour}},
+		&relay.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()}, slog.New(slog.DiscardHandler), nil)
 	require.NoError(t, err)
 	require.NoError(t, relay.Start(ctx))
 	t.Cleanup(func() {

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
+	"github.com/outboxkit/orders/internal/outbox/destination"
 )
 
 // One endpoint's story, and what an operator can do to it: create, edit,
@@ -29,12 +29,12 @@ const attemptsShown = 50
 
 type endpointPage struct {
 	Layout
-	EP outbox.EndpointHealth
+	EP admin.EndpointHealth
 	// Relay says whether anyone delivers: a healthy endpoint gets nothing
 	// while the relay is down or stalled.
-	Relay     outbox.RelayStatus
-	Hour, Day outbox.AttemptStats
-	Attempts  []outbox.EndpointAttempt
+	Relay     admin.RelayStatus
+	Hour, Day admin.AttemptStats
+	Attempts  []admin.EndpointAttempt
 	Replay    replayForm
 	// Self is the page's path, where its actions return.
 	Self string
@@ -69,7 +69,7 @@ func (h *Handler) handleEndpoint(w http.ResponseWriter, r *http.Request) {
 type endpointForm struct {
 	Layout
 	// Endpoint is nil when creating.
-	Endpoint   *outbox.Endpoint
+	Endpoint   *admin.Endpoint
 	URL        string
 	EventTypes string
 	Error      string
@@ -90,7 +90,7 @@ func eventTypes(s string) []string {
 }
 
 // postedForm reads the create or edit form (ep nil when creating).
-func (h *Handler) postedForm(r *http.Request, title string, ep *outbox.Endpoint) endpointForm {
+func (h *Handler) postedForm(r *http.Request, title string, ep *admin.Endpoint) endpointForm {
 	f := endpointForm{Layout: h.layout(r, title), Endpoint: ep, URL: strings.TrimSpace(r.PostForm.Get("url")),
 		EventTypes: r.PostForm.Get("event_types")}
 	if ep == nil {
@@ -131,11 +131,11 @@ func (h *Handler) refuseForm(w http.ResponseWriter, r *http.Request, f endpointF
 // failed: the form again with the reason when the input was invalid, the
 // error page otherwise.
 func (h *Handler) formFailed(w http.ResponseWriter, r *http.Request, f endpointForm, err error) {
-	if errors.Is(err, outbox.ErrInvalidEndpoint) {
-		h.refuseForm(w, r, f, outbox.Reason(err))
+	if errors.Is(err, admin.ErrInvalidEndpoint) {
+		h.refuseForm(w, r, f, admin.Reason(err))
 		return
 	}
-	if f.Endpoint == nil && errors.Is(err, outbox.ErrConflict) {
+	if f.Endpoint == nil && errors.Is(err, admin.ErrConflict) {
 		// This form was submitted before, and its endpoint changed since or
 		// was made a while ago: its secret is not shown again.
 		h.renderError(w, r, http.StatusConflict, "Already created",
@@ -154,7 +154,7 @@ func (h *Handler) handleNewEndpointForm(w http.ResponseWriter, r *http.Request) 
 // secretPage shows a signing secret, once.
 type secretPage struct {
 	Layout
-	Endpoint outbox.Endpoint
+	Endpoint admin.Endpoint
 	Secret   string
 	// Rotated: a new secret for an existing endpoint; Overlap is how long
 	// the previous one still signs too.
@@ -192,7 +192,7 @@ func (h *Handler) handleEditEndpoint(w http.ResponseWriter, r *http.Request) {
 	}
 	f := h.postedForm(r, "Edit endpoint", &ep)
 	types := eventTypes(f.EventTypes)
-	change := outbox.EndpointChange{URL: &f.URL, EventTypes: types}
+	change := admin.EndpointChange{URL: &f.URL, EventTypes: types}
 	if !confirmed(r) {
 		if f.URL == "" || len(types) == 0 {
 			h.refuseForm(w, r, f, "Give the endpoint a URL and at least one event type.")
@@ -234,7 +234,7 @@ func (h *Handler) handleRotateSecret(w http.ResponseWriter, r *http.Request) {
 		question := "Give this endpoint a new signing secret? The new one is shown once, on the next page. " +
 			"For the next 24 hours the relay signs every delivery with both the new and the previous secret, " +
 			"so the receiver can switch without rejecting one."
-		if ep.Kind != outbox.KindWebhook {
+		if ep.Kind != destination.KindWebhook {
 			question = "This is a broker destination: its messages are not signed, so a new secret changes nothing it receives. Rotate it anyway?"
 		}
 		// The rotation it confirms: a second submission of this page finds
@@ -250,7 +250,7 @@ func (h *Handler) handleRotateSecret(w http.ResponseWriter, r *http.Request) {
 		})
 		return
 	}
-	var rotated outbox.Endpoint
+	var rotated admin.Endpoint
 	var err error
 	if seen, ok := r.PostForm["seen_rotation"]; ok {
 		// From the confirmation page: rotate only the secret it showed.
@@ -267,7 +267,7 @@ func (h *Handler) handleRotateSecret(w http.ResponseWriter, r *http.Request) {
 	} else {
 		rotated, err = h.admin.RotateSecret(r.Context(), ep.ID, rotationOverlap)
 	}
-	if errors.Is(err, outbox.ErrConflict) {
+	if errors.Is(err, admin.ErrConflict) {
 		h.renderError(w, r, http.StatusConflict, "Already rotated",
 			"The secret was rotated since this confirmation was shown (was it submitted twice?), so nothing was rotated now: "+
 				"the new secret is the one shown after the first submission. Open the endpoint page to rotate again.")

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
 )
 
 // TestBrowserEndpointStoryAndActions walks an endpoint's life through the
@@ -122,7 +123,7 @@ func TestBrowserEndpointStoryAndActions(t *testing.T) {
 	// Find it by part of its URL: beside another endpoint under /hooks, a
 	// list of both, from which it is one click away (a word that matches
 	// nothing says so).
-	apiJSON[outbox.Endpoint](t, base, "POST", "/webhook-endpoints",
+	apiJSON[admin.Endpoint](t, base, "POST", "/webhook-endpoints",
 		map[string]any{"url": "http://127.0.0.1:9/hooks/billing", "event_types": []string{"order.cancelled"}})
 	search := func(q string) {
 		t.Helper()
@@ -166,7 +167,7 @@ func TestBrowserEndpointStoryAndActions(t *testing.T) {
 	require.Contains(t, html("#attempts"), "receiver down")
 	shot("20-endpoint-stalled.png")
 	do(chromedp.Navigate(base+"/ops"), chromedp.WaitReady(chromedp.ID("relay")))
-	require.Equal(t, outbox.RelayStalled, attr("#relay", "data-state"))
+	require.Equal(t, admin.RelayStalled, attr("#relay", "data-state"))
 	require.Equal(t, db(`SELECT count(*) FROM outbox_messages WHERE status = 'pending' AND NOT parked AND next_attempt_at <= now()`),
 		shown("#due-count"))
 	require.Contains(t, html("#endpoint-"+id.String()), "the relay is stalled")

@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxkit/orders/internal/ops"
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
 	"github.com/outboxkit/orders/internal/webhook"
 )
 
@@ -231,7 +232,7 @@ func TestEndpointActionsFromThePage(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, res.StatusCode)
 	require.Equal(t, "/ops?done=deleted&n=2", res.Header.Get("Location"), "the failed and the claimed one")
 	_, err = e.admin.Endpoint(ctx, ep.ID)
-	require.ErrorIs(t, err, outbox.ErrNotFound)
+	require.ErrorIs(t, err, admin.ErrNotFound)
 
 	logs := e.logs.String()
 	for _, action := range []string{"create_endpoint", "update_endpoint", "rotate_secret", "discard_waiting", "delete_endpoint"} {

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
 )
 
 // "What happened to order X / event Y?": one search box for any id, and a
@@ -23,7 +24,7 @@ const pageSize = 50
 type messagesPage struct {
 	Layout
 	Filter    listFilter
-	Endpoints []outbox.Endpoint
+	Endpoints []admin.Endpoint
 	Messages  []messageRow
 	// Older is the link to the next (older) page; empty on the last one.
 	Older string
@@ -60,8 +61,8 @@ func (f listFilter) Active() bool { return len(f.query()) > 0 }
 
 // parse reads the form into an outbox filter; a value that cannot be read
 // is an error that names the field.
-func (f listFilter) parse() (outbox.MessageFilter, error) {
-	mf := outbox.MessageFilter{Status: f.Status, Type: f.Type, OrderingKey: f.Key, Limit: pageSize}
+func (f listFilter) parse() (admin.MessageFilter, error) {
+	mf := admin.MessageFilter{Status: f.Status, Type: f.Type, OrderingKey: f.Key, Limit: pageSize}
 	if !isText(f.Type) || !isText(f.Key) {
 		return mf, errors.New("type and key must be text (UTF-8, no NUL bytes)")
 	}
@@ -199,7 +200,7 @@ type searchPage struct {
 	// Event is set when the query is an event recorded with no delivery.
 	Event *uuid.UUID
 	// Endpoints are the endpoints whose URL contains the query.
-	Endpoints []outbox.Endpoint
+	Endpoints []admin.Endpoint
 }
 
 // isText reports whether s can name anything stored: valid UTF-8 without
@@ -229,11 +230,11 @@ func (h *Handler) handleSearch(w http.ResponseWriter, r *http.Request) {
 		case err == nil:
 			to(Prefix + "/messages/" + id.String())
 			return
-		case !errors.Is(err, outbox.ErrNotFound):
+		case !errors.Is(err, admin.ErrNotFound):
 			h.actionError(w, r, err)
 			return
 		}
-		msgs, _, err := h.admin.Messages(ctx, outbox.MessageFilter{Event: &id, Limit: 1})
+		msgs, _, err := h.admin.Messages(ctx, admin.MessageFilter{Event: &id, Limit: 1})
 		if err != nil {
 			h.actionError(w, r, err)
 			return
@@ -256,7 +257,7 @@ func (h *Handler) handleSearch(w http.ResponseWriter, r *http.Request) {
 		case err == nil:
 			to(Prefix + "/endpoints/" + id.String())
 			return
-		case !errors.Is(err, outbox.ErrNotFound):
+		case !errors.Is(err, admin.ErrNotFound):
 			h.actionError(w, r, err)
 			return
 		}
@@ -276,7 +277,7 @@ func (h *Handler) handleSearch(w http.ResponseWriter, r *http.Request) {
 	// Any other ordering key, among the last day's events: nothing indexes
 	// the key, so the search reads a bounded window.
 	since := h.now().Add(-searchKeyWindow)
-	msgs, _, err := h.admin.Messages(ctx, outbox.MessageFilter{OrderingKey: q, CreatedFrom: &since, Limit: 1})
+	msgs, _, err := h.admin.Messages(ctx, admin.MessageFilter{OrderingKey: q, CreatedFrom: &since, Limit: 1})
 	if err != nil {
 		h.actionError(w, r, err)
 		return

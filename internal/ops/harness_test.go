@@ -22,7 +22,7 @@ import (
 	"github.com/outboxkit/orders/internal/apiserver"
 	"github.com/outboxkit/orders/internal/dbtest"
 	"github.com/outboxkit/orders/internal/netguard"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 	"github.com/outboxkit/orders/internal/proctest"
 )
 
@@ -67,9 +67,9 @@ func startAPI(t *testing.T, ctx context.Context, extra map[string]string) *liveA
 
 // startRelay runs a real relay (River, dispatch, heartbeat) on the api's
 // database until the test ends, delivering to private addresses.
-func (a *liveAPI) startRelay(t *testing.T, ctx context.Context, cfg outbox.RelayConfig) *outbox.Relay {
+func (a *liveAPI) startRelay(t *testing.T, ctx context.Context, cfg relay.Config) *relay.Relay {
 	t.Helper()
-	relay, err := outbox.NewRelay(a.pool, cfg, &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
+	relay, err := relay.New(a.pool, cfg, &relay.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
 		slog.New(slog.DiscardHandler), nil)
 	require.NoError(t, err)
 	require.NoError(t, relay.Start(ctx))

@@ -15,6 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // An incident as the on-call engineer sees it, in a real browser against
@@ -41,9 +43,9 @@ func TestBrowserRelayDownThenCircuitOpen(t *testing.T) {
 	a := startAPI(t, ctx, nil)
 	base, pool := a.base, a.pool
 
-	down := apiJSON[outbox.Endpoint](t, base, "POST", "/webhook-endpoints",
+	down := apiJSON[admin.Endpoint](t, base, "POST", "/webhook-endpoints",
 		map[string]any{"url": refusing, "event_types": []string{"order.placed", "order.cancelled"}})
-	apiJSON[outbox.Endpoint](t, base, "POST", "/webhook-endpoints",
+	apiJSON[admin.Endpoint](t, base, "POST", "/webhook-endpoints",
 		map[string]any{"url": healthy.URL + "/hooks", "event_types": []string{"order.placed"}})
 	var orders []string
 	for i := range 8 {
@@ -60,7 +62,7 @@ func TestBrowserRelayDownThenCircuitOpen(t *testing.T) {
 		chromedp.SendKeys(chromedp.ID("token"), token))
 	follow(t, bctx, chromedp.Click(chromedp.ID("login")))
 	do(chromedp.WaitReady(chromedp.ID("relay")))
-	require.Equal(t, outbox.RelayDown, attr("#relay", "data-state"))
+	require.Equal(t, admin.RelayDown, attr("#relay", "data-state"))
 	require.Contains(t, text("#relay-h"), "No relay running")
 	require.Equal(t, "0", attr("#relays-alive", "data-value"))
 	require.Equal(t, strconv.FormatInt(count(t, pool, `SELECT count(*) FROM outbox_relays
@@ -73,7 +75,7 @@ func TestBrowserRelayDownThenCircuitOpen(t *testing.T) {
 
 	// A relay at its defaults: the healthy endpoint gets everything, the
 	// refusing one opens its circuit after its failures in a row.
-	a.startRelay(t, ctx, outbox.RelayConfig{})
+	a.startRelay(t, ctx, relay.Config{})
 	require.Eventually(t, func() bool {
 		var health string
 		require.NoError(t, pool.QueryRow(ctx, `SELECT health FROM webhook_endpoints WHERE id = $1`, down.ID).Scan(&health))
@@ -81,7 +83,7 @@ func TestBrowserRelayDownThenCircuitOpen(t *testing.T) {
 	}, 60*time.Second, 50*time.Millisecond, "the refusing endpoint's circuit never opened")
 	require.Eventually(t, func() bool {
 		do(chromedp.Navigate(base+"/ops"), chromedp.WaitReady(chromedp.ID("relay")))
-		return attr("#relay", "data-state") == outbox.RelayRunning && attr("#relays-alive", "data-value") == "1"
+		return attr("#relay", "data-state") == admin.RelayRunning && attr("#relays-alive", "data-value") == "1"
 	}, 30*time.Second, 200*time.Millisecond, "the overview never showed the relay running")
 	require.Equal(t, outbox.HealthBackingOff, attr("#endpoint-"+down.ID.String(), "data-health"))
 	shot("12-overview-circuit-open.png")

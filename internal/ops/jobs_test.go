@@ -21,7 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/ops"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // The River queues the relay works (internal/outbox/relay.go).
@@ -36,7 +36,7 @@ type riverAPI struct{ *liveAPI }
 func runAPIWithRelay(t *testing.T, ctx context.Context) *riverAPI {
 	t.Helper()
 	a := &riverAPI{startAPI(t, ctx, nil)}
-	a.startRelay(t, ctx, outbox.RelayConfig{
+	a.startRelay(t, ctx, relay.Config{
 		PollInterval: 50 * time.Millisecond, BackoffBase: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
 		DeliveryTimeout: 2 * time.Second, ClaimTimeout: time.Minute, MaxAttempts: 2,
 	})

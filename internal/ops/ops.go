@@ -24,7 +24,7 @@
 // ends every session. Failed logins are throttled per client address and in
 // all. Without a token configured the page answers 403, like the admin API.
 //
-// This package depends on internal/outbox (through outbox.Admin); outbox
+// This package depends on internal/outbox (through admin.Service); outbox
 // never depends on it.
 package ops
 
@@ -52,13 +52,13 @@ import (
 
 	"github.com/outboxkit/orders/internal/httpjson"
 	"github.com/outboxkit/orders/internal/ops/internal/opsdb"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
 )
 
 // Options configure the ops page.
 type Options struct {
 	// Admin is the outbox's admin service the page reads and acts through.
-	Admin *outbox.Admin
+	Admin *admin.Service
 	// Pool is the database, which keeps the sessions of the login form.
 	Pool *pgxpool.Pool
 	// Token is the admin token (ADMIN_TOKEN). Empty closes the page: 403.
@@ -118,7 +118,7 @@ const (
 
 // Handler serves the ops page under Prefix.
 type Handler struct {
-	admin      *outbox.Admin
+	admin      *admin.Service
 	sessions   *opsdb.Queries
 	secure     bool
 	throttle   *throttle
@@ -590,12 +590,12 @@ func (h *Handler) logAction(r *http.Request, action string, attrs ...slog.Attr) 
 // actionError answers a failed action with a page a person can act on.
 func (h *Handler) actionError(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
-	case errors.Is(err, outbox.ErrNotFound):
+	case errors.Is(err, admin.ErrNotFound):
 		h.renderError(w, r, http.StatusNotFound, "Not found", "It no longer exists: reload the ops page.")
-	case errors.Is(err, outbox.ErrConflict):
+	case errors.Is(err, admin.ErrConflict):
 		h.renderError(w, r, http.StatusConflict, "Nothing to do",
 			"Only failed messages can be retried or skipped, and this one is not failed (any more), or its endpoint was deleted. Reload the page to see its status.")
-	case errors.Is(err, outbox.ErrInvalidReplay):
+	case errors.Is(err, admin.ErrInvalidReplay):
 		h.renderError(w, r, http.StatusBadRequest, "Cannot replay that", replayRefusal(err))
 	case errors.Is(err, context.DeadlineExceeded):
 		h.logger.WarnContext(r.Context(), "ops request took too long", slog.String("path", r.URL.Path), slog.Any("error", err))

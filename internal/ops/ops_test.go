@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxkit/orders/internal/outbox/admin"
 	"github.com/outboxkit/orders/internal/proctest"
 
 	"github.com/outboxkit/orders/internal/dbtest"
@@ -33,7 +34,7 @@ const token = "s3cret-admin-token-for-tests"
 
 type env struct {
 	pool  *pgxpool.Pool
-	admin *outbox.Admin
+	admin *admin.Service
 	srv   *httptest.Server
 	logs  *proctest.Output
 	now   time.Time
@@ -44,7 +45,7 @@ func newEnv(t *testing.T, tok string, opts ...func(*ops.Options)) *env {
 	t.Helper()
 	e := &env{pool: dbtest.Pool(t), logs: &proctest.Output{}}
 	logger := slog.New(slog.NewJSONHandler(e.logs, nil))
-	e.admin = outbox.NewAdmin(e.pool, netguard.Guard{AllowPrivate: true}, logger)
+	e.admin = admin.New(e.pool, netguard.Guard{AllowPrivate: true}, logger)
 	var mu sync.Mutex
 	var offset time.Duration
 	e.clock = func() time.Time { mu.Lock(); defer mu.Unlock(); return time.Now().Add(offset) }
@@ -138,7 +139,7 @@ func (e *env) csrf(t *testing.T, c *http.Client) string {
 	return html.UnescapeString(m[1])
 }
 
-func (e *env) endpoint(t *testing.T, u string, types ...string) outbox.Endpoint {
+func (e *env) endpoint(t *testing.T, u string, types ...string) admin.Endpoint {
 	t.Helper()
 	ep, err := e.admin.CreateEndpoint(context.Background(), u, types)
 	require.NoError(t, err)
@@ -372,7 +373,7 @@ func TestLoginSetsASafeCookieAndLogoutEndsIt(t *testing.T) {
 func TestSessionExpires(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.Pool(t)
-	admin := outbox.NewAdmin(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	admin := admin.New(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
 	now := time.Now()
 	var mu sync.Mutex
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }

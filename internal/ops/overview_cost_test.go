@@ -21,7 +21,7 @@ import (
 	"github.com/outboxkit/orders/internal/dbtest"
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/ops"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
 )
 
 // recorder keeps the SQL and arguments of every statement run through a
@@ -126,7 +126,7 @@ func loadOverview(t *testing.T, pool *pgxpool.Pool, rec *recorder) (string, map[
 // loadPage loads one ops page as loadOverview loads the overview.
 func loadPage(t *testing.T, pool *pgxpool.Pool, rec *recorder, path string) (string, map[string][]any, map[string]int) {
 	t.Helper()
-	admin := outbox.NewAdmin(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	admin := admin.New(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
 	srv := httptest.NewServer(ops.New(ops.Options{Admin: admin, Pool: pool, Token: token, Logger: slog.New(slog.DiscardHandler)}))
 	t.Cleanup(srv.Close)
 	rec.mu.Lock()
@@ -264,7 +264,7 @@ func TestEndpointPageCostsTheSameAtAnyRate(t *testing.T) {
 	require.NoError(t, err)
 	id, err := uuid.Parse(endpoint)
 	require.NoError(t, err)
-	admin := outbox.NewAdmin(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	admin := admin.New(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
 
 	// The history's own figures over the same whole minutes, read in the
 	// same minute as the page (or read again).
@@ -414,7 +414,7 @@ func TestOverviewCountsArrivalsOnce(t *testing.T) {
 			FROM seed s, webhook_endpoints e;
 		ANALYZE;`)
 	require.NoError(t, err)
-	admin := outbox.NewAdmin(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	admin := admin.New(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
 
 	// load reads the dashboard as the overview does, and returns the
 	// arrivals it shows and how many messages its count of them read.

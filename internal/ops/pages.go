@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
 )
 
 //go:embed templates/*.html
@@ -135,8 +136,8 @@ const Window = time.Hour
 
 type overviewPage struct {
 	Layout
-	Relay        outbox.RelayStatus
-	Stats        outbox.Overview
+	Relay        admin.RelayStatus
+	Stats        admin.Overview
 	OldestAge    string
 	Rate5m       string
 	Rate60m      string
@@ -151,13 +152,13 @@ type overviewPage struct {
 }
 
 type messageRow struct {
-	outbox.Message
+	admin.Message
 	EndpointURL string
 }
 
 // endpointRow is an endpoint of the overview, with its replay form.
 type endpointRow struct {
-	outbox.EndpointHealth
+	admin.EndpointHealth
 	Replay replayForm
 }
 
@@ -166,19 +167,19 @@ const failedShown = 50
 func (h *Handler) handleOverview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	now := h.now()
-	// Never outbox.Stats: it counts the whole delivered history.
+	// Never admin.Stats: it counts the whole delivered history.
 	d, err := h.admin.Dashboard(ctx, now, int(Window/time.Minute), Window)
 	if err != nil {
 		h.actionError(w, r, err)
 		return
 	}
 	stats, relay, act, eps := d.Overview, d.Relays, d.Activity, d.Endpoints
-	failed, _, err := h.admin.Messages(ctx, outbox.MessageFilter{Status: outbox.StatusFailed, Limit: failedShown + 1})
+	failed, _, err := h.admin.Messages(ctx, admin.MessageFilter{Status: outbox.StatusFailed, Limit: failedShown + 1})
 	if err != nil {
 		h.actionError(w, r, err)
 		return
 	}
-	recent, _, err := h.admin.Messages(ctx, outbox.MessageFilter{Limit: 12})
+	recent, _, err := h.admin.Messages(ctx, admin.MessageFilter{Limit: 12})
 	if err != nil {
 		h.actionError(w, r, err)
 		return
@@ -189,7 +190,7 @@ func (h *Handler) handleOverview(w http.ResponseWriter, r *http.Request) {
 		urls[e.ID] = e.URL
 		epRows[i] = endpointRow{EndpointHealth: e, Replay: h.newReplayForm(r, e.Endpoint, Prefix)}
 	}
-	rows := func(ms []outbox.Message) []messageRow {
+	rows := func(ms []admin.Message) []messageRow {
 		out := make([]messageRow, len(ms))
 		for i, m := range ms {
 			out[i] = messageRow{Message: m, EndpointURL: urls[m.Destination]}
@@ -224,8 +225,8 @@ func (h *Handler) handleOverview(w http.ResponseWriter, r *http.Request) {
 
 type messagePage struct {
 	Layout
-	Msg      outbox.MessageDetail
-	Endpoint *outbox.Endpoint
+	Msg      admin.MessageDetail
+	Endpoint *admin.Endpoint
 	Body     string
 	Headers  []header
 	// Replayed: this delivery was written after its event, by a replay.
@@ -263,7 +264,7 @@ func (h *Handler) handleMessage(w http.ResponseWriter, r *http.Request) {
 }
 
 // sentBody is the webhook body as the relay sends it, indented.
-func sentBody(m outbox.Message) string {
+func sentBody(m admin.Message) string {
 	body := m.Body()
 	var out bytes.Buffer
 	if err := json.Indent(&out, body, "", "  "); err != nil {
@@ -339,7 +340,7 @@ func (h *Handler) handleRetryMessage(w http.ResponseWriter, r *http.Request) {
 }
 
 // messageFacts describe a message on a confirmation page.
-func (h *Handler) messageFacts(r *http.Request, m outbox.MessageDetail) []fact {
+func (h *Handler) messageFacts(r *http.Request, m admin.MessageDetail) []fact {
 	details := []fact{{"Message", m.ID.String()}, {"Event", m.EventID.String()}, {"Type", m.Type}}
 	if ep, err := h.admin.Endpoint(r.Context(), m.Destination); err == nil {
 		details = append(details, fact{"Endpoint", ep.URL})
@@ -364,7 +365,7 @@ func (h *Handler) handleSkipMessage(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if m.Status != outbox.StatusFailed {
-			h.actionError(w, r, outbox.ErrConflict)
+			h.actionError(w, r, admin.ErrConflict)
 			return
 		}
 		question := "Skip this message? It is settled as discarded and never sent again: this endpoint does not get the event " +
@@ -394,16 +395,16 @@ func (h *Handler) handleSkipMessage(w http.ResponseWriter, r *http.Request) {
 	done(w, r, "skipped")
 }
 
-func (h *Handler) endpointFor(w http.ResponseWriter, r *http.Request) (outbox.Endpoint, bool) {
+func (h *Handler) endpointFor(w http.ResponseWriter, r *http.Request) (admin.Endpoint, bool) {
 	id, err := pathID(r)
 	if err != nil {
 		h.renderError(w, r, http.StatusNotFound, "Not found", "There is no endpoint with that id.")
-		return outbox.Endpoint{}, false
+		return admin.Endpoint{}, false
 	}
 	ep, err := h.admin.Endpoint(r.Context(), id)
 	if err != nil {
 		h.actionError(w, r, err)
-		return outbox.Endpoint{}, false
+		return admin.Endpoint{}, false
 	}
 	return ep, true
 }

@@ -11,8 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
 )
 
 // A replay re-sends an endpoint's past events: a form (on the overview's
@@ -42,7 +41,7 @@ const localMinute = "2006-01-02T15:04"
 
 // newReplayForm is an endpoint's form prefilled with the last hour, every
 // type checked.
-func (h *Handler) newReplayForm(r *http.Request, ep outbox.Endpoint, ret string) replayForm {
+func (h *Handler) newReplayForm(r *http.Request, ep admin.Endpoint, ret string) replayForm {
 	to := h.now().UTC().Truncate(time.Minute).Add(time.Minute)
 	f := replayForm{ID: ep.ID, URL: ep.URL, CSRF: sessionFrom(r.Context()).csrf, Return: ret,
 		From: to.Add(-time.Hour).Format(localMinute), To: to.Format(localMinute)}
@@ -54,11 +53,11 @@ func (h *Handler) newReplayForm(r *http.Request, ep outbox.Endpoint, ret string)
 
 type replayPage struct {
 	Layout
-	Endpoint outbox.Endpoint
+	Endpoint admin.Endpoint
 	Form     replayForm
 }
 
-func (h *Handler) renderReplayForm(w http.ResponseWriter, r *http.Request, status int, ep outbox.Endpoint, f replayForm) {
+func (h *Handler) renderReplayForm(w http.ResponseWriter, r *http.Request, status int, ep admin.Endpoint, f replayForm) {
 	h.render(w, r, status, "replay", replayPage{Layout: h.layout(r, "Replay events"), Endpoint: ep, Form: f})
 }
 
@@ -84,14 +83,14 @@ type replayInput struct {
 	Replayed, Skipped int
 }
 
-func (in replayInput) replay() outbox.Replay {
-	return outbox.Replay{From: in.From, To: in.To, EventTypes: in.Types, After: in.After}
+func (in replayInput) replay() admin.Replay {
+	return admin.Replay{From: in.From, To: in.To, EventTypes: in.Types, After: in.After}
 }
 
 // readReplay reads the replay form: the form as entered (to show it again)
 // and, unless it has a mistake (then the form's Error says which), the
 // input.
-func (h *Handler) readReplay(r *http.Request, ep outbox.Endpoint) (replayInput, replayForm) {
+func (h *Handler) readReplay(r *http.Request, ep admin.Endpoint) (replayInput, replayForm) {
 	f := replayForm{ID: ep.ID, URL: ep.URL, CSRF: sessionFrom(r.Context()).csrf, Return: returnPath(r),
 		From: strings.TrimSpace(r.PostForm.Get("from")), To: strings.TrimSpace(r.PostForm.Get("to"))}
 	chosen := r.PostForm["type"]
@@ -180,7 +179,7 @@ func (in replayInput) hidden() []fact {
 	return fs
 }
 
-func (in replayInput) facts(ep outbox.Endpoint) []fact {
+func (in replayInput) facts(ep admin.Endpoint) []fact {
 	types := strings.Join(in.Types, ", ")
 	if len(in.Types) == len(ep.EventTypes) {
 		types += " (every type it subscribes to)"
@@ -212,7 +211,7 @@ func (h *Handler) handleReplay(w http.ResponseWriter, r *http.Request) {
 	rp := in.replay()
 	var err error
 	for {
-		var res outbox.ReplayResult
+		var res admin.ReplayResult
 		if res, err = h.admin.ReplayEvents(ctx, ep.ID, rp); err != nil {
 			break
 		}
@@ -233,7 +232,7 @@ func (h *Handler) handleReplay(w http.ResponseWriter, r *http.Request) {
 	stopped := fmt.Sprintf("The replay ran for %s and the range is not done yet", humanAge(time.Since(start)))
 	if err != nil {
 		h.logAction(r, "replay_endpoint", append(attrs, slog.String("error", err.Error()))...)
-		if errors.Is(err, outbox.ErrInvalidReplay) {
+		if errors.Is(err, admin.ErrInvalidReplay) {
 			form.Error = replayRefusal(err)
 			h.renderReplayForm(w, r, http.StatusBadRequest, ep, form)
 			return
@@ -272,12 +271,12 @@ func (h *Handler) handleReplay(w http.ResponseWriter, r *http.Request) {
 
 // replayRefusal is why a replay was refused, for the form and the error
 // page alike.
-func replayRefusal(err error) string { return "Not replayed: " + outbox.Reason(err) + "." }
+func replayRefusal(err error) string { return "Not replayed: " + admin.Reason(err) + "." }
 
 // confirmReplay asks before a replay, saying how many events it sends.
-func (h *Handler) confirmReplay(w http.ResponseWriter, r *http.Request, ep outbox.Endpoint, in replayInput, form replayForm) {
+func (h *Handler) confirmReplay(w http.ResponseWriter, r *http.Request, ep admin.Endpoint, in replayInput, form replayForm) {
 	n, err := h.admin.ReplayCount(r.Context(), ep.ID, in.replay())
-	if errors.Is(err, outbox.ErrInvalidReplay) {
+	if errors.Is(err, admin.ErrInvalidReplay) {
 		form.Error = replayRefusal(err)
 		h.renderReplayForm(w, r, http.StatusBadRequest, ep, form)
 		return

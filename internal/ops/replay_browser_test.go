@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/ops"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
 )
 
 // shownInt reads a number as the pages write it (1,005).
@@ -49,7 +49,7 @@ func TestBrowserReplayAndDiscardFromTheEndpointPage(t *testing.T) {
 	e.exec(t, `INSERT INTO outbox_events (id, type, payload, created_at)
 		SELECT outbox_uuid_v7_at(x.at), x.type, json_build_object('n', x.g), x.at
 		FROM (SELECT g, clock_timestamp() - $2::interval AS at, $3::text AS type FROM generate_series(1, $1::integer) g) x`,
-		outbox.MaxReplayBatch+7, "10 minutes", "order.placed")
+		admin.MaxReplayBatch+7, "10 minutes", "order.placed")
 	e.exec(t, `INSERT INTO outbox_events (id, type, payload, created_at)
 		SELECT outbox_uuid_v7_at(x.at), x.type, json_build_object('n', x.g), x.at
 		FROM (SELECT g, clock_timestamp() - $2::interval AS at, $3::text AS type FROM generate_series(1, $1::integer) g) x`,

@@ -16,6 +16,7 @@ import (
 
 	"github.com/outboxkit/orders/internal/ops"
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
 )
 
 // minute is a datetime-local input's value, in UTC.
@@ -228,7 +229,7 @@ func TestReplayNotDoneInOneRequestContinuesFromTheCursor(t *testing.T) {
 	// A budget that ends every request after its first batch.
 	e := newEnv(t, token, func(o *ops.Options) { o.ReplayBudget = time.Nanosecond })
 	a := e.endpoint(t, "http://127.0.0.1:9/a", "order.placed")
-	n := outbox.MaxReplayBatch + 5
+	n := admin.MaxReplayBatch + 5
 	e.seedEvents(t, n)
 	// One of them already waits for a.
 	e.exec(t, `INSERT INTO outbox_messages (id, event_id, type, destination, next_attempt_at, created_at)
@@ -243,7 +244,7 @@ func TestReplayNotDoneInOneRequestContinuesFromTheCursor(t *testing.T) {
 	require.Contains(t, page, "so far it replayed 1,000 events (0 already waiting were skipped)")
 	require.Contains(t, page, "Continue replay")
 	require.Contains(t, page, "Stop here")
-	require.Equal(t, int64(outbox.MaxReplayBatch+1), e.count(t, `SELECT count(*) FROM outbox_messages WHERE destination = $1`, a.ID))
+	require.Equal(t, int64(admin.MaxReplayBatch+1), e.count(t, `SELECT count(*) FROM outbox_messages WHERE destination = $1`, a.ID))
 	next := hiddenFields(page)
 	require.NotEmpty(t, next.Get("after"))
 	require.Equal(t, "1000", next.Get("replayed"))
@@ -265,7 +266,7 @@ func TestReplayStoppedByAnErrorContinuesFromTheLastBatch(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, token)
 	a := e.endpoint(t, "http://127.0.0.1:9/a", "order.placed")
-	n := outbox.MaxReplayBatch + 5
+	n := admin.MaxReplayBatch + 5
 	e.seedEvents(t, n)
 	e.exec(t, `CREATE FUNCTION refuse_second_batch() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
@@ -284,7 +285,7 @@ func TestReplayStoppedByAnErrorContinuesFromTheLastBatch(t *testing.T) {
 	require.Contains(t, page, "stopped on an error")
 	require.NotContains(t, page, "refusing the second batch", "the database's error stays in the log")
 	require.Contains(t, page, "so far it replayed 1,000 events")
-	require.Equal(t, int64(outbox.MaxReplayBatch), e.count(t, `SELECT count(*) FROM outbox_messages WHERE destination = $1`, a.ID),
+	require.Equal(t, int64(admin.MaxReplayBatch), e.count(t, `SELECT count(*) FROM outbox_messages WHERE destination = $1`, a.ID),
 		"the first batch is kept")
 	next := hiddenFields(page)
 	require.Equal(t, "1000", next.Get("replayed"))

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
 )
 
 // location is where the browser is.
@@ -102,9 +103,9 @@ func TestBrowserSearchLandsOnTheRightPage(t *testing.T) {
 
 	// Two endpoints of order.placed, none of order.cancelled: a
 	// cancellation is recorded with no delivery.
-	placedA := apiJSON[outbox.Endpoint](t, base, "POST", "/webhook-endpoints",
+	placedA := apiJSON[admin.Endpoint](t, base, "POST", "/webhook-endpoints",
 		map[string]any{"url": "http://127.0.0.1:9/search/a", "event_types": []string{"order.placed"}})
-	placedB := apiJSON[outbox.Endpoint](t, base, "POST", "/webhook-endpoints",
+	placedB := apiJSON[admin.Endpoint](t, base, "POST", "/webhook-endpoints",
 		map[string]any{"url": "http://127.0.0.1:9/search/b", "event_types": []string{"order.placed"}})
 	var orders []string
 	for i := range 4 {

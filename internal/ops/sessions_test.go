@@ -2,8 +2,6 @@ package ops_test
 
 import (
 	"context"
-	"github.com/outboxkit/orders/internal/process"
-	"github.com/outboxkit/orders/internal/proctest"
 	"html"
 	"log/slog"
 	"net/http"
@@ -14,13 +12,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxkit/orders/internal/outbox/admin"
+	"github.com/outboxkit/orders/internal/process"
+	"github.com/outboxkit/orders/internal/proctest"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/dbtest"
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/ops"
-	"github.com/outboxkit/orders/internal/outbox"
 )
 
 // opsServer serves an ops page on pool with a clock the test moves.
@@ -30,13 +31,13 @@ type opsServer struct {
 	logs  *proctest.Output
 	mu    sync.Mutex
 	now   time.Time
-	admin *outbox.Admin
+	admin *admin.Service
 }
 
 func newOpsServer(t *testing.T, pool *pgxpool.Pool, secure bool) *opsServer {
 	t.Helper()
 	s := &opsServer{now: time.Now()}
-	s.admin = outbox.NewAdmin(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	s.admin = admin.New(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
 	s.logs = &proctest.Output{}
 	s.h = ops.New(ops.Options{Admin: s.admin, Pool: pool, Token: token, CookieSecure: secure, SessionTTL: time.Hour,
 		Logger: process.NewLogger(s.logs, "json"), Now: func() time.Time { s.mu.Lock(); defer s.mu.Unlock(); return s.now }})

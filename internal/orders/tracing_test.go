@@ -22,7 +22,8 @@ import (
 	"github.com/outboxkit/orders/internal/dbtest"
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/orders"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 	"github.com/outboxkit/orders/internal/telemetry"
 )
 
@@ -76,7 +77,7 @@ func TestTraceSpansRequestCommitAndDelivery(t *testing.T) {
 	logger := slog.New(slog.DiscardHandler)
 	guard := netguard.Guard{AllowPrivate: true}
 	hooks := newHookRecorder(t)
-	_, err := outbox.NewAdmin(pool, guard, logger).CreateEndpoint(ctx, hooks.srv.URL+"/hook", []string{orders.EventPlaced})
+	_, err := admin.New(pool, guard, logger).CreateEndpoint(ctx, hooks.srv.URL+"/hook", []string{orders.EventPlaced})
 	require.NoError(t, err)
 
 	svc := orders.NewService(pool, logger)
@@ -119,8 +120,8 @@ func TestTraceSpansRequestCommitAndDelivery(t *testing.T) {
 	untracedMsg, none := eventID(untraced.ID.String())
 	require.Nil(t, none, "no span, no trace context")
 
-	relay, err := outbox.NewRelay(pool, outbox.RelayConfig{PollInterval: 50 * time.Millisecond, TracerProvider: tp},
-		&outbox.HTTPTransport{Client: guard.Client()}, logger, nil)
+	relay, err := relay.New(pool, relay.Config{PollInterval: 50 * time.Millisecond, TracerProvider: tp},
+		&relay.HTTPTransport{Client: guard.Client()}, logger, nil)
 	require.NoError(t, err)
 	require.NoError(t, relay.Start(ctx))
 	t.Cleanup(func() {

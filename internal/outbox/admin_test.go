@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
 )
 
 func TestMessagesFilterAndPaginate(t *testing.T) {
@@ -33,7 +34,7 @@ func TestMessagesFilterAndPaginate(t *testing.T) {
 	var seen []uuid.UUID
 	var cursor *uuid.UUID
 	for {
-		page, next, err := f.admin.Messages(ctx, outbox.MessageFilter{Limit: 5, Before: cursor})
+		page, next, err := f.admin.Messages(ctx, admin.MessageFilter{Limit: 5, Before: cursor})
 		require.NoError(t, err)
 		for _, m := range page {
 			seen = append(seen, m.ID)
@@ -51,7 +52,7 @@ func TestMessagesFilterAndPaginate(t *testing.T) {
 	// back up from the oldest, the same pages.
 	for end := len(seen) - 1; end > 0; end -= 5 {
 		start := max(end-5, 0)
-		page, _, err := f.admin.Messages(ctx, outbox.MessageFilter{Limit: 5, After: &seen[end]})
+		page, _, err := f.admin.Messages(ctx, admin.MessageFilter{Limit: 5, After: &seen[end]})
 		require.NoError(t, err)
 		var got []uuid.UUID
 		for _, m := range page {
@@ -60,25 +61,25 @@ func TestMessagesFilterAndPaginate(t *testing.T) {
 		require.Equal(t, seen[start:end], got, "the page newer than %s", seen[end])
 	}
 
-	byType, _, err := f.admin.Messages(ctx, outbox.MessageFilter{Type: "order.cancelled"})
+	byType, _, err := f.admin.Messages(ctx, admin.MessageFilter{Type: "order.cancelled"})
 	require.NoError(t, err)
 	require.Len(t, byType, 1)
 	require.Equal(t, cancelled[0], byType[0].ID)
 
-	byEndpoint, _, err := f.admin.Messages(ctx, outbox.MessageFilter{Destination: &epA.ID})
+	byEndpoint, _, err := f.admin.Messages(ctx, admin.MessageFilter{Destination: &epA.ID})
 	require.NoError(t, err)
 	require.Len(t, byEndpoint, 8)
 
 	future := time.Now().Add(time.Hour)
-	none, _, err := f.admin.Messages(ctx, outbox.MessageFilter{CreatedFrom: &future})
+	none, _, err := f.admin.Messages(ctx, admin.MessageFilter{CreatedFrom: &future})
 	require.NoError(t, err)
 	require.Empty(t, none)
 	// A window that ends before 1970 holds nothing, whatever ids can hold.
 	for _, to := range []time.Time{time.Date(1969, 12, 31, 23, 0, 0, 0, time.UTC), time.Date(1960, 1, 1, 0, 0, 0, 0, time.UTC)} {
-		none, _, err = f.admin.Messages(ctx, outbox.MessageFilter{CreatedTo: &to})
+		none, _, err = f.admin.Messages(ctx, admin.MessageFilter{CreatedTo: &to})
 		require.NoError(t, err)
 		require.Empty(t, none, "to %s", to)
-		none, _, err = f.admin.Messages(ctx, outbox.MessageFilter{OrderingKey: "order-1", CreatedTo: &to})
+		none, _, err = f.admin.Messages(ctx, admin.MessageFilter{OrderingKey: "order-1", CreatedTo: &to})
 		require.NoError(t, err)
 		require.Empty(t, none, "to %s, by key", to)
 	}
@@ -87,15 +88,15 @@ func TestMessagesFilterAndPaginate(t *testing.T) {
 	for i := range 3 {
 		f.publish(t, outbox.Event{Type: "order.placed", OrderingKey: "k-after", Data: i})
 	}
-	keyed, _, err := f.admin.Messages(ctx, outbox.MessageFilter{OrderingKey: "k-after"})
+	keyed, _, err := f.admin.Messages(ctx, admin.MessageFilter{OrderingKey: "k-after"})
 	require.NoError(t, err)
 	require.Len(t, keyed, 6, "three events, each to both endpoints")
-	newer, _, err := f.admin.Messages(ctx, outbox.MessageFilter{OrderingKey: "k-after", After: &keyed[len(keyed)-1].ID})
+	newer, _, err := f.admin.Messages(ctx, admin.MessageFilter{OrderingKey: "k-after", After: &keyed[len(keyed)-1].ID})
 	require.NoError(t, err)
 	require.Equal(t, keyed[:len(keyed)-1], newer, "the key's messages newer than its oldest, newest first")
 
-	_, _, err = f.admin.Messages(ctx, outbox.MessageFilter{Status: "lost"})
-	require.ErrorIs(t, err, outbox.ErrInvalidStatus)
+	_, _, err = f.admin.Messages(ctx, admin.MessageFilter{Status: "lost"})
+	require.ErrorIs(t, err, admin.ErrInvalidStatus)
 }
 
 // A destination PostgreSQL cannot store as text (a NUL in a subject or a
@@ -108,9 +109,9 @@ func TestDestinationsThatAreNotTextAreRefused(t *testing.T) {
 	ep := f.endpoint(t, newReceiver(t), "order.placed")
 	for _, u := range []string{"nats:orders.a\x00b", "rabbitmq:orders/order.placed\x00", "http://127.0.0.1:9/\xff"} {
 		_, err := f.admin.CreateEndpoint(ctx, u, []string{"order.placed"})
-		require.ErrorIs(t, err, outbox.ErrInvalidEndpoint, "%q", u)
-		_, err = f.admin.UpdateEndpoint(ctx, ep.ID, outbox.EndpointChange{URL: &u})
-		require.ErrorIs(t, err, outbox.ErrInvalidEndpoint, "%q", u)
+		require.ErrorIs(t, err, admin.ErrInvalidEndpoint, "%q", u)
+		_, err = f.admin.UpdateEndpoint(ctx, ep.ID, admin.EndpointChange{URL: &u})
+		require.ErrorIs(t, err, admin.ErrInvalidEndpoint, "%q", u)
 	}
 	eps, err := f.admin.Endpoints(ctx)
 	require.NoError(t, err)
@@ -139,13 +140,13 @@ func TestOversizedRegistrationsAreRefused(t *testing.T) {
 		"a long type": {random(6000)}, "101 types": many, "a type with a space around it": {" order.placed"},
 	} {
 		_, err := f.admin.CreateEndpoint(ctx, ep.URL, types)
-		require.ErrorIs(t, err, outbox.ErrInvalidEndpoint, name)
-		_, err = f.admin.UpdateEndpoint(ctx, ep.ID, outbox.EndpointChange{EventTypes: types})
-		require.ErrorIs(t, err, outbox.ErrInvalidEndpoint, name)
+		require.ErrorIs(t, err, admin.ErrInvalidEndpoint, name)
+		_, err = f.admin.UpdateEndpoint(ctx, ep.ID, admin.EndpointChange{EventTypes: types})
+		require.ErrorIs(t, err, admin.ErrInvalidEndpoint, name)
 	}
 	long := ep.URL + "?" + random(3000)
 	_, err := f.admin.CreateEndpoint(ctx, long, []string{"order.placed"})
-	require.ErrorIs(t, err, outbox.ErrInvalidEndpoint, "a long URL")
+	require.ErrorIs(t, err, admin.ErrInvalidEndpoint, "a long URL")
 	eps, err := f.admin.Endpoints(ctx)
 	require.NoError(t, err)
 	require.Len(t, eps, 1, "nothing written")
@@ -161,7 +162,7 @@ func TestMessagesOfAKeyFromBeforeTheEpoch(t *testing.T) {
 	f.endpoint(t, newReceiver(t), "order.placed")
 	f.publish(t, outbox.Event{Type: "order.placed", Data: 1, OrderingKey: "order-1"})
 	from := time.Date(1969, 12, 31, 0, 0, 0, 0, time.UTC)
-	msgs, _, err := f.admin.Messages(ctx, outbox.MessageFilter{OrderingKey: "order-1", CreatedFrom: &from})
+	msgs, _, err := f.admin.Messages(ctx, admin.MessageFilter{OrderingKey: "order-1", CreatedFrom: &from})
 	require.NoError(t, err)
 	require.Len(t, msgs, 1)
 }
@@ -181,11 +182,11 @@ func TestCreateEndpointOnceUnderOneID(t *testing.T) {
 	require.Equal(t, first.Secret, again.Secret, "the first one's secret")
 	require.Equal(t, first.ID, again.ID)
 	_, err = f.admin.CreateEndpointOnce(ctx, id, "http://127.0.0.1:9/other", []string{"order.placed"})
-	require.ErrorIs(t, err, outbox.ErrConflict, "another URL")
+	require.ErrorIs(t, err, admin.ErrConflict, "another URL")
 	_, err = f.admin.RotateSecret(ctx, id, time.Hour)
 	require.NoError(t, err)
 	_, err = f.admin.CreateEndpointOnce(ctx, id, "http://127.0.0.1:9/hook", []string{"order.placed"})
-	require.ErrorIs(t, err, outbox.ErrConflict, "the secret it showed is no longer the one that signs")
+	require.ErrorIs(t, err, admin.ErrConflict, "the secret it showed is no longer the one that signs")
 	eps, err := f.admin.Endpoints(ctx)
 	require.NoError(t, err)
 	require.Len(t, eps, 1)

@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // endpointJSON is what GET /webhook-endpoints/{id} answers, as a client
@@ -80,12 +82,12 @@ func TestDeliveryStateDelivering(t *testing.T) {
 	ep := f.endpoint(t, rc, "order.placed")
 
 	e := f.deliveryState(t, ep.ID)
-	require.Equal(t, outbox.DeliveryDelivering, e.DeliveryState)
+	require.Equal(t, admin.DeliveryDelivering, e.DeliveryState)
 	require.Nil(t, e.NextAttemptAt, "nothing waits to be tried")
 
 	id := f.enqueue(t, "order.placed", "due")[0]
 	e = f.deliveryState(t, ep.ID)
-	require.Equal(t, outbox.DeliveryDelivering, e.DeliveryState, "a message is due now")
+	require.Equal(t, admin.DeliveryDelivering, e.DeliveryState, "a message is due now")
 	earliest, _ := f.earliestPending(t, ep.ID)
 	require.NotNil(t, e.NextAttemptAt)
 	require.True(t, earliest.Equal(*e.NextAttemptAt), "the due message's time: %s, not %s", earliest, e.NextAttemptAt)
@@ -95,7 +97,7 @@ func TestDeliveryStateDelivering(t *testing.T) {
 	eventually(t, func() bool { return f.status(t, id) == outbox.StatusDelivered }, "delivered")
 	e = f.deliveryState(t, ep.ID)
 	require.Equal(t, outbox.HealthHealthy, e.State)
-	require.Equal(t, outbox.DeliveryDelivering, e.DeliveryState)
+	require.Equal(t, admin.DeliveryDelivering, e.DeliveryState)
 	require.Nil(t, e.NextAttemptAt, "nothing waits once it is delivered")
 }
 
@@ -125,7 +127,7 @@ func TestDeliveryStateRetryingOnA422(t *testing.T) {
 
 	e := f.deliveryState(t, ep.ID)
 	require.Equal(t, outbox.HealthHealthy, e.State, "state keeps its meaning: the circuit is closed")
-	require.Equal(t, outbox.DeliveryRetrying, e.DeliveryState)
+	require.Equal(t, admin.DeliveryRetrying, e.DeliveryState)
 	earliest, backoffUntil := f.earliestPending(t, ep.ID)
 	require.Nil(t, backoffUntil, "a 422 holds back no destination")
 	require.NotNil(t, e.NextAttemptAt)
@@ -145,8 +147,8 @@ func TestDeliveryStateCircuitOpen(t *testing.T) {
 	for i := range 10 {
 		f.enqueue(t, "order.placed", i)
 	}
-	cfg := outbox.RelayConfig{RetrySchedule: []time.Duration{time.Hour}}
-	relay := f.startRelay(t, cfg, nil)
+	cfg := relay.Config{RetrySchedule: []time.Duration{time.Hour}}
+	rl := f.startRelay(t, cfg, nil)
 	eventually(t, func() bool {
 		got, err := f.admin.Endpoint(ctx, ep.ID)
 		require.NoError(t, err)
@@ -155,11 +157,11 @@ func TestDeliveryStateCircuitOpen(t *testing.T) {
 	// Stopped, so no probe moves what the answer is compared with.
 	stopCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	require.NoError(t, relay.Stop(stopCtx))
+	require.NoError(t, rl.Stop(stopCtx))
 
 	e := f.deliveryState(t, ep.ID)
 	require.Equal(t, outbox.HealthBackingOff, e.State)
-	require.Equal(t, outbox.DeliveryCircuitOpen, e.DeliveryState)
+	require.Equal(t, admin.DeliveryCircuitOpen, e.DeliveryState)
 	earliest, backoffUntil := f.earliestPending(t, ep.ID)
 	require.NotNil(t, earliest, "messages wait behind the open circuit")
 	require.NotNil(t, backoffUntil)
@@ -186,7 +188,7 @@ func TestDeliveryStatePaused(t *testing.T) {
 
 	e := f.deliveryState(t, ep.ID)
 	require.Equal(t, outbox.HealthPaused, e.State)
-	require.Equal(t, outbox.DeliveryPaused, e.DeliveryState)
+	require.Equal(t, admin.DeliveryPaused, e.DeliveryState)
 	require.Nil(t, e.NextAttemptAt, "a paused endpoint is not tried")
 	earliest, _ := f.earliestPending(t, ep.ID)
 	require.NotNil(t, earliest, "its message waits")
@@ -207,7 +209,7 @@ func TestDeliveryStateRetryingOnRetryAfter(t *testing.T) {
 
 	e := f.deliveryState(t, ep.ID)
 	require.Equal(t, outbox.HealthHealthy, e.State)
-	require.Equal(t, outbox.DeliveryRetrying, e.DeliveryState)
+	require.Equal(t, admin.DeliveryRetrying, e.DeliveryState)
 	earliest, backoffUntil := f.earliestPending(t, ep.ID)
 	require.True(t, earliest.Before(*backoffUntil))
 	require.NotNil(t, e.NextAttemptAt)

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxkit/orders/internal/dbtest"
 	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
 )
 
@@ -21,7 +22,7 @@ import (
 func TestEnqueueFindsSubscribersOnAnIndexWith1000Endpoints(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, trace := tracedPool(t)
+	pool, trace := dbtest.TracedPool(t)
 	rows, err := pool.Query(ctx, `
 		WITH others AS (
 			INSERT INTO webhook_endpoints (url, secret, event_types)
@@ -52,15 +53,15 @@ func TestEnqueueFindsSubscribersOnAnIndexWith1000Endpoints(t *testing.T) {
 		got, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 		require.NoError(t, err)
 		require.ElementsMatch(t, subscribers, got, "one delivery per subscribed endpoint, paused or not, and none for the others")
-		return errRollback
+		return dbtest.ErrRollback
 	})
-	require.ErrorIs(t, err, errRollback)
+	require.ErrorIs(t, err, dbtest.ErrRollback)
 
 	plans := map[string]string{}
-	plans["enqueue"] = trace.explain(t, pool, enqueue) + "\n" +
-		trace.explainGeneric(t, pool, "'order.placed'", "'{}'", "NULL", "'order-1'")
-	plans["notify"] = trace.explain(t, pool, func(q *outboxdb.Queries) error { return q.EventNotify(ctx, "order.placed") }) + "\n" +
-		trace.explainGeneric(t, pool)
+	plans["enqueue"] = trace.Explain(t, pool, queries(enqueue)) + "\n" +
+		trace.ExplainGeneric(t, pool, "'order.placed'", "'{}'", "NULL", "'order-1'")
+	plans["notify"] = trace.Explain(t, pool, queries(func(q *outboxdb.Queries) error { return q.EventNotify(ctx, "order.placed") })) + "\n" +
+		trace.ExplainGeneric(t, pool)
 	for name, plan := range plans {
 		t.Logf("%s:\n%s", name, plan)
 		require.NotContains(t, plan, "Seq Scan on webhook_endpoints", "%s reads every endpoint", name)
@@ -80,19 +81,24 @@ func TestEnqueueFindsSubscribersOnAnIndexWith1000Endpoints(t *testing.T) {
 func TestEnqueueReadsAFewEndpointsWithoutTheIndex(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, trace := tracedPool(t)
+	pool, trace := dbtest.TracedPool(t)
 	_, err := pool.Exec(ctx, `INSERT INTO webhook_endpoints (url, secret, event_types)
 		VALUES ('http://127.0.0.1:9/a', 'whsec_AAAA', '{order.placed}'),
 		       ('http://127.0.0.1:9/b', 'whsec_AAAA', '{order.placed,order.cancelled}')`)
 	require.NoError(t, err)
 	key := "order-1"
-	trace.explain(t, pool, func(q *outboxdb.Queries) error {
+	trace.Explain(t, pool, queries(func(q *outboxdb.Queries) error {
 		_, err := q.EventEnqueue(ctx, outboxdb.EventEnqueueParams{Type: "order.placed", Payload: []byte(`{}`), OrderingKey: &key})
 		return err
-	})
-	plan := trace.explainGeneric(t, pool, "'order.placed'", "'{}'", "NULL", "'order-1'")
+	}))
+	plan := trace.ExplainGeneric(t, pool, "'order.placed'", "'{}'", "NULL", "'order-1'")
 	t.Logf("generic plan:\n%s", plan)
 	require.Contains(t, plan, "Seq Scan on webhook_endpoints", "the api's cached plan reads the endpoints' page")
 	require.NotContains(t, plan, "webhook_endpoints_event_types_idx", "the api's cached plan sets up a GIN scan for 2 endpoints")
 	require.Contains(t, plan, "rows=2 loops=1", "both endpoints get their delivery")
+}
+
+// queries runs run on the queries of the transaction it is given.
+func queries(run func(*outboxdb.Queries) error) func(pgx.Tx) error {
+	return func(tx pgx.Tx) error { return run(outboxdb.New(tx)) }
 }

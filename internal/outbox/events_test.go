@@ -16,6 +16,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
+	"github.com/outboxkit/orders/internal/outbox/outboxtest"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // One event sent to two endpoints reaches both under one webhook-id, the
@@ -32,7 +35,7 @@ func TestOneEventOneIDForEveryEndpoint(t *testing.T) {
 	require.Len(t, deliveries, 2)
 	require.NotEqual(t, deliveries[0], deliveries[1], "each delivery is its own row")
 
-	f.startRelay(t, outbox.RelayConfig{}, nil)
+	f.startRelay(t, relay.Config{}, nil)
 	eventually(t, func() bool { return a.count(event) == 1 && b.count(event) == 1 }, "both endpoints got the event")
 	for _, rc := range []*receiver{a, b} {
 		rc.mu.Lock()
@@ -44,7 +47,7 @@ func TestOneEventOneIDForEveryEndpoint(t *testing.T) {
 		eventually(t, func() bool { return f.status(t, id) == outbox.StatusDelivered }, "recorded")
 		require.Equal(t, event, f.message(t, id).EventID)
 	}
-	list, _, err := f.admin.Messages(context.Background(), outbox.MessageFilter{Event: &event})
+	list, _, err := f.admin.Messages(context.Background(), admin.MessageFilter{Event: &event})
 	require.NoError(t, err)
 	require.Len(t, list, 2, "the admin finds an event's deliveries by its id")
 }
@@ -132,7 +135,7 @@ func TestEventsOfOneKeyAreDeliveredInOrder(t *testing.T) {
 			return nil
 		}))
 	}
-	f.startRelay(t, outbox.RelayConfig{}, nil)
+	f.startRelay(t, relay.Config{}, nil)
 	within(t, 30*time.Second, func() bool {
 		s, err := f.admin.Stats(ctx)
 		require.NoError(t, err)
@@ -241,7 +244,7 @@ func TestAFailedHeadHoldsItsKeyUntilSkippedOrRetried(t *testing.T) {
 	}
 	require.Equal(t, 0, rc.count(f.event(t, heads["skip-me"])), "a skipped message is never delivered")
 	_, err = f.admin.Skip(ctx, heads["skip-me"])
-	require.ErrorIs(t, err, outbox.ErrConflict, "only failed messages can be skipped")
+	require.ErrorIs(t, err, admin.ErrConflict, "only failed messages can be skipped")
 
 	// Retry, once the receiver accepts it: the head goes first.
 	mu.Lock()
@@ -266,11 +269,11 @@ func TestAStrandedParkedMessageIsDelivered(t *testing.T) {
 	ctx := context.Background()
 	rc := newReceiver(t)
 	ep := f.endpoint(t, rc, "order.placed")
-	id := outbox.Seed(t, f.pool, ep.ID, 1, "k")[0]
+	id := outboxtest.Seed(t, f.pool, ep.ID, 1, "k")[0]
 	_, err := f.pool.Exec(ctx, "UPDATE outbox_messages SET parked = true WHERE id = $1", id)
 	require.NoError(t, err)
 	require.True(t, f.message(t, id).Parked)
-	f.startRelay(t, outbox.RelayConfig{}, nil) // the prune job runs at start
+	f.startRelay(t, relay.Config{}, nil) // the prune job runs at start
 	eventually(t, func() bool { return f.status(t, id) == outbox.StatusDelivered }, "promoted and delivered")
 }
 

@@ -19,6 +19,9 @@ import (
 
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
+	"github.com/outboxkit/orders/internal/outbox/outboxtest"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 	"github.com/outboxkit/orders/internal/webhook"
 )
 
@@ -124,7 +127,7 @@ func TestRelayPoisonMessageFailsAtCapWhileOthersFlow(t *testing.T) {
 	fixed = true
 	rc.mu.Unlock()
 	_, err := f.admin.Retry(context.Background(), healthy[0])
-	require.ErrorIs(t, err, outbox.ErrConflict, "only failed messages can be retried")
+	require.ErrorIs(t, err, admin.ErrConflict, "only failed messages can be retried")
 	_, err = f.admin.Retry(context.Background(), poison)
 	require.NoError(t, err)
 	eventually(t, func() bool { return f.status(t, poison) == outbox.StatusDelivered }, "requeued message delivered")
@@ -208,7 +211,7 @@ func TestDeletingAnEndpointDiscardsItsUndeliveredMessages(t *testing.T) {
 		require.Equal(t, outbox.StatusDiscarded, m.Status)
 		require.Equal(t, "endpoint deleted", m.LastError)
 		_, err := f.admin.Retry(ctx, id)
-		require.ErrorIs(t, err, outbox.ErrConflict, "a discarded message cannot be retried")
+		require.ErrorIs(t, err, admin.ErrConflict, "a discarded message cannot be retried")
 	}
 	stats, err := f.admin.Stats(ctx)
 	require.NoError(t, err)
@@ -219,7 +222,7 @@ func TestDeletingAnEndpointDiscardsItsUndeliveredMessages(t *testing.T) {
 	f.startRelay(t, fastConfig(), nil)
 	never(t, 300*time.Millisecond, func() bool { return rc.total() > 0 }, "nothing is sent to the deleted endpoint")
 	_, err = f.admin.DeleteEndpoint(ctx, ep.ID)
-	require.ErrorIs(t, err, outbox.ErrNotFound)
+	require.ErrorIs(t, err, admin.ErrNotFound)
 }
 
 // A deletion settles a backlog larger than one batch: every batch is
@@ -231,7 +234,7 @@ func TestDeletingAnEndpointDiscardsABacklogInBatches(t *testing.T) {
 	rc := newReceiver(t)
 	ep := f.endpoint(t, rc, "order.placed")
 	const waiting = 25_000 // two and a half batches
-	ids := outbox.Seed(t, f.pool, ep.ID, waiting, "")
+	ids := outboxtest.Seed(t, f.pool, ep.ID, waiting, "")
 	_, err := f.pool.Exec(ctx, `UPDATE outbox_messages SET status = 'failed', failed_at = now(), attempts = 8, last_error = '500'
 		WHERE id = $1`, ids[len(ids)-1])
 	require.NoError(t, err)
@@ -257,7 +260,7 @@ func TestRelayDiscardsMessagesOfDeletedEndpoints(t *testing.T) {
 	_, err := f.admin.DeleteEndpoint(ctx, ep.ID)
 	require.NoError(t, err)
 	const orphans = 12_000 // more than one batch
-	outbox.Seed(t, f.pool, ep.ID, orphans, "")
+	outboxtest.Seed(t, f.pool, ep.ID, orphans, "")
 	f.startRelay(t, fastConfig(), nil) // the orphan job runs at start
 	eventually(t, func() bool {
 		var discarded int
@@ -348,7 +351,7 @@ func TestRelayIsolatesFailingDestinations(t *testing.T) {
 	}
 	require.Len(t, ids, 300)
 	start := time.Now()
-	f.startRelay(t, outbox.RelayConfig{}, nil) // the defaults
+	f.startRelay(t, relay.Config{}, nil) // the defaults
 
 	eventually(t, func() bool { return healthy.total() == 100 }, "every message for the healthy endpoint delivered")
 	elapsed := time.Since(start)
@@ -357,7 +360,7 @@ func TestRelayIsolatesFailingDestinations(t *testing.T) {
 	// Each failing destination backs off as a whole: after the refusals
 	// (at once) and the timeouts (after the 10 s delivery timeout), nothing
 	// more is sent until its probe.
-	cfg := outbox.DefaultRelayConfig()
+	cfg := relay.DefaultConfig()
 	for _, id := range failing {
 		within(t, 30*time.Second, func() bool {
 			ep, err := f.admin.Endpoint(ctx, id)
@@ -396,7 +399,7 @@ func TestBackingOffDestinationRecoversAfterAProbe(t *testing.T) {
 	for i := range 100 {
 		ids = append(ids, f.enqueue(t, "order.placed", i)...)
 	}
-	f.startRelay(t, outbox.RelayConfig{}, nil) // the defaults
+	f.startRelay(t, relay.Config{}, nil) // the defaults
 	eventually(t, func() bool {
 		got, err := f.admin.Endpoint(ctx, ep.ID)
 		require.NoError(t, err)
@@ -416,7 +419,7 @@ func TestBackingOffDestinationRecoversAfterAProbe(t *testing.T) {
 	var tried int
 	require.NoError(t, f.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE destination = $1 AND attempts > 1`,
 		ep.ID).Scan(&tried))
-	cfg := outbox.DefaultRelayConfig()
+	cfg := relay.DefaultConfig()
 	require.LessOrEqual(t, tried, cfg.DestinationConcurrency+cfg.CircuitThreshold-1,
 		"only the messages sent before the circuit opened were tried twice")
 }
@@ -440,7 +443,7 @@ func TestAReceiverRejectingOurSignatureBacksOffAsAWhole(t *testing.T) {
 	for i := range 100 {
 		ids = append(ids, f.enqueue(t, "order.placed", i)...)
 	}
-	f.startRelay(t, outbox.RelayConfig{}, nil) // the defaults
+	f.startRelay(t, relay.Config{}, nil) // the defaults
 	eventually(t, func() bool {
 		got, err := f.admin.Endpoint(ctx, ep.ID)
 		require.NoError(t, err)
@@ -453,7 +456,7 @@ func TestAReceiverRejectingOurSignatureBacksOffAsAWhole(t *testing.T) {
 	// threshold, a slow machine may refill the slots of the failures
 	// handled so far (the job claims freed slots each poll interval); then
 	// perhaps a probe. Never the rest of the backlog.
-	cfg := outbox.DefaultRelayConfig()
+	cfg := relay.DefaultConfig()
 	require.LessOrEqual(t, rejected, cfg.DestinationConcurrency+cfg.CircuitThreshold,
 		"what was in flight, the refills before the circuit opened, perhaps a probe: not every message")
 
@@ -480,7 +483,7 @@ func TestRecoveryBringsForwardTheRetriesTheOutagePushedBack(t *testing.T) {
 	rc := newReceiver(t)
 	down := rc.failing(http.StatusServiceUnavailable)
 	ep := f.endpoint(t, rc, "order.placed")
-	cfg := outbox.DefaultRelayConfig()
+	cfg := relay.DefaultConfig()
 	// One more key than it takes to open the circuit, two events each.
 	var heads, followers []uuid.UUID
 	for _, list := range []*[]uuid.UUID{&heads, &followers} {
@@ -489,7 +492,7 @@ func TestRecoveryBringsForwardTheRetriesTheOutagePushedBack(t *testing.T) {
 				OrderingKey: fmt.Sprintf("order-%d", i)}))...)
 		}
 	}
-	f.startRelay(t, outbox.RelayConfig{}, nil) // the defaults
+	f.startRelay(t, relay.Config{}, nil) // the defaults
 
 	// A probe takes a head to its second failure: its next try is 5 min
 	// (±10 %) away.
@@ -523,12 +526,12 @@ func TestRecoveryBringsForwardTheRetriesTheOutagePushedBack(t *testing.T) {
 // holdingTransport sends for real, then holds the outcome until released:
 // the window between send and mark, where a process can die.
 type holdingTransport struct {
-	outbox.Transport
+	relay.Transport
 	sent    chan uuid.UUID
 	release chan struct{}
 }
 
-func (h *holdingTransport) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result {
+func (h *holdingTransport) Deliver(ctx context.Context, d relay.Delivery) relay.Result {
 	res := h.Transport.Deliver(ctx, d)
 	h.sent <- d.MessageID
 	select {
@@ -536,7 +539,7 @@ func (h *holdingTransport) Deliver(ctx context.Context, d outbox.Delivery) outbo
 		return res
 	case <-ctx.Done():
 		// Cut off: the receiver's answer never reached the relay.
-		return outbox.Result{Err: ctx.Err()}
+		return relay.Result{Err: ctx.Err()}
 	}
 }
 
@@ -553,12 +556,12 @@ func TestRelayStoppedBetweenSendAndMarkRedelivers(t *testing.T) {
 	id := f.enqueue(t, "order.placed", 1)[0]
 
 	hold := &holdingTransport{
-		Transport: &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
+		Transport: &relay.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
 		sent:      make(chan uuid.UUID, 1), release: make(chan struct{}),
 	}
-	relay, err := outbox.NewRelay(f.pool, fastConfig(), hold, discardLogger(), nil)
+	rl, err := relay.New(f.pool, fastConfig(), hold, discardLogger(), nil)
 	require.NoError(t, err)
-	require.NoError(t, relay.Start(context.Background()))
+	require.NoError(t, rl.Start(context.Background()))
 	require.Equal(t, id, <-hold.sent)
 	require.Equal(t, 1, rc.count(f.event(t, id)), "the webhook went out")
 	require.Equal(t, outbox.StatusClaimed, f.status(t, id))
@@ -567,7 +570,7 @@ func TestRelayStoppedBetweenSendAndMarkRedelivers(t *testing.T) {
 	expired, cancel := context.WithTimeout(context.Background(), time.Millisecond)
 	defer cancel()
 	<-expired.Done()
-	require.NoError(t, relay.Stop(expired))
+	require.NoError(t, rl.Stop(expired))
 	m := f.message(t, id)
 	require.Equal(t, outbox.StatusPending, m.Status, "released at once, not left to a timeout")
 	require.Equal(t, 1, m.Attempts)
@@ -600,14 +603,14 @@ func TestRelayStoppedWithAFullBatchInFlightSettlesIt(t *testing.T) {
 		ids = append(ids, f.enqueue(t, "order.placed", i)[0])
 	}
 	hold := &holdingTransport{
-		Transport: &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
+		Transport: &relay.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
 		sent:      make(chan uuid.UUID, n), release: make(chan struct{}),
 	}
 	cfg := fastConfig()
 	cfg.DestinationConcurrency = n
-	relay, err := outbox.NewRelay(f.pool, cfg, hold, discardLogger(), nil)
+	rl, err := relay.New(f.pool, cfg, hold, discardLogger(), nil)
 	require.NoError(t, err)
-	require.NoError(t, relay.Start(context.Background()))
+	require.NoError(t, rl.Start(context.Background()))
 	for range n {
 		<-hold.sent
 	}
@@ -615,7 +618,7 @@ func TestRelayStoppedWithAFullBatchInFlightSettlesIt(t *testing.T) {
 	expired, cancel := context.WithTimeout(context.Background(), time.Millisecond)
 	defer cancel()
 	<-expired.Done()
-	require.NoError(t, relay.Stop(expired), "the job settles its batch and ends")
+	require.NoError(t, rl.Stop(expired), "the job settles its batch and ends")
 	for _, id := range ids {
 		m := f.message(t, id)
 		require.Equal(t, outbox.StatusPending, m.Status, "released at once, not left claimed")
@@ -632,19 +635,19 @@ func TestRelayStopLetsRequestsInFlightFinish(t *testing.T) {
 	f.endpoint(t, rc, "order.placed")
 	id := f.enqueue(t, "order.placed", 1)[0]
 	hold := &holdingTransport{
-		Transport: &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
+		Transport: &relay.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
 		sent:      make(chan uuid.UUID, 1), release: make(chan struct{}),
 	}
-	relay, err := outbox.NewRelay(f.pool, fastConfig(), hold, discardLogger(), nil)
+	rl, err := relay.New(f.pool, fastConfig(), hold, discardLogger(), nil)
 	require.NoError(t, err)
-	require.NoError(t, relay.Start(context.Background()))
+	require.NoError(t, rl.Start(context.Background()))
 	require.Equal(t, id, <-hold.sent)
 
 	stopped := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		stopped <- relay.Stop(ctx)
+		stopped <- rl.Stop(ctx)
 	}()
 	// Stop waits for the request, which ends when the receiver answers.
 	select {
@@ -683,12 +686,12 @@ func TestDeadRelaysClaimsAreDeliveredWithinSeconds(t *testing.T) {
 	require.NoError(t, err)
 
 	start := time.Now()
-	f.startRelay(t, outbox.RelayConfig{}, nil) // the defaults
+	f.startRelay(t, relay.Config{}, nil) // the defaults
 	for _, id := range ids {
 		within(t, 15*time.Second, func() bool { return f.status(t, id) == outbox.StatusDelivered }, "the dead relay's claim is delivered")
 	}
 	took := time.Since(start)
-	relayTimeout := outbox.DefaultRelayConfig().RelayTimeout
+	relayTimeout := relay.DefaultConfig().RelayTimeout
 	require.Less(t, took, relayTimeout+3*time.Second, "within the relay timeout and a heartbeat or two")
 	require.Greater(t, took, relayTimeout/2, "not before the dead relay's heartbeat was old enough")
 	m := f.message(t, ids[0])
@@ -712,7 +715,7 @@ func TestStaleDeliverJobCannotOverwriteNewerClaim(t *testing.T) {
 	id := f.enqueue(t, "order.placed", 1)[0]
 
 	hold := &holdingTransport{
-		Transport: &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
+		Transport: &relay.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
 		sent:      make(chan uuid.UUID, 1), release: make(chan struct{}),
 	}
 	f.startRelay(t, fastConfig(), hold)
@@ -756,7 +759,7 @@ func TestStaleClaimsAreReleasedAndDelivered(t *testing.T) {
 	// timeout can release it.
 	var id uuid.UUID
 	require.NoError(t, pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
-		id = outbox.Seed(t, tx, ep.ID, 1, "")[0]
+		id = outboxtest.Seed(t, tx, ep.ID, 1, "")[0]
 		_, err := tx.Exec(ctx, `UPDATE outbox_messages
 			SET status = 'claimed', claim_token = gen_random_uuid(), claimed_by = (SELECT id FROM outbox_relays), claimed_at = now() - interval '10 minutes'
 			WHERE id = $1`, id)
@@ -801,7 +804,7 @@ func TestTwoRelaysDeliverEachMessageOnce(t *testing.T) {
 		return http.StatusNoContent
 	}
 	ep := f.endpoint(t, rc, "order.placed")
-	outbox.Seed(t, f.pool, ep.ID, 2000, "")
+	outboxtest.Seed(t, f.pool, ep.ID, 2000, "")
 	cfg := fastConfig()
 	cfg.BatchSize = 100
 	f.startRelay(t, cfg, nil)

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
 )
 
 // A person's retry gives a fresh attempt budget, and the history keeps every
@@ -78,14 +79,14 @@ func TestRetryKeepsTheWholeAttemptHistory(t *testing.T) {
 	// bucket holding one request holds its exact time).
 	hour, day, err := f.admin.EndpointAttemptStats(ctx, ep.ID)
 	require.NoError(t, err)
-	require.Equal(t, hour, outbox.AttemptStats{Window: time.Hour, Attempts: 3, Delivered: 1, SuccessRate: 1.0 / 3,
+	require.Equal(t, hour, admin.AttemptStats{Window: time.Hour, Attempts: 3, Delivered: 1, SuccessRate: 1.0 / 3,
 		P50MS: hour.P50MS, P95MS: hour.P50MS, P99MS: hour.P50MS})
 	require.Equal(t, []int64{3, 1}, []int64{day.Attempts, day.Delivered})
 	require.Positive(t, m.History[2].DurationMS)
 	require.InDelta(t, m.History[2].DurationMS, hour.P50MS, 0.001)
 
 	_, err = f.admin.RetryFailedForEndpoint(ctx, id) // not an endpoint
-	require.ErrorIs(t, err, outbox.ErrNotFound)
+	require.ErrorIs(t, err, admin.ErrNotFound)
 }
 
 // The backlog is reconstructed from the present one, arrivals and settlements.
@@ -160,7 +161,7 @@ func TestDashboardAgreesWithItsParts(t *testing.T) {
 	require.Equal(t, [3]int64{1, 1, 6}, [3]int64{r.Due, r.Scheduled, r.Paused}, "due, scheduled, paused")
 	require.Equal(t, o.Pending, r.Due+r.Scheduled+r.Paused+o.Parked, "every pending message waits for one reason")
 	require.Equal(t, o.Pending+o.Claimed, d.Activity.Minutes[59].Backlog, "the chart ends at what waits now")
-	byID := map[uuid.UUID]outbox.EndpointHealth{}
+	byID := map[uuid.UUID]admin.EndpointHealth{}
 	var waiting int64
 	for _, e := range d.Endpoints {
 		byID[e.ID] = e

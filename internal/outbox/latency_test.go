@@ -7,9 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxkit/orders/internal/outbox/relay"
 	"github.com/stretchr/testify/require"
-
-	"github.com/outboxkit/orders/internal/outbox"
 )
 
 // Commit-to-delivery latency with the default settings, one message at a
@@ -25,7 +24,7 @@ func TestLatencyIdleRelayWithDefaults(t *testing.T) {
 		return http.StatusNoContent
 	}
 	f.endpoint(t, rc, "order.placed")
-	cfg := outbox.DefaultRelayConfig()
+	cfg := relay.DefaultConfig()
 	f.startRelay(t, cfg, nil)
 
 	// Warm up: River's maintenance services start with a short stagger.

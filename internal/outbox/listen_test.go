@@ -18,6 +18,8 @@ import (
 	"github.com/outboxkit/orders/internal/dbtest"
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // notifying returns a fixture on a fresh database, and a second pool on it
@@ -38,7 +40,7 @@ func notifying(t *testing.T) (fixture, *pgxpool.Pool) {
 	}
 	plain := pool(false)
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	return fixture{pool: plain, admin: outbox.NewAdmin(plain, netguard.Guard{AllowPrivate: true}, logger)}, pool(true)
+	return fixture{pool: plain, admin: admin.New(plain, netguard.Guard{AllowPrivate: true}, logger)}, pool(true)
 }
 
 // Enqueue notifies only on a connection set up by NotifyRelays, only when
@@ -105,7 +107,7 @@ func TestListeningRelayDeliversAtCommit(t *testing.T) {
 	}
 	f.endpoint(t, rc, "order.placed")
 	const poll = 20 * time.Second
-	f.startRelay(t, outbox.RelayConfig{PollInterval: poll, Listen: true}, nil)
+	f.startRelay(t, relay.Config{PollInterval: poll, Listen: true}, nil)
 
 	committed := map[string]time.Time{}
 	for i := range 10 {

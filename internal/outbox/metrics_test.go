@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/netguard"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // byEndpoint reads a counter family by endpoint id and outcome.
@@ -65,20 +65,20 @@ func TestDeliveryMetricsByEndpoint(t *testing.T) {
 	refusing.respond = func(*http.Request, int) int { return http.StatusUnprocessableEntity }
 	okEP, refusingEP := f.endpoint(t, ok, "order.placed"), f.endpoint(t, refusing, "order.placed")
 
-	start := func(opts ...outbox.MetricsOption) *prometheus.Registry {
-		metrics := outbox.NewMetrics(opts...)
+	start := func(opts ...relay.MetricsOption) *prometheus.Registry {
+		metrics := relay.NewMetrics(opts...)
 		reg := prometheus.NewRegistry()
 		require.NoError(t, metrics.Register(reg))
 		cfg := fastConfig()
 		cfg.MaxAttempts = 1
-		relay, err := outbox.NewRelay(f.pool, cfg, &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
+		rl, err := relay.New(f.pool, cfg, &relay.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
 			discardLogger(), metrics)
 		require.NoError(t, err)
-		require.NoError(t, relay.Start(ctx))
+		require.NoError(t, rl.Start(ctx))
 		t.Cleanup(func() {
 			c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
-			_ = relay.Stop(c)
+			_ = rl.Stop(c)
 		})
 		return reg
 	}
@@ -113,7 +113,7 @@ func TestDeliveryMetricsByEndpoint(t *testing.T) {
 	require.Equal(t, 3.0, byEndpoint(t, reg, "outbox_endpoint_deliveries_total")[[2]string{okEP.ID.String(), "delivered"}])
 	require.Equal(t, 3.0, byEndpoint(t, reg, "outbox_deliveries_total")[[2]string{"", "failed"}], "the totals keep its outcomes")
 
-	quiet := start(outbox.WithoutEndpointMetrics())
+	quiet := start(relay.WithoutEndpointMetrics())
 	families, err := quiet.Gather()
 	require.NoError(t, err)
 	for _, fam := range families {

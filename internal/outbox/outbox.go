@@ -1,7 +1,10 @@
-// Package outbox is the transactional outbox: Enqueue writes an event in the
-// caller's transaction, so it commits or rolls back with the business rows,
-// and the relay (River jobs run by cmd/worker) delivers what was committed as
-// signed webhooks, retrying with backoff up to a cap.
+// Package outbox is the transactional outbox as the modules that use it see
+// it: Enqueue writes an event in the caller's transaction, so it commits or
+// rolls back with the business rows, and the relay (package relay, River
+// jobs run by cmd/worker) delivers what was committed as signed webhooks or
+// broker messages, retrying with backoff up to a cap. Package admin is the
+// endpoints and the read models behind the admin API and the ops page;
+// package destination reads where an endpoint's messages go.
 //
 // Every Enqueue records one event (kept for the retention, subscribed or
 // not, so it can be replayed) and one delivery (a message) per subscribed
@@ -43,6 +46,20 @@ const (
 	StatusDiscarded = "discarded"
 )
 
+// Endpoint states, as the API, the ops page and the metrics name them.
+const (
+	// HealthHealthy: enabled and delivering; single messages may be
+	// retrying on their own schedules.
+	HealthHealthy = "healthy"
+	// HealthBackingOff: enabled, but failing as a whole (refused, timed out,
+	// 5xx, 429 several times in a row): nothing is sent to it until its next
+	// probe, when one message tries it. Waiting costs no message an attempt.
+	HealthBackingOff = "backing_off"
+	// HealthPaused: disabled by a person or by a 410 Gone. Its messages are
+	// still written, and wait to be delivered when it is enabled again.
+	HealthPaused = "paused"
+)
+
 // Statuses are the message statuses, in the order a message goes through
 // them.
 var Statuses = []string{StatusPending, StatusClaimed, StatusDelivered, StatusFailed, StatusDiscarded}
@@ -57,13 +74,6 @@ var (
 	// ErrInvalidEvent is returned for an event that cannot be stored: no
 	// type, or data that does not encode as JSON.
 	ErrInvalidEvent = errors.New("outbox: invalid event")
-
-	// ErrNotFound is returned when an endpoint or message does not exist.
-	ErrNotFound = errors.New("outbox: not found")
-
-	// ErrConflict is returned when a transition does not apply to a row's
-	// current status, such as retrying a message that has not failed.
-	ErrConflict = errors.New("outbox: conflicting state")
 )
 
 // Event is something that happened, to be announced to every endpoint

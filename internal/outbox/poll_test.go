@@ -10,6 +10,7 @@ import (
 
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // counter reads one counter from reg.
@@ -35,17 +36,17 @@ func TestIdleRelayPollsWithoutStartingJobs(t *testing.T) {
 	rc := newReceiver(t)
 	f.endpoint(t, rc, "order.placed")
 
-	metrics := outbox.NewMetrics()
+	metrics := relay.NewMetrics()
 	reg := prometheus.NewRegistry()
 	require.NoError(t, metrics.Register(reg))
-	relay, err := outbox.NewRelay(f.pool, outbox.RelayConfig{},
-		&outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()}, discardLogger(), metrics)
+	rl, err := relay.New(f.pool, relay.Config{},
+		&relay.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()}, discardLogger(), metrics)
 	require.NoError(t, err)
-	require.NoError(t, relay.Start(ctx))
+	require.NoError(t, rl.Start(ctx))
 	t.Cleanup(func() {
 		c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_ = relay.Stop(c)
+		_ = rl.Stop(c)
 	})
 
 	within(t, 10*time.Second, func() bool { return counter(t, reg, "outbox_polls_total") >= 25 }, "the heartbeat rises while idle")

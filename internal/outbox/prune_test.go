@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/netguard"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // The prune job (River's leader runs it when the relay starts, then every
@@ -57,17 +57,17 @@ func TestPruneJobDeletesOnlyOldSettledRows(t *testing.T) {
 			(outbox_uuid_v7(), 'unheard', '{"keep":"recent unheard"}', now());`)
 	require.NoError(t, err)
 
-	metrics := outbox.NewMetrics()
+	metrics := relay.NewMetrics()
 	reg := prometheus.NewRegistry()
 	require.NoError(t, metrics.Register(reg))
-	relay, err := outbox.NewRelay(f.pool, fastConfig(), &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
+	rl, err := relay.New(f.pool, fastConfig(), &relay.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
 		discardLogger(), metrics)
 	require.NoError(t, err)
-	require.NoError(t, relay.Start(ctx))
+	require.NoError(t, rl.Start(ctx))
 	t.Cleanup(func() {
 		c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_ = relay.Stop(c)
+		_ = rl.Stop(c)
 	})
 	within(t, 20*time.Second, func() bool { return counter(t, reg, "outbox_pruned_total") == 12010 }, "the prune job deleted the old settled rows")
 

@@ -20,6 +20,9 @@ import (
 	"github.com/outboxkit/orders/internal/dbtest"
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
+	"github.com/outboxkit/orders/internal/outbox/destination"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 	"github.com/outboxkit/orders/internal/webhook"
 )
 
@@ -38,6 +41,9 @@ type receiver struct {
 	bodies    map[string]envelope
 	headers   map[string]http.Header
 	badSigned int
+	// arrived lists the webhook-ids of accepted deliveries in the order
+	// they were accepted.
+	arrived []string
 }
 
 type envelope struct {
@@ -74,6 +80,7 @@ func (rc *receiver) serve(w http.ResponseWriter, r *http.Request) {
 	rc.mu.Lock()
 	if status >= 200 && status < 300 {
 		rc.received[id]++
+		rc.arrived = append(rc.arrived, id)
 		var env envelope
 		if err := json.Unmarshal(body, &env); err != nil {
 			rc.t.Errorf("webhook body is not the envelope: %v", err)
@@ -116,6 +123,14 @@ func (rc *receiver) count(id uuid.UUID) int {
 	return rc.received[id.String()]
 }
 
+// arrivals is the webhook-ids of the accepted deliveries, in the order they
+// were accepted.
+func (rc *receiver) arrivals() []string {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return append([]string(nil), rc.arrived...)
+}
+
 func (rc *receiver) total() int {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
@@ -124,18 +139,18 @@ func (rc *receiver) total() int {
 
 type fixture struct {
 	pool  *pgxpool.Pool
-	admin *outbox.Admin
+	admin *admin.Service
 }
 
 func setup(t *testing.T) fixture {
 	t.Helper()
 	pool := dbtest.Pool(t)
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	return fixture{pool: pool, admin: outbox.NewAdmin(pool, netguard.Guard{AllowPrivate: true}, logger)}
+	return fixture{pool: pool, admin: admin.New(pool, netguard.Guard{AllowPrivate: true}, logger)}
 }
 
 // endpoint registers rc for the given event types.
-func (f fixture) endpoint(t *testing.T, rc *receiver, types ...string) outbox.Endpoint {
+func (f fixture) endpoint(t *testing.T, rc *receiver, types ...string) admin.Endpoint {
 	t.Helper()
 	ep, err := f.admin.CreateEndpoint(context.Background(), rc.srv.URL+"/hook", types)
 	require.NoError(t, err)
@@ -185,8 +200,8 @@ func (f fixture) deliveries(t *testing.T, event uuid.UUID) []uuid.UUID {
 }
 
 // fastConfig makes retries and claims quick enough for tests.
-func fastConfig() outbox.RelayConfig {
-	return outbox.RelayConfig{
+func fastConfig() relay.Config {
+	return relay.Config{
 		PollInterval:    50 * time.Millisecond,
 		BackoffBase:     20 * time.Millisecond,
 		BackoffMax:      100 * time.Millisecond,
@@ -198,23 +213,23 @@ func fastConfig() outbox.RelayConfig {
 
 // startRelay runs a relay (a real River client, its dispatch and heartbeat)
 // until the test ends, when it stops as a worker does at SIGTERM.
-func (f fixture) startRelay(t *testing.T, cfg outbox.RelayConfig, transport outbox.Transport) *outbox.Relay {
+func (f fixture) startRelay(t *testing.T, cfg relay.Config, transport relay.Transport) *relay.Relay {
 	t.Helper()
 	if transport == nil {
-		transport = &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()}
+		transport = &relay.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()}
 	}
-	relay, err := outbox.NewRelay(f.pool, cfg, transport, discardLogger(), nil)
+	rl, err := relay.New(f.pool, cfg, transport, discardLogger(), nil)
 	require.NoError(t, err)
-	require.NoError(t, relay.Start(context.Background()))
+	require.NoError(t, rl.Start(context.Background()))
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_ = relay.Stop(ctx)
+		_ = rl.Stop(ctx)
 	})
-	return relay
+	return rl
 }
 
-func (f fixture) message(t *testing.T, id uuid.UUID) outbox.MessageDetail {
+func (f fixture) message(t *testing.T, id uuid.UUID) admin.MessageDetail {
 	t.Helper()
 	m, err := f.admin.Message(context.Background(), id)
 	require.NoError(t, err)
@@ -250,3 +265,26 @@ func TestRelayDeliversSignedWebhook(t *testing.T) {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// recorder is a Transport that keeps the URLs it was given.
+type recorder struct{ urls []string }
+
+func (r *recorder) Deliver(_ context.Context, d relay.Delivery) relay.Result {
+	r.urls = append(r.urls, d.URL)
+	return relay.Result{Acked: true}
+}
+
+func TestRouterSendsByKind(t *testing.T) {
+	t.Parallel()
+	web, nats := &recorder{}, &recorder{}
+	r := relay.Router{destination.KindWebhook: web, destination.KindNATS: nats}
+	ctx := context.Background()
+	require.True(t, r.Deliver(ctx, relay.Delivery{URL: "https://example.com/hook"}).Acked)
+	require.True(t, r.Deliver(ctx, relay.Delivery{URL: "nats:orders.events"}).Acked)
+	require.Equal(t, []string{"https://example.com/hook"}, web.urls)
+	require.Equal(t, []string{"nats:orders.events"}, nats.urls)
+
+	res := r.Deliver(ctx, relay.Delivery{URL: "kafka:orders"})
+	require.ErrorContains(t, res.Err, "no kafka connection is configured on this worker",
+		"a kind this worker has no broker for fails the attempt and says why")
+}

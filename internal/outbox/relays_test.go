@@ -12,6 +12,8 @@ import (
 
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // RelayStatus answers "is anyone delivering?" from what PostgreSQL sees:
@@ -27,7 +29,7 @@ func TestRelayStatusFollowsTheRelays(t *testing.T) {
 
 	s, err := f.admin.Relays(ctx)
 	require.NoError(t, err)
-	require.Equal(t, outbox.RelayDown, s.State, "no relay has ever run")
+	require.Equal(t, admin.RelayDown, s.State, "no relay has ever run")
 	require.Zero(t, s.Alive)
 	require.Nil(t, s.Leader)
 
@@ -40,7 +42,7 @@ func TestRelayStatusFollowsTheRelays(t *testing.T) {
 	due := f.enqueue(t, "order.placed", "while nobody runs")[0]
 	s, err = f.admin.Relays(ctx)
 	require.NoError(t, err)
-	require.Equal(t, outbox.RelayDown, s.State)
+	require.Equal(t, admin.RelayDown, s.State)
 	require.Contains(t, s.Reason, "The last heartbeat of any worker was 1m")
 	require.Len(t, s.Relays, 1)
 	require.False(t, s.Relays[0].Alive)
@@ -48,9 +50,9 @@ func TestRelayStatusFollowsTheRelays(t *testing.T) {
 
 	// A relay at its defaults: alive at once, claims the due message, and
 	// River elects it leader.
-	relay := f.startRelay(t, outbox.RelayConfig{}, nil)
+	rl := f.startRelay(t, relay.Config{}, nil)
 	eventually(t, func() bool { return f.status(t, due) == outbox.StatusDelivered }, "delivered")
-	var live outbox.RelayProcess
+	var live admin.RelayProcess
 	require.Eventually(t, func() bool {
 		s, err = f.admin.Relays(ctx)
 		require.NoError(t, err)
@@ -61,7 +63,7 @@ func TestRelayStatusFollowsTheRelays(t *testing.T) {
 		}
 		return live.LastClaimAt != nil && s.Leader != nil
 	}, 30*time.Second, 50*time.Millisecond, "the live relay's claim and River's leader never showed")
-	require.Equal(t, outbox.RelayRunning, s.State)
+	require.Equal(t, admin.RelayRunning, s.State)
 	require.Equal(t, 1, s.Alive, "the killed relay is reaped or silent; the new one is alive")
 	require.Equal(t, live.ID.String(), s.Leader.ID, "River's leader is the relay: its client id is the relay's")
 	require.True(t, live.Leader)
@@ -70,10 +72,10 @@ func TestRelayStatusFollowsTheRelays(t *testing.T) {
 
 	stopCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	require.NoError(t, relay.Stop(stopCtx))
+	require.NoError(t, rl.Stop(stopCtx))
 	s, err = f.admin.Relays(ctx)
 	require.NoError(t, err)
-	require.Equal(t, outbox.RelayDown, s.State, "a stopped relay unregisters")
+	require.Equal(t, admin.RelayDown, s.State, "a stopped relay unregisters")
 }
 
 // A relay that heartbeats but claims nothing while a message is due past the
@@ -86,8 +88,8 @@ func TestRelayStatusTellsStalledFromBackingOff(t *testing.T) {
 	rc := newReceiver(t)
 	f.endpoint(t, rc, "order.placed")
 	// The threshold is the knob under test.
-	admin := outbox.NewAdmin(f.pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.NewTextHandler(io.Discard, nil)),
-		outbox.WithStallThreshold(30*time.Second))
+	adm := admin.New(f.pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.NewTextHandler(io.Discard, nil)),
+		admin.WithStallThreshold(30*time.Second))
 
 	// A live relay row (heartbeating now) that has not claimed for an hour:
 	// a wedged worker, as PostgreSQL sees it.
@@ -99,25 +101,25 @@ func TestRelayStatusTellsStalledFromBackingOff(t *testing.T) {
 	_, err = f.pool.Exec(ctx, `UPDATE outbox_messages SET attempts = 2, next_attempt_at = now() + interval '5 minutes',
 		created_at = now() - interval '1 hour' WHERE id = $1`, retrying)
 	require.NoError(t, err)
-	s, err := admin.Relays(ctx)
+	s, err := adm.Relays(ctx)
 	require.NoError(t, err)
-	require.Equal(t, outbox.RelayRunning, s.State, "an old message waiting for its retry is not a stall")
+	require.Equal(t, admin.RelayRunning, s.State, "an old message waiting for its retry is not a stall")
 	require.Equal(t, int64(1), s.Scheduled)
 	require.Zero(t, s.Due)
 
 	due := f.enqueue(t, "order.placed", "due")[0]
 	_, err = f.pool.Exec(ctx, `UPDATE outbox_messages SET next_attempt_at = now() - interval '10 seconds' WHERE id = $1`, due)
 	require.NoError(t, err)
-	s, err = admin.Relays(ctx)
+	s, err = adm.Relays(ctx)
 	require.NoError(t, err)
-	require.Equal(t, outbox.RelayRunning, s.State, "due for 10 s, within the threshold")
+	require.Equal(t, admin.RelayRunning, s.State, "due for 10 s, within the threshold")
 	require.Equal(t, int64(1), s.Due)
 
 	_, err = f.pool.Exec(ctx, `UPDATE outbox_messages SET next_attempt_at = now() - interval '2 minutes' WHERE id = $1`, due)
 	require.NoError(t, err)
-	s, err = admin.Relays(ctx)
+	s, err = adm.Relays(ctx)
 	require.NoError(t, err)
-	require.Equal(t, outbox.RelayStalled, s.State, "due for 2 minutes and nobody claimed for an hour")
+	require.Equal(t, admin.RelayStalled, s.State, "due for 2 minutes and nobody claimed for an hour")
 	require.Contains(t, s.Reason, "due for 2m")
 	require.InDelta(t, 120, s.OldestDueSeconds, 10)
 }
@@ -136,7 +138,7 @@ func TestRelaysAreJudgedByTheirOwnTimeout(t *testing.T) {
 		VALUES ($1, 'slow-host', 1, now() - interval '3 seconds', 10), ($2, 'dead-host', 2, now() - interval '3 seconds', 1)`, slow, dead)
 	require.NoError(t, err)
 
-	cfg := outbox.RelayConfig{RelayTimeout: time.Second}
+	cfg := relay.Config{RelayTimeout: time.Second}
 	f.startRelay(t, cfg, nil)
 	exists := func(id uuid.UUID) bool {
 		var n int
@@ -161,8 +163,8 @@ func TestOldestDueIgnoresAnEndedBackoffWithNothingDue(t *testing.T) {
 	ctx := context.Background()
 	rc := newReceiver(t)
 	ep := f.endpoint(t, rc, "order.placed")
-	admin := outbox.NewAdmin(f.pool, netguard.Guard{AllowPrivate: true}, discardLogger(),
-		outbox.WithStallThreshold(30*time.Second))
+	adm := admin.New(f.pool, netguard.Guard{AllowPrivate: true}, discardLogger(),
+		admin.WithStallThreshold(30*time.Second))
 	// A live relay that has not claimed for an hour: were anything due past
 	// the threshold, it would be stalled.
 	_, err := f.pool.Exec(ctx, `INSERT INTO outbox_relays (id, hostname, pid, last_claim_at)
@@ -174,15 +176,15 @@ func TestOldestDueIgnoresAnEndedBackoffWithNothingDue(t *testing.T) {
 	_, err = f.pool.Exec(ctx, `UPDATE outbox_messages SET attempts = 3, next_attempt_at = now() + interval '5 minutes' WHERE id = $1`, retrying)
 	require.NoError(t, err)
 
-	s, err := admin.Relays(ctx)
+	s, err := adm.Relays(ctx)
 	require.NoError(t, err)
 	require.Zero(t, s.Due)
 	require.Zero(t, s.OldestDueSeconds, "nothing is due, so nothing is overdue")
-	require.Equal(t, outbox.RelayRunning, s.State, "a retry waited out is not a stall")
+	require.Equal(t, admin.RelayRunning, s.State, "a retry waited out is not a stall")
 
 	_, err = f.pool.Exec(ctx, `UPDATE outbox_messages SET next_attempt_at = now() - interval '20 minutes' WHERE id = $1`, retrying)
 	require.NoError(t, err)
-	s, err = admin.Relays(ctx)
+	s, err = adm.Relays(ctx)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), s.Due)
 	require.InDelta(t, 600, s.OldestDueSeconds, 10, "due since the backoff ended, not since its own earlier time")

@@ -10,6 +10,8 @@ import (
 
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // A replay re-sends the retained events of a time range to one endpoint,
@@ -35,11 +37,11 @@ func TestReplayResendsRetainedEventsUnderTheirIDs(t *testing.T) {
 	ep := f.endpoint(t, rc, "order.placed", "order.cancelled")
 	// One event already waits for the endpoint (a replay of it earlier):
 	// the replay leaves it alone.
-	first, err := f.admin.ReplayEvents(ctx, ep.ID, outbox.Replay{From: before, To: after, Limit: 1})
+	first, err := f.admin.ReplayEvents(ctx, ep.ID, admin.Replay{From: before, To: after, Limit: 1})
 	require.NoError(t, err)
-	require.Equal(t, outbox.ReplayResult{Read: 1, Replayed: 1, Next: &placed[0]}, first)
+	require.Equal(t, admin.ReplayResult{Read: 1, Replayed: 1, Next: &placed[0]}, first)
 
-	r := outbox.Replay{From: before, To: after}
+	r := admin.Replay{From: before, To: after}
 	n, err := f.admin.ReplayCount(ctx, ep.ID, r)
 	require.NoError(t, err)
 	require.EqualValues(t, 8, n, "the subscribed types in the range: 7 placed, 1 cancelled")
@@ -60,7 +62,7 @@ func TestReplayResendsRetainedEventsUnderTheirIDs(t *testing.T) {
 	require.Equal(t, 8, read)
 	require.Equal(t, 7, replayed, "the event already waiting is not copied")
 
-	f.startRelay(t, outbox.RelayConfig{}, nil)
+	f.startRelay(t, relay.Config{}, nil)
 	for _, id := range append(placed, cancelled) {
 		eventually(t, func() bool { return rc.count(id) == 1 }, "replayed under its own event id")
 	}
@@ -75,9 +77,9 @@ func TestReplayResendsRetainedEventsUnderTheirIDs(t *testing.T) {
 
 	// Once delivered, a second replay sends them again: the receiver's
 	// dedup on the event id makes that harmless, and it is what replay is for.
-	res, err := f.admin.ReplayEvents(ctx, ep.ID, outbox.Replay{From: before, To: after, EventTypes: []string{"order.cancelled"}})
+	res, err := f.admin.ReplayEvents(ctx, ep.ID, admin.Replay{From: before, To: after, EventTypes: []string{"order.cancelled"}})
 	require.NoError(t, err)
-	require.Equal(t, outbox.ReplayResult{Read: 1, Replayed: 1}, res, "narrowed to one type")
+	require.Equal(t, admin.ReplayResult{Read: 1, Replayed: 1}, res, "narrowed to one type")
 	eventually(t, func() bool { return rc.count(cancelled) == 2 }, "sent again, same webhook-id")
 }
 
@@ -95,7 +97,7 @@ func TestReplayRangeIsExactAtItsEnds(t *testing.T) {
 		var at time.Time
 		require.NoError(t, f.pool.QueryRow(ctx, "SELECT created_at FROM outbox_events WHERE id = $1", id).Scan(&at))
 		count := func(from, to time.Time) int64 {
-			n, err := f.admin.ReplayCount(ctx, ep.ID, outbox.Replay{From: from, To: to})
+			n, err := f.admin.ReplayCount(ctx, ep.ID, admin.Replay{From: from, To: to})
 			require.NoError(t, err)
 			return n
 		}
@@ -113,22 +115,22 @@ func TestReplayRefusesBadInputAndWritesNothing(t *testing.T) {
 	ep := f.endpoint(t, newReceiver(t), "order.placed")
 	f.publish(t, outbox.Event{Type: "order.placed", Data: 1})
 	now := time.Now()
-	for name, r := range map[string]outbox.Replay{
+	for name, r := range map[string]admin.Replay{
 		"no range":      {},
 		"reversed":      {From: now, To: now.Add(-time.Hour)},
 		"empty":         {From: now, To: now},
-		"limit too big": {From: now.Add(-time.Hour), To: now, Limit: outbox.MaxReplayBatch + 1},
+		"limit too big": {From: now.Add(-time.Hour), To: now, Limit: admin.MaxReplayBatch + 1},
 		"no from":       {To: now},
 		"NUL in a type": {From: now.Add(-time.Hour), To: now, EventTypes: []string{"order.placed\x00"}},
 		"not UTF-8":     {From: now.Add(-time.Hour), To: now, EventTypes: []string{"order.\xff"}},
 	} {
 		_, err := f.admin.ReplayEvents(ctx, ep.ID, r)
-		require.ErrorIs(t, err, outbox.ErrInvalidReplay, name)
+		require.ErrorIs(t, err, admin.ErrInvalidReplay, name)
 		_, err = f.admin.ReplayCount(ctx, ep.ID, r)
-		require.ErrorIs(t, err, outbox.ErrInvalidReplay, name)
+		require.ErrorIs(t, err, admin.ErrInvalidReplay, name)
 	}
-	_, err := f.admin.ReplayEvents(ctx, uuid.New(), outbox.Replay{From: now.Add(-time.Hour), To: now.Add(time.Hour)})
-	require.ErrorIs(t, err, outbox.ErrNotFound)
+	_, err := f.admin.ReplayEvents(ctx, uuid.New(), admin.Replay{From: now.Add(-time.Hour), To: now.Add(time.Hour)})
+	require.ErrorIs(t, err, admin.ErrNotFound)
 	events, messages := countRows(t, f.pool)
 	require.Equal(t, [2]int{1, 1}, [2]int{events, messages}, "the event and its one message: a refused replay writes nothing")
 }
@@ -141,13 +143,13 @@ func TestReplayFromBeforeTheEpochStartsAtTheFirstEvent(t *testing.T) {
 	ctx := context.Background()
 	f.publish(t, outbox.Event{Type: "order.placed", Data: 1})
 	ep := f.endpoint(t, newReceiver(t), "order.placed") // subscribed after it: nothing waits for it yet
-	r := outbox.Replay{From: time.Date(1969, 12, 31, 0, 0, 0, 0, time.UTC), To: time.Now().Add(time.Hour)}
+	r := admin.Replay{From: time.Date(1969, 12, 31, 0, 0, 0, 0, time.UTC), To: time.Now().Add(time.Hour)}
 	n, err := f.admin.ReplayCount(ctx, ep.ID, r)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	res, err := f.admin.ReplayEvents(ctx, ep.ID, r)
 	require.NoError(t, err)
-	require.Equal(t, outbox.ReplayResult{Read: 1, Replayed: 1}, res)
+	require.Equal(t, admin.ReplayResult{Read: 1, Replayed: 1}, res)
 }
 
 // A replay of a type that is rare in its range looks at a bounded number of
@@ -163,7 +165,7 @@ func TestReplayScansABoundedShareOfTheRangePerCall(t *testing.T) {
 	}
 	placed := f.publish(t, outbox.Event{Type: "order.placed", Data: 25})
 	ep := f.endpoint(t, newReceiver(t), "order.placed")
-	r := outbox.Replay{From: from, To: time.Now().Add(time.Second), Limit: 1}
+	r := admin.Replay{From: from, To: time.Now().Add(time.Second), Limit: 1}
 	var reads []int
 	for {
 		res, err := f.admin.ReplayEvents(ctx, ep.ID, r)
@@ -192,7 +194,7 @@ func TestUpdateEndpointInPlace(t *testing.T) {
 	waiting := f.enqueue(t, "order.placed", 1)[0]
 
 	url := newRC.srv.URL + "/hook"
-	changed, err := f.admin.UpdateEndpoint(ctx, ep.ID, outbox.EndpointChange{URL: &url, EventTypes: []string{"order.cancelled", "order.placed"}})
+	changed, err := f.admin.UpdateEndpoint(ctx, ep.ID, admin.EndpointChange{URL: &url, EventTypes: []string{"order.cancelled", "order.placed"}})
 	require.NoError(t, err)
 	require.Equal(t, ep.ID, changed.ID)
 	require.Equal(t, url, changed.URL)
@@ -200,7 +202,7 @@ func TestUpdateEndpointInPlace(t *testing.T) {
 	cancelled := f.enqueue(t, "order.cancelled", 2)
 	require.Len(t, cancelled, 1, "the new type applies to events written from now on")
 
-	f.startRelay(t, outbox.RelayConfig{}, nil)
+	f.startRelay(t, relay.Config{}, nil)
 	eventually(t, func() bool {
 		return f.status(t, waiting) == outbox.StatusDelivered && f.status(t, cancelled[0]) == outbox.StatusDelivered
 	},
@@ -208,22 +210,22 @@ func TestUpdateEndpointInPlace(t *testing.T) {
 	require.Equal(t, 2, newRC.total(), "to the new URL, signed with the same secret")
 	require.Zero(t, oldRC.total())
 
-	for name, c := range map[string]outbox.EndpointChange{
+	for name, c := range map[string]admin.EndpointChange{
 		"no change":   {},
 		"no types":    {EventTypes: []string{}},
 		"blank type":  {EventTypes: []string{" "}},
 		"bad url":     {URL: ptr("ftp://example.com")},
 		"private url": {URL: ptr("http://10.0.0.1/hook")},
 	} {
-		strict := outbox.NewAdmin(f.pool, netguard.Guard{}, discardLogger()) // the production guard
+		strict := admin.New(f.pool, netguard.Guard{}, discardLogger()) // the production guard
 		_, err := strict.UpdateEndpoint(ctx, ep.ID, c)
-		require.ErrorIs(t, err, outbox.ErrInvalidEndpoint, name)
+		require.ErrorIs(t, err, admin.ErrInvalidEndpoint, name)
 	}
 	same, err := f.admin.Endpoint(ctx, ep.ID)
 	require.NoError(t, err)
 	require.Equal(t, changed.URL, same.URL, "a refused change changes nothing")
-	_, err = f.admin.UpdateEndpoint(ctx, uuid.New(), outbox.EndpointChange{URL: &url})
-	require.ErrorIs(t, err, outbox.ErrNotFound)
+	_, err = f.admin.UpdateEndpoint(ctx, uuid.New(), admin.EndpointChange{URL: &url})
+	require.ErrorIs(t, err, admin.ErrNotFound)
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -9,9 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 	"github.com/stretchr/testify/require"
-
-	"github.com/outboxkit/orders/internal/outbox"
 )
 
 // Failed messages wait for a person for the failed retention, then the prune
@@ -104,20 +103,20 @@ func TestRelayRunsChores(t *testing.T) {
 	f := setup(t)
 	var runs atomic.Int32
 	cfg := fastConfig()
-	cfg.Chores = []outbox.Chore{{Name: "test_chore", Interval: time.Hour, Run: func(context.Context) error {
+	cfg.Chores = []relay.Chore{{Name: "test_chore", Interval: time.Hour, Run: func(context.Context) error {
 		runs.Add(1)
 		return nil
 	}}}
 	f.startRelay(t, cfg, nil)
 	within(t, 20*time.Second, func() bool { return runs.Load() == 1 }, "the chore runs when the relay starts")
 
-	for _, bad := range [][]outbox.Chore{
+	for _, bad := range [][]relay.Chore{
 		{{Name: "", Run: func(context.Context) error { return nil }}},
 		{{Name: "x"}},
 		{{Name: "x", Run: func(context.Context) error { return nil }}, {Name: "x", Run: func(context.Context) error { return errors.New("") }}},
 	} {
-		var fe *outbox.FieldError
-		require.ErrorAs(t, outbox.RelayConfig{Chores: bad}.Validate(), &fe, "a chore without a name or Run, or named twice, is refused")
+		var fe *relay.FieldError
+		require.ErrorAs(t, relay.Config{Chores: bad}.Validate(), &fe, "a chore without a name or Run, or named twice, is refused")
 		require.Equal(t, "Chores", fe.Field)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
 	"github.com/outboxkit/orders/internal/webhook"
 )
 
@@ -72,5 +73,5 @@ func TestRotateSecretSignsWithBothSecretsDuringTheOverlap(t *testing.T) {
 	require.NoError(t, onlyNew.Verify(h, b))
 
 	_, err = f.admin.RotateSecret(ctx, ep.ID, -time.Second)
-	require.ErrorIs(t, err, outbox.ErrInvalidEndpoint)
+	require.ErrorIs(t, err, admin.ErrInvalidEndpoint)
 }

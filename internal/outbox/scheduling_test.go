@@ -19,6 +19,8 @@ import (
 
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/outboxtest"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 	"github.com/outboxkit/orders/internal/proctest"
 )
 
@@ -72,15 +74,15 @@ func TestDestinationConcurrencyIsBoundedAcrossRelays(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
-	limit := int64(outbox.DefaultRelayConfig().DestinationConcurrency)
+	limit := int64(relay.DefaultConfig().DestinationConcurrency)
 	rc := &concurrency{delay: 30 * time.Millisecond, fill: limit, filled: make(chan struct{}), byEventID: map[string]int{}}
 	srv := httptest.NewServer(rc)
 	t.Cleanup(srv.Close)
 	ep, err := f.admin.CreateEndpoint(ctx, srv.URL, []string{"order.placed"})
 	require.NoError(t, err)
-	outbox.Seed(t, f.pool, ep.ID, 300, "")
-	f.startRelay(t, outbox.RelayConfig{}, nil)
-	f.startRelay(t, outbox.RelayConfig{}, nil)
+	outboxtest.Seed(t, f.pool, ep.ID, 300, "")
+	f.startRelay(t, relay.Config{}, nil)
+	f.startRelay(t, relay.Config{}, nil)
 
 	eventually(t, func() bool { return rc.served.Load() == 300 }, "every message delivered")
 	require.LessOrEqual(t, rc.most.Load(), limit, "never more requests in flight to one destination than its concurrency")
@@ -108,7 +110,7 @@ func TestClaimsLastAsLongAsTheirRequest(t *testing.T) {
 	for i := range 64 {
 		f.enqueue(t, "order.placed", i)
 	}
-	f.startRelay(t, outbox.RelayConfig{}, nil)
+	f.startRelay(t, relay.Config{}, nil)
 
 	var oldest time.Duration
 	var claimedMost int
@@ -121,7 +123,7 @@ func TestClaimsLastAsLongAsTheirRequest(t *testing.T) {
 		claimedMost = max(claimedMost, claimed)
 		time.Sleep(20 * time.Millisecond) // a sampling interval
 	}
-	cfg := outbox.DefaultRelayConfig()
+	cfg := relay.DefaultConfig()
 	t.Logf("64 messages at 300 ms each: at most %d claimed at once, the oldest claim %s old", claimedMost, oldest)
 	// In flight, plus answered and awaiting the next record (every poll
 	// interval): never the waiting backlog.
@@ -163,7 +165,7 @@ func TestOutcomesAreRecordedAsTheyHappen(t *testing.T) {
 	for i := range 10 {
 		fast = append(fast, f.enqueue(t, "order.placed", i)...)
 	}
-	f.startRelay(t, outbox.RelayConfig{}, nil)
+	f.startRelay(t, relay.Config{}, nil)
 	for _, id := range fast {
 		eventually(t, func() bool { return f.status(t, id) == outbox.StatusDelivered }, "recorded while the slow one is in flight")
 	}
@@ -184,25 +186,25 @@ func TestDestinationStateChangesAreLoggedOnce(t *testing.T) {
 		f.enqueue(t, "order.placed", i)
 	}
 	var logs proctest.Output
-	metrics := outbox.NewMetrics()
+	metrics := relay.NewMetrics()
 	reg := prometheus.NewRegistry()
 	require.NoError(t, metrics.Register(reg))
-	relay, err := outbox.NewRelay(f.pool, outbox.RelayConfig{},
-		&outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
+	rl, err := relay.New(f.pool, relay.Config{},
+		&relay.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
 		slog.New(slog.NewJSONHandler(&logs, nil)), metrics)
 	require.NoError(t, err)
-	require.NoError(t, relay.Start(ctx))
+	require.NoError(t, rl.Start(ctx))
 	t.Cleanup(func() {
 		c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_ = relay.Stop(c)
+		_ = rl.Stop(c)
 	})
 
 	// Backing off, then at least one failed probe (after 5 s).
 	within(t, 20*time.Second, func() bool {
 		got, err := f.admin.Endpoint(ctx, ep.ID)
 		require.NoError(t, err)
-		return got.State == outbox.HealthBackingOff && got.ConsecutiveFailures > outbox.DefaultRelayConfig().CircuitThreshold
+		return got.State == outbox.HealthBackingOff && got.ConsecutiveFailures > relay.DefaultConfig().CircuitThreshold
 	}, "a probe failed")
 	down.Store(false)
 	// Probe now, as the ops page's button does, rather than wait out the
@@ -301,7 +303,7 @@ func TestProbeNowSendsAMessageWhoseRetryIsLater(t *testing.T) {
 		health_changed_at = now() - interval '1 minute', consecutive_failures = 6, backoff_until = now() + interval '1 minute'
 		WHERE id = $1`, ep.ID)
 	require.NoError(t, err)
-	f.startRelay(t, outbox.RelayConfig{}, nil)
+	f.startRelay(t, relay.Config{}, nil)
 
 	_, err = f.admin.SetEndpointEnabled(ctx, ep.ID, true)
 	require.NoError(t, err)

@@ -21,6 +21,9 @@ import (
 	"github.com/outboxkit/orders/internal/dbtest"
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
+	"github.com/outboxkit/orders/internal/outbox/destination"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 	"github.com/outboxkit/orders/internal/secretbox"
 	"github.com/outboxkit/orders/internal/webhook"
 )
@@ -43,13 +46,13 @@ func keyring(t *testing.T, entries ...string) *secretbox.Keyring {
 }
 
 // sealedAdmin is an admin of f's database that seals secrets with keys.
-func (f fixture) sealedAdmin(keys *secretbox.Keyring) *outbox.Admin {
-	return outbox.NewAdmin(f.pool, netguard.Guard{AllowPrivate: true}, discardLogger(), outbox.WithSecretKeys(keys))
+func (f fixture) sealedAdmin(keys *secretbox.Keyring) *admin.Service {
+	return admin.New(f.pool, netguard.Guard{AllowPrivate: true}, discardLogger(), admin.WithSecretKeys(keys))
 }
 
 // stored returns an endpoint's secret and previous secret as the table has
 // them.
-func stored(t *testing.T, pool *pgxpool.Pool, ep outbox.Endpoint) (secret string, previous *string) {
+func stored(t *testing.T, pool *pgxpool.Pool, ep admin.Endpoint) (secret string, previous *string) {
 	t.Helper()
 	require.NoError(t, pool.QueryRow(context.Background(),
 		"SELECT secret, previous_secret FROM webhook_endpoints WHERE id = $1", ep.ID).Scan(&secret, &previous))
@@ -63,7 +66,7 @@ func (rc *receiver) header(event uuid.UUID) http.Header {
 	return rc.headers[event.String()]
 }
 
-func withKeys(cfg outbox.RelayConfig, keys *secretbox.Keyring) outbox.RelayConfig {
+func withKeys(cfg relay.Config, keys *secretbox.Keyring) relay.Config {
 	cfg.SecretKeys = keys
 	return cfg
 }
@@ -74,9 +77,9 @@ func TestSealedSecretsSignDeliveries(t *testing.T) {
 	ctx := context.Background()
 	k1, _ := testKey(t, "k1")
 	keys := keyring(t, k1)
-	admin := f.sealedAdmin(keys)
+	adm := f.sealedAdmin(keys)
 	rc := newReceiver(t)
-	ep, err := admin.CreateEndpoint(ctx, rc.srv.URL+"/hook", []string{"order.placed"})
+	ep, err := adm.CreateEndpoint(ctx, rc.srv.URL+"/hook", []string{"order.placed"})
 	require.NoError(t, err)
 	require.True(t, strings.HasPrefix(ep.Secret, webhook.SecretPrefix), "the secret is returned in the clear at creation")
 	rc.setSecret(ep.Secret)
@@ -91,7 +94,7 @@ func TestSealedSecretsSignDeliveries(t *testing.T) {
 	eventually(t, func() bool { return f.status(t, first) == outbox.StatusDelivered },
 		"delivered, signed with the secret returned at creation")
 
-	rotated, err := admin.RotateSecret(ctx, ep.ID, time.Hour)
+	rotated, err := adm.RotateSecret(ctx, ep.ID, time.Hour)
 	require.NoError(t, err)
 	secret, previous = stored(t, f.pool, ep)
 	require.True(t, strings.HasPrefix(secret, "enc:v1:k1:"), "a rotated secret is sealed too")
@@ -129,11 +132,11 @@ func TestSecretUnderAnUnknownKeyIsNotSent(t *testing.T) {
 		cfg := withKeys(fastConfig(), keys)
 		cfg.MaxAttempts = 1000 // the message waits for the key rather than failing
 		cfg.ProbeIntervalMax = 50 * time.Millisecond
-		relay := f.startRelay(t, cfg, nil)
+		rl := f.startRelay(t, cfg, nil)
 		attempts := f.message(t, id).Attempts
 		eventually(t, func() bool { return f.message(t, id).Attempts > attempts }, "the relay attempts the message")
 		stopCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		require.NoError(t, relay.Stop(stopCtx))
+		require.NoError(t, rl.Stop(stopCtx))
 		cancel()
 		m := f.message(t, id)
 		require.Equal(t, outbox.StatusPending, m.Status, "not delivered, and retried later")
@@ -159,11 +162,11 @@ func TestSealedSecretCopiedToAnotherEndpointDoesNotSign(t *testing.T) {
 	ctx := context.Background()
 	k1, _ := testKey(t, "k1")
 	keys := keyring(t, k1)
-	admin := f.sealedAdmin(keys)
+	adm := f.sealedAdmin(keys)
 	a, b := newReceiver(t), newReceiver(t)
-	epA, err := admin.CreateEndpoint(ctx, a.srv.URL+"/hook", []string{"order.placed"})
+	epA, err := adm.CreateEndpoint(ctx, a.srv.URL+"/hook", []string{"order.placed"})
 	require.NoError(t, err)
-	epB, err := admin.CreateEndpoint(ctx, b.srv.URL+"/hook", []string{"order.cancelled"})
+	epB, err := adm.CreateEndpoint(ctx, b.srv.URL+"/hook", []string{"order.cancelled"})
 	require.NoError(t, err)
 	a.setSecret(epA.Secret)
 	b.setSecret(epA.Secret) // B's receiver would accept A's secret: the forgery the copy attempts
@@ -215,7 +218,7 @@ func TestReencryptSecretsMovesEveryRowToTheFirstKey(t *testing.T) {
 	require.NoError(t, err)
 
 	_, err = f.admin.ReencryptSecrets(ctx)
-	require.ErrorIs(t, err, outbox.ErrNoSecretKeys, "re-encryption needs a key")
+	require.ErrorIs(t, err, admin.ErrNoSecretKeys, "re-encryption needs a key")
 
 	both := f.sealedAdmin(keyring(t, newEntry, oldEntry))
 	n, err := both.ReencryptSecrets(ctx)
@@ -264,12 +267,12 @@ func TestPgDumpHoldsNoSecret(t *testing.T) {
 	t.Cleanup(pool.Close)
 	ctx := context.Background()
 	entry, material := testKey(t, "k1")
-	admin := outbox.NewAdmin(pool, netguard.Guard{AllowPrivate: true}, discardLogger(), outbox.WithSecretKeys(keyring(t, entry)))
-	ep, err := admin.CreateEndpoint(ctx, "http://127.0.0.1:1/hook", []string{"order.placed"})
+	adm := admin.New(pool, netguard.Guard{AllowPrivate: true}, discardLogger(), admin.WithSecretKeys(keyring(t, entry)))
+	ep, err := adm.CreateEndpoint(ctx, "http://127.0.0.1:1/hook", []string{"order.placed"})
 	require.NoError(t, err)
-	rotated, err := admin.RotateSecret(ctx, ep.ID, time.Hour)
+	rotated, err := adm.RotateSecret(ctx, ep.ID, time.Hour)
 	require.NoError(t, err)
-	control, err := outbox.NewAdmin(pool, netguard.Guard{AllowPrivate: true}, discardLogger()).
+	control, err := admin.New(pool, netguard.Guard{AllowPrivate: true}, discardLogger()).
 		CreateEndpoint(ctx, "http://127.0.0.1:2/hook", []string{"order.placed"})
 	require.NoError(t, err)
 
@@ -292,15 +295,15 @@ func TestAdminAPIReturnsTheSecretInTheClear(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	k1, _ := testKey(t, "k1")
-	admin := f.sealedAdmin(keyring(t, k1))
-	srv := httptest.NewServer(admin.Handler())
+	adm := f.sealedAdmin(keyring(t, k1))
+	srv := httptest.NewServer(adm.Handler())
 	t.Cleanup(srv.Close)
 	resp, err := http.Post(srv.URL+"/webhook-endpoints", "application/json",
 		strings.NewReader(`{"url":"http://127.0.0.1:1/hook","event_types":["order.placed"]}`))
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
-	var ep outbox.Endpoint
+	var ep admin.Endpoint
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&ep))
 	require.True(t, strings.HasPrefix(ep.Secret, webhook.SecretPrefix), "the client gets the usable secret")
 	secret, _ := stored(t, f.pool, ep)
@@ -321,11 +324,11 @@ func TestLostKeyRecoveredByRotation(t *testing.T) {
 	require.NoError(t, err)
 
 	keys := keyring(t, current)
-	admin := f.sealedAdmin(keys)
-	rotated, err := admin.RotateSecret(ctx, ep.ID, 0)
+	adm := f.sealedAdmin(keys)
+	rotated, err := adm.RotateSecret(ctx, ep.ID, 0)
 	require.NoError(t, err)
 	rc.setSecret(rotated.Secret)
-	n, err := admin.ReencryptSecrets(ctx)
+	n, err := adm.ReencryptSecrets(ctx)
 	require.NoError(t, err, "the previous secret under the lost key has expired: it is dropped, not decrypted")
 	require.EqualValues(t, 1, n)
 	_, previous := stored(t, f.pool, ep)
@@ -351,8 +354,8 @@ func TestBrokerDestinationNeverOpensItsSecret(t *testing.T) {
 	require.NoError(t, err)
 	id := f.enqueue(t, "order.placed", 1)[0]
 
-	f.startRelay(t, withKeys(fastConfig(), keyring(t, k2)), outbox.Router{
-		outbox.KindNATS: broker.NewNATS(brokertest.NATSURL(), "urn:test:orders")})
+	f.startRelay(t, withKeys(fastConfig(), keyring(t, k2)), relay.Router{
+		destination.KindNATS: broker.NewNATS(brokertest.NATSURL(), "urn:test:orders")})
 	eventually(t, func() bool { return f.status(t, id) == outbox.StatusDelivered }, "delivered to the stream")
 	info, err := stream.Info(ctx)
 	require.NoError(t, err)
@@ -369,19 +372,19 @@ func TestCreateEndpointOnceNeverShowsARotatedSecret(t *testing.T) {
 	f := setup(t)
 	ctx := context.Background()
 	k1, _ := testKey(t, "k1")
-	admin := f.sealedAdmin(keyring(t, k1))
+	adm := f.sealedAdmin(keyring(t, k1))
 	id := uuid.New()
-	first, err := admin.CreateEndpointOnce(ctx, id, "http://127.0.0.1:9/hook", []string{"order.placed"})
+	first, err := adm.CreateEndpointOnce(ctx, id, "http://127.0.0.1:9/hook", []string{"order.placed"})
 	require.NoError(t, err)
-	rotated, err := admin.RotateSecret(ctx, id, 0)
+	rotated, err := adm.RotateSecret(ctx, id, 0)
 	require.NoError(t, err)
-	_, err = admin.ReencryptSecrets(ctx)
+	_, err = adm.ReencryptSecrets(ctx)
 	require.NoError(t, err)
 	_, previous := stored(t, f.pool, first)
 	require.Nil(t, previous, "the ended overlap's secret is dropped")
 
-	again, err := admin.CreateEndpointOnce(ctx, id, "http://127.0.0.1:9/hook", []string{"order.placed"})
-	require.ErrorIs(t, err, outbox.ErrConflict)
+	again, err := adm.CreateEndpointOnce(ctx, id, "http://127.0.0.1:9/hook", []string{"order.placed"})
+	require.ErrorIs(t, err, admin.ErrConflict)
 	require.Empty(t, again.Secret)
 	require.NotEqual(t, first.Secret, rotated.Secret)
 }
@@ -399,6 +402,6 @@ func TestCreateEndpointOnceAnswersARepeatOnlySoonAfter(t *testing.T) {
 		updated_at = created_at - interval '11 minutes' WHERE id = $1`, id)
 	require.NoError(t, err)
 	again, err := f.admin.CreateEndpointOnce(ctx, id, "http://127.0.0.1:9/hook", []string{"order.placed"})
-	require.ErrorIs(t, err, outbox.ErrConflict)
+	require.ErrorIs(t, err, admin.ErrConflict)
 	require.Empty(t, again.Secret)
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // "Running but making no progress" must be distinguishable from "idle" and
@@ -21,7 +22,7 @@ func TestCheckStalledTellsStallFromIdleAndBackoff(t *testing.T) {
 	const threshold = 100 * time.Millisecond
 
 	// A relay that is not running at all: nothing claims.
-	stuck, err := outbox.NewRelay(f.pool, fastConfig(), nil, discardLogger(), nil)
+	stuck, err := relay.New(f.pool, fastConfig(), nil, discardLogger(), nil)
 	require.NoError(t, err)
 
 	backingOff := f.enqueue(t, "order.placed", "backing off")[0]
@@ -35,7 +36,7 @@ func TestCheckStalledTellsStallFromIdleAndBackoff(t *testing.T) {
 	due := f.enqueue(t, "order.placed", "due")[0]
 	_, err = f.pool.Exec(ctx, "UPDATE outbox_messages SET next_attempt_at = now() - interval '1 minute', created_at = now() - interval '1 minute' WHERE id = $1", due)
 	require.NoError(t, err)
-	require.ErrorIs(t, stuck.CheckStalled(ctx, threshold), outbox.ErrStalled, "a due message waits and nothing claims")
+	require.ErrorIs(t, stuck.CheckStalled(ctx, threshold), relay.ErrStalled, "a due message waits and nothing claims")
 	require.NoError(t, stuck.CheckStalled(ctx, 5*time.Minute), "within the threshold it is not yet a stall")
 
 	// A running relay claims it and is not stalled.

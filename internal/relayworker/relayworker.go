@@ -18,7 +18,9 @@ import (
 	"github.com/outboxkit/orders/internal/broker"
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/orders"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
+	"github.com/outboxkit/orders/internal/outbox/destination"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 	"github.com/outboxkit/orders/internal/process"
 	"github.com/outboxkit/orders/internal/telemetry"
 )
@@ -29,7 +31,7 @@ type config struct {
 	addr          string
 	logFormat     string
 	allowPrivate  bool
-	relay         outbox.RelayConfig
+	relay         relay.Config
 	shutdownGrace time.Duration
 	// stallThreshold is how long the oldest deliverable message may wait,
 	// with no claim by this worker, before /readyz says the relay is stalled.
@@ -112,7 +114,7 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 	// The orders module's upkeep runs on the relay's River leader, like the
 	// prune: idempotency keys past their time to live are cleared.
 	ordersSvc := orders.NewService(pool, logger)
-	cfg.relay.Chores = append(cfg.relay.Chores, outbox.Chore{Name: "orders_idempotency_expiry",
+	cfg.relay.Chores = append(cfg.relay.Chores, relay.Chore{Name: "orders_idempotency_expiry",
 		Run: func(ctx context.Context) error {
 			n, err := ordersSvc.ExpireIdempotencyKeys(ctx, cfg.idempotencyTTL)
 			if n > 0 {
@@ -122,11 +124,11 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 			return err
 		}})
 
-	var metricsOpts []outbox.MetricsOption
+	var metricsOpts []relay.MetricsOption
 	if !cfg.endpointMetrics {
-		metricsOpts = append(metricsOpts, outbox.WithoutEndpointMetrics())
+		metricsOpts = append(metricsOpts, relay.WithoutEndpointMetrics())
 	}
-	metrics := outbox.NewMetrics(metricsOpts...)
+	metrics := relay.NewMetrics(metricsOpts...)
 	guard := netguard.Guard{AllowPrivate: cfg.allowPrivate}
 	// Each destination is sent by the transport of its kind: webhooks over
 	// HTTP through the SSRF guard, broker destinations to the brokers this
@@ -136,15 +138,15 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 		return err
 	}
 	defer closeBrokers()
-	router := outbox.Router{outbox.KindWebhook: &outbox.HTTPTransport{Client: guard.Client()}}
+	router := relay.Router{destination.KindWebhook: &relay.HTTPTransport{Client: guard.Client()}}
 	for kind, t := range transports {
 		router[kind] = t
 	}
-	relay, err := outbox.NewRelay(pool, cfg.relay, router, logger, metrics)
+	relay, err := relay.New(pool, cfg.relay, router, logger, metrics)
 	if err != nil {
 		return err
 	}
-	backlog := outbox.NewBacklogCollector(pool)
+	backlog := admin.NewBacklogCollector(pool)
 	defer backlog.Close() // before pool.Close, which waits for its connection
 	httpMetrics := process.NewHTTPMetrics()
 	reg, err := process.NewRegistry(append(httpMetrics.Collectors(), backlog, process.NewPoolCollector(pool, "worker"))...)

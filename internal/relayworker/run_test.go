@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/apiserver"
+	"github.com/outboxkit/orders/internal/outbox/admin"
 	"github.com/outboxkit/orders/internal/proctest"
 	"github.com/outboxkit/orders/internal/relayworker"
 
@@ -652,8 +653,8 @@ func TestShutdownFinishesInFlightDelivery(t *testing.T) {
 		}
 	})
 
-	admin := outbox.NewAdmin(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
-	_, err = admin.CreateEndpoint(ctx, rec.URL, []string{"test.event"})
+	adm := admin.New(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	_, err = adm.CreateEndpoint(ctx, rec.URL, []string{"test.event"})
 	require.NoError(t, err)
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		_, err := outbox.Enqueue(ctx, tx, outbox.Event{Type: "test.event", Data: map[string]int{"n": 1}})
@@ -680,7 +681,7 @@ func TestShutdownFinishesInFlightDelivery(t *testing.T) {
 	close(release)
 	require.NoError(t, <-stopped, "logs:\n%s", worker.logs.String())
 
-	s, err := admin.Stats(ctx)
+	s, err := adm.Stats(ctx)
 	require.NoError(t, err)
-	require.Equal(t, outbox.Stats{Delivered: 1}, s, "the in-flight delivery must be recorded before the worker exits; logs:\n%s", worker.logs.String())
+	require.Equal(t, admin.Stats{Delivered: 1}, s, "the in-flight delivery must be recorded before the worker exits; logs:\n%s", worker.logs.String())
 }

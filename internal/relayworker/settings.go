@@ -8,7 +8,8 @@ import (
 
 	"github.com/outboxkit/orders/internal/broker"
 	"github.com/outboxkit/orders/internal/orders"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 	"github.com/outboxkit/orders/internal/process"
 	"github.com/outboxkit/orders/internal/secretbox"
 )
@@ -18,11 +19,11 @@ import (
 // from the config the table binds into, filled from outbox's defaults), the
 // messages of validation errors, and the table in docs/reference.md (a
 // test keeps that in step). Adding a relay knob is a RelayConfig field, its
-// default in outbox.DefaultRelayConfig, and one row here.
+// default in relay.DefaultConfig, and one row here.
 type setting struct {
 	env string
 	// field is the RelayConfig field it sets, naming it in
-	// outbox.FieldError; empty for a setting of the worker process itself.
+	// relay.FieldError; empty for a setting of the worker process itself.
 	field string
 	doc   string
 	// bind points into c: at a time.Duration, an int, a bool, a
@@ -130,10 +131,10 @@ var retired = map[string]string{
 // defaults returns the worker's configuration before the environment.
 func defaults() config {
 	return config{
-		relay:           outbox.DefaultRelayConfig(),
+		relay:           relay.DefaultConfig(),
 		shutdownGrace:   15 * time.Second,
 		idempotencyTTL:  orders.DefaultIdempotencyTTL,
-		stallThreshold:  outbox.DefaultStallThreshold,
+		stallThreshold:  admin.DefaultStallThreshold,
 		brokers:         broker.Config{Source: "urn:outboxkit:orders"},
 		endpointMetrics: true,
 	}
@@ -197,7 +198,7 @@ func validateSettings(env *process.Env, getenv func(string) string, c config) {
 		return
 	}
 	for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
-		var fe *outbox.FieldError
+		var fe *relay.FieldError
 		if !errors.As(e, &fe) {
 			continue
 		}

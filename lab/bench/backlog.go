@@ -8,8 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // scenarioBacklog drains a backlog as an outage leaves it, millions of
@@ -57,7 +56,7 @@ func scenarioBacklog(ctx context.Context, cfg config, rep *report) error {
 			if err != nil {
 				return err
 			}
-			r, err := startRelay(ctx, v.url, relaySetup{Config: outbox.DefaultRelayConfig(), Transport: httpTransport()})
+			r, err := startRelay(ctx, v.url, relaySetup{Config: relay.DefaultConfig(), Transport: httpTransport()})
 			if err != nil {
 				return err
 			}
@@ -74,7 +73,7 @@ func scenarioBacklog(ctx context.Context, cfg config, rep *report) error {
 	}
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "A backlog of **%s pending messages for one endpoint** (each the one delivery of its own event, ~300-byte order payloads, seeded in one statement, then `VACUUM ANALYZE` as autovacuum would), as an outage of the endpoint leaves it, delivered when the endpoint is back: the real relay (`outbox.NewRelay` + `relay.Start`, `DefaultRelayConfig()`, a 20-connection pool, HTTP to the loopback receiver answering 204 at once) runs for %s and the messages it delivered are counted; %d runs of each, alternating, medians. "+
+	fmt.Fprintf(&b, "A backlog of **%s pending messages for one endpoint** (each the one delivery of its own event, ~300-byte order payloads, seeded in one statement, then `VACUUM ANALYZE` as autovacuum would), as an outage of the endpoint leaves it, delivered when the endpoint is back: the real relay (`relay.New` + `Relay.Start`, `relay.DefaultConfig()`, a 20-connection pool, HTTP to the loopback receiver answering 204 at once) runs for %s and the messages it delivered are counted; %d runs of each, alternating, medians. "+
 		"The relay's pool as the product makes it (`db.ConfigurePool`, which turns JIT off) against the same relay on a pool at the server's defaults (`jit=on`). "+
 		"PostgreSQL JIT-compiles a statement whose estimated cost passes `jit_above_cost`, and the claim's estimate follows its destination's backlog (its generic plan takes the LIMIT as a tenth of the rows), not the 32 index entries it reads: from about 150,000 waiting messages every claim is compiled first, and past about 750,000 with inlining and optimization, some 400 ms per claim.\n\n",
 		commas(int64(cfg.Backlog)), cfg.BacklogWindow, cfg.Reps)

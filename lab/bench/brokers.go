@@ -18,7 +18,8 @@ import (
 
 	"github.com/outboxkit/orders/internal/broker"
 	"github.com/outboxkit/orders/internal/brokertest"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/destination"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // The brokers measured: the project machines' own, or BENCH_NATS_URL and
@@ -37,9 +38,9 @@ func envOr(name, def string) string {
 // publishes to, its transport, and how to empty it between runs.
 type brokerTarget struct {
 	name      string
-	kind      string // outbox.KindNATS, …: the Router key of transport
+	kind      string // destination.KindNATS, …: the Router key of transport
 	url       string
-	transport outbox.Transport
+	transport relay.Transport
 	purge     func(context.Context) error
 	close     func()
 }
@@ -65,7 +66,7 @@ func natsTarget(ctx context.Context) (*brokerTarget, error) {
 	}
 	t := broker.NewNATS(benchNATSURL(), "urn:bench:orders")
 	return &brokerTarget{
-		name: "NATS JetStream", kind: outbox.KindNATS, url: "nats:" + subject, transport: t,
+		name: "NATS JetStream", kind: destination.KindNATS, url: "nats:" + subject, transport: t,
 		purge: func(ctx context.Context) error { return s.Purge(ctx) },
 		close: func() {
 			t.Close()
@@ -103,7 +104,7 @@ func rabbitTarget() (*brokerTarget, error) {
 	}
 	t := broker.NewRabbitMQ(benchAMQPURL(), "urn:bench:orders")
 	return &brokerTarget{
-		name: "RabbitMQ", kind: outbox.KindRabbitMQ, url: "rabbitmq:" + exchange + "/order.placed", transport: t,
+		name: "RabbitMQ", kind: destination.KindRabbitMQ, url: "rabbitmq:" + exchange + "/order.placed", transport: t,
 		purge: func(context.Context) error { _, err := ch.QueuePurge(queue, false); return err },
 		close: func() {
 			t.Close()
@@ -117,7 +118,7 @@ func rabbitTarget() (*brokerTarget, error) {
 // rawPublish publishes n order events through t from workers goroutines,
 // with no database: the same client, publish options and acks as the
 // relay's, as fast as they go. It returns messages/s.
-func rawPublish(ctx context.Context, t outbox.Transport, url string, n, workers int) (float64, error) {
+func rawPublish(ctx context.Context, t relay.Transport, url string, n, workers int) (float64, error) {
 	data, _ := json.Marshal(map[string]any{"id": uuid.New(), "customer_id": "c-1", "status": "placed", "total_cents": 1000,
 		"created_at": time.Now(), "lines": []map[string]any{{"sku": "A-1", "quantity": 1, "unit_price_cents": 500},
 			{"sku": "B-2", "quantity": 1, "unit_price_cents": 500}}})
@@ -130,7 +131,7 @@ func rawPublish(ctx context.Context, t outbox.Transport, url string, n, workers 
 		wg.Go(func() {
 			for next.Add(1) <= int64(n) {
 				id := uuid.Must(uuid.NewV7())
-				res := t.Deliver(ctx, outbox.Delivery{EventID: id, MessageID: id, Type: "order.placed", URL: url,
+				res := t.Deliver(ctx, relay.Delivery{EventID: id, MessageID: id, Type: "order.placed", URL: url,
 					Data: data, CreatedAt: time.Now(), Header: http.Header{}})
 				if !res.Acked {
 					once.Do(func() { firstErr = fmt.Errorf("raw publish: %v", res.Err) })
@@ -186,8 +187,8 @@ func scenarioBrokers(ctx context.Context, cfg config, rep *report) error {
 	}
 
 	n := cfg.BrokerDrain
-	workers := outbox.DefaultRelayConfig().DestinationConcurrency
-	router := outbox.Router{}
+	workers := relay.DefaultConfig().DestinationConcurrency
+	router := relay.Router{}
 	for _, t := range targets {
 		router[t.kind] = t.transport
 	}
@@ -213,7 +214,7 @@ func scenarioBrokers(ctx context.Context, cfg config, rep *report) error {
 			if err := preloadPending(ctx, watch, n); err != nil {
 				return err
 			}
-			r, err := relayDrain(ctx, db.url, watch, n, relaySetup{Config: outbox.DefaultRelayConfig(), Transport: router})
+			r, err := relayDrain(ctx, db.url, watch, n, relaySetup{Config: relay.DefaultConfig(), Transport: router})
 			if err != nil {
 				return fmt.Errorf("%s relay: %w", t.name, err)
 			}
@@ -241,7 +242,7 @@ func scenarioBrokers(ctx context.Context, cfg config, rep *report) error {
 
 	var b strings.Builder
 	fmt.Fprintf(&b, "A backlog of **%s pending messages to one broker destination** (each the one delivery of its own event, ~300-byte order payloads, seeded in one statement) drained by the real relay "+
-		"(`outbox.NewRelay` + `relay.Start`, `DefaultRelayConfig()`: %d publishes in flight to the destination, a 20-connection pool; the clock starts before the relay starts), "+
+		"(`relay.New` + `Relay.Start`, `relay.DefaultConfig()`: %d publishes in flight to the destination, a 20-connection pool; the clock starts before the relay starts), "+
 		"beside a **raw** loop: %d goroutines publishing %s events through the same transport (the same client, publish options and acks, no database). "+
 		"JetStream: a file-backed stream on the local server, each publish with `Nats-Msg-Id` and waiting for the stream's ack. "+
 		"RabbitMQ: a durable direct exchange and a durable classic queue on the local server, persistent messages, mandatory, each waiting for its publisher confirm. "+

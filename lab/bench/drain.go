@@ -12,8 +12,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // rawDrain is the ceiling: conns connections each loop "claim 100 with SKIP
@@ -23,7 +23,7 @@ import (
 // HTTP loop, with the relay's HTTP client and signing but no River, no
 // lease, no history; or, with a broker's transport, the raw outbox loop of
 // that broker.
-func rawDrain(ctx context.Context, url string, n, conns int, send outbox.Transport, inFlight int) (float64, error) {
+func rawDrain(ctx context.Context, url string, n, conns int, send relay.Transport, inFlight int) (float64, error) {
 	db := &database{url: url}
 	pool, err := db.pool(ctx, int32(conns))
 	if err != nil {
@@ -66,9 +66,9 @@ func rawDrain(ctx context.Context, url string, n, conns int, send outbox.Transpo
 					fail(err)
 					return
 				}
-				var batch []outbox.Delivery
+				var batch []relay.Delivery
 				for rows.Next() {
-					var d outbox.Delivery
+					var d relay.Delivery
 					var dest uuid.UUID
 					var payload []byte
 					var created time.Time
@@ -79,7 +79,7 @@ func rawDrain(ctx context.Context, url string, n, conns int, send outbox.Transpo
 					}
 					d.URL, d.Secret = endpoints[dest].url, endpoints[dest].secret
 					// webhook-id and the body's id are the event's, as the relay sends them.
-					d.Body = outbox.Message{ID: d.MessageID, EventID: d.EventID, Type: d.Type,
+					d.Body = admin.Message{ID: d.MessageID, EventID: d.EventID, Type: d.Type,
 						CreatedAt: created, EventCreatedAt: created, Payload: payload}.Body()
 					// What a broker publishes instead: the payload, its time.
 					d.Data, d.CreatedAt = payload, created
@@ -205,7 +205,7 @@ func rawCase(conns int) drainCase {
 // message before marking it, one connection per endpoint with as many
 // requests in flight as the relay allows a destination.
 func rawHTTPCase(endpoints int) drainCase {
-	inFlight := outbox.DefaultRelayConfig().DestinationConcurrency
+	inFlight := relay.DefaultConfig().DestinationConcurrency
 	return drainCase{"h", fmt.Sprintf("(h) raw HTTP loop: claim 100, POST each (same client and signing), mark; %d × %d in flight", endpoints, inFlight),
 		func(ctx context.Context, e *drainEnv, n int) (float64, cpuUse, error) {
 			if err := e.prepare(ctx, n, e.fast.url); err != nil {
@@ -268,7 +268,7 @@ func scenarioDrain(ctx context.Context, cfg config, rep *report) error {
 		return err
 	}
 	defer e.close()
-	def := outbox.DefaultRelayConfig()
+	def := relay.DefaultConfig()
 	cases := []drainCase{
 		rawCase(1), rawCase(2), rawCase(4),
 		relayCase("b", "(b) relay, no-op transport", nil, relaySetup{Config: def}),
@@ -317,8 +317,8 @@ func scenarioDrain(ctx context.Context, cfg config, rep *report) error {
 
 	var b strings.Builder
 	fmt.Fprintf(&b, "A backlog of **%s pending messages over %d endpoints** (each the one delivery of its own event; one `INSERT … SELECT generate_series`, ~300-byte order payloads), drained until nothing is pending or claimed. "+
-		"Medians of %d runs, cases interleaved run by run. Relay cases use `outbox.NewRelay` + `relay.Start` (real River, dispatch and heartbeat) with `DefaultRelayConfig()` and a 20-connection pool, as `cmd/worker`; the clock starts before the relay starts, so River's start and the first dispatch are included. "+
-		"The receiver is a `net/http` server on 127.0.0.1 in the same process (it does not verify signatures); the relay and the raw HTTP loop use `outbox.HTTPTransport` with `netguard.Guard{AllowPrivate: true}.Client()`. "+
+		"Medians of %d runs, cases interleaved run by run. Relay cases use `relay.New` + `Relay.Start` (real River, dispatch and heartbeat) with `relay.DefaultConfig()` and a 20-connection pool, as `cmd/worker`; the clock starts before the relay starts, so River's start and the first dispatch are included. "+
+		"The receiver is a `net/http` server on 127.0.0.1 in the same process (it does not verify signatures); the relay and the raw HTTP loop use `relay.HTTPTransport` with `netguard.Guard{AllowPrivate: true}.Client()`. "+
 		"The raw loops claim with one statement over the whole outbox, the relay one destination at a time under its lease.\n\n",
 		commas(int64(cfg.Drain)), cfg.Endpoints, cfg.Reps)
 	b.WriteString("| case | msgs/s | vs best (a) | PostgreSQL CPU per message | bench-process CPU per message |\n|---|---:|---:|---:|---:|\n")

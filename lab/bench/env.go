@@ -24,6 +24,7 @@ import (
 	"github.com/outboxkit/orders/db"
 	"github.com/outboxkit/orders/internal/dbtest"
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // discard is the logger every component gets: logging is not what is measured.
@@ -186,8 +187,8 @@ func countStatus(ctx context.Context, pool *pgxpool.Pool, status string) (int64,
 // cost, with no network.
 type noopTransport struct{}
 
-func (noopTransport) Deliver(context.Context, outbox.Delivery) outbox.Result {
-	return outbox.Result{StatusCode: http.StatusOK}
+func (noopTransport) Deliver(context.Context, relay.Delivery) relay.Result {
+	return relay.Result{StatusCode: http.StatusOK}
 }
 
 // receiver is a local webhook receiver on loopback: it answers 204 after

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/orders/internal/orders"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // failingReceivers starts n loopback endpoints that fail as receivers do:
@@ -77,7 +77,7 @@ func scenarioIsolation(ctx context.Context, cfg config, rep *report) error {
 		return err
 	}
 	svc := orders.NewService(pool, discard)
-	r, err := startRelay(ctx, db.url, relaySetup{Config: outbox.DefaultRelayConfig(), Transport: httpTransport()})
+	r, err := startRelay(ctx, db.url, relaySetup{Config: relay.DefaultConfig(), Transport: httpTransport()})
 	if err != nil {
 		stopFailing()
 		return err
@@ -119,7 +119,7 @@ func scenarioIsolation(ctx context.Context, cfg config, rep *report) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "A healthy endpoint's commit-to-delivery latency (as in section 3: open loop, `orders.Service.Place` returning to the receiver's handler starting) at %d orders/s for %s per row, "+
 		"while 0, 2 and then 10 failing endpoints are subscribed to the same orders, each receiving all %d events/s: half accept the connection and never answer, half refuse it. "+
-		"One relay at `DefaultRelayConfig()` (only what to reach is set), real HTTP on loopback.\n\n",
+		"One relay at `relay.DefaultConfig()` (only what to reach is set), real HTTP on loopback.\n\n",
 		cfg.IsolationRate, cfg.IsolationDuration, cfg.IsolationRate)
 	b.WriteString("| failing endpoints | orders | p50 | p95 | p99 | max | p99 vs none |\n|---:|---:|---:|---:|---:|---:|---:|\n")
 	base := rows[0].res.p99
@@ -128,7 +128,7 @@ func scenarioIsolation(ctx context.Context, cfg config, rep *report) error {
 			float64(r.res.p99)/float64(base))
 	}
 	fmt.Fprintf(&b, "\nThe failing endpoints' %s messages: %s waiting, %d failed; %s of them tried, %s attempts in all: each endpoint backs off as a whole after %d endpoint-wide failures, and its waiting messages spend no attempts.\n",
-		commas(waiting+failed), commas(waiting), failed, commas(tried), commas(attempts), outbox.DefaultRelayConfig().CircuitThreshold)
+		commas(waiting+failed), commas(waiting), failed, commas(tried), commas(attempts), relay.DefaultConfig().CircuitThreshold)
 	rep.section("8. Head-of-line isolation at the defaults", b.String())
 
 	bound := 2*base + 100*time.Millisecond

@@ -6,7 +6,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 type knob struct {
@@ -20,16 +20,16 @@ type knobValue struct {
 }
 
 func knobs() []knob {
-	def := outbox.DefaultRelayConfig()
-	cfgv := func(label string, f func(*outbox.RelayConfig)) knobValue {
+	def := relay.DefaultConfig()
+	cfgv := func(label string, f func(*relay.Config)) knobValue {
 		return knobValue{label, func(s *relaySetup) { f(&s.Config) }}
 	}
 	return []knob{
 		{"DestinationConcurrency (`OUTBOX_DESTINATION_CONCURRENCY`)", "requests in flight per destination; with the no-op transport, how many messages one claim takes", []knobValue{
-			cfgv("4", func(c *outbox.RelayConfig) { c.DestinationConcurrency = 4 }),
-			cfgv(fmt.Sprintf("%d (default)", def.DestinationConcurrency), func(*outbox.RelayConfig) {}),
-			cfgv("64", func(c *outbox.RelayConfig) { c.DestinationConcurrency = 64 }),
-			cfgv("256", func(c *outbox.RelayConfig) { c.DestinationConcurrency = 256 }),
+			cfgv("4", func(c *relay.Config) { c.DestinationConcurrency = 4 }),
+			cfgv(fmt.Sprintf("%d (default)", def.DestinationConcurrency), func(*relay.Config) {}),
+			cfgv("64", func(c *relay.Config) { c.DestinationConcurrency = 64 }),
+			cfgv("256", func(c *relay.Config) { c.DestinationConcurrency = 256 }),
 		}},
 		{"Pool size (`cmd/worker`: 20)", "connections in the relay's pgx pool, shared by River and the relay", []knobValue{
 			{"5", func(s *relaySetup) { s.PoolSize = 5 }},
@@ -50,7 +50,7 @@ func scenarioKnobs(ctx context.Context, cfg config, rep *report) error {
 	defer e.close()
 	only := os.Getenv("BENCH_KNOBS") // for exploring one knob
 	var b strings.Builder
-	fmt.Fprintf(&b, "Each setting changed alone from `DefaultRelayConfig()`; drain of %s pending messages over %d endpoints with the no-op transport (the relay's own cost), median of %d run(s), runs of one knob interleaved. "+
+	fmt.Fprintf(&b, "Each setting changed alone from `relay.DefaultConfig()`; drain of %s pending messages over %d endpoints with the no-op transport (the relay's own cost), median of %d run(s), runs of one knob interleaved. "+
 		"DestinationConcurrency with a receiver that takes time is measured in section 2 (d); PollInterval, which matters only when the relay is idle, in section 3.\n\n",
 		commas(int64(cfg.KnobDrain)), cfg.Endpoints, cfg.Reps)
 	for _, k := range knobs() {
@@ -64,7 +64,7 @@ func scenarioKnobs(ctx context.Context, cfg config, rep *report) error {
 		cpus := make([][]float64, len(k.values))
 		for range cfg.Reps {
 			for i, v := range k.values {
-				s := relaySetup{Config: outbox.DefaultRelayConfig(), Transport: noopTransport{}}
+				s := relaySetup{Config: relay.DefaultConfig(), Transport: noopTransport{}}
 				v.set(&s)
 				if err := e.prepare(ctx, cfg.KnobDrain, e.fast.url); err != nil {
 					return err

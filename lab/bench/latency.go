@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/orders/internal/orders"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 type latencyResult struct {
@@ -127,7 +127,7 @@ type idleCost struct {
 // (when idle > 0) and then the latency at each rate, and stops it.
 func latencyRun(ctx context.Context, dbURL string, pool *pgxpool.Pool, svc *orders.Service, rc *receiver,
 	s latencySetting, rates []int, d, idle time.Duration) (map[int]latencyResult, idleCost, error) {
-	c := outbox.DefaultRelayConfig()
+	c := relay.DefaultConfig()
 	c.PollInterval, c.Listen = s.poll, s.notify
 	r, err := startRelay(ctx, dbURL, relaySetup{Config: c, Transport: httpTransport()})
 	if err != nil {
@@ -210,7 +210,7 @@ func scenarioLatency(ctx context.Context, cfg config, rep *report) error {
 		return err
 	}
 	svcs := map[bool]*orders.Service{false: orders.NewService(pool, discard), true: orders.NewService(notifyPool, discard)}
-	def := outbox.DefaultRelayConfig()
+	def := relay.DefaultConfig()
 	poll := latencySetting{name: fmt.Sprintf("default (PollInterval %s)", def.PollInterval), poll: def.PollInterval}
 	notify := latencySetting{name: fmt.Sprintf("OUTBOX_NOTIFY (PollInterval %s, NOTIFY at commit, relay LISTENs)", def.PollInterval),
 		poll: def.PollInterval, notify: true}
@@ -286,7 +286,7 @@ func scenarioLatency(ctx context.Context, cfg config, rep *report) error {
 
 	var b strings.Builder
 	fmt.Fprintf(&b, "Commit-to-delivery latency: from `orders.Service.Place` returning (the commit) to the receiver's handler starting, for every order placed by an open-loop generator (orders scheduled at a fixed rate for %s, whatever the latency of earlier ones; 64 placing goroutines). "+
-		"One endpoint subscribed; real HTTP to a loopback receiver answering 204; the real relay (`relay.Start`) with `DefaultRelayConfig()` except what the setting names, started afresh for each run and warmed up (1 s at 50 orders/s) before it. "+
+		"One endpoint subscribed; real HTTP to a loopback receiver answering 204; the real relay (`relay.Start`) with `relay.DefaultConfig()` except what the setting names, started afresh for each run and warmed up (1 s at 50 orders/s) before it. "+
 		"Without `OUTBOX_NOTIFY` nothing in the order transaction wakes the relay: it finds an order at its next poll. "+
 		"With it, the orders are placed through a pool made with `outbox.NotifyRelays` (as the api's with `OUTBOX_NOTIFY=true`), so `EventEnqueue` queues a NOTIFY sent at commit, and the relay runs with `Listen: true` (as the worker's), waking the destination's deliver job at once; the poll goes on beside it. "+
 		"The first two settings are medians of %d runs each, interleaved run by run (max: the largest of the runs); the others are one run each. "+

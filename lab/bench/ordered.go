@@ -7,8 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // preloadOrdered inserts n pending messages, each the one delivery of its
@@ -145,7 +144,7 @@ func scenarioOrdered(ctx context.Context, cfg config, rep *report) error {
 				}
 			}
 			e.fast.reset(true, false)
-			s := relaySetup{Config: outbox.DefaultRelayConfig(), Transport: httpTransport()}
+			s := relaySetup{Config: relay.DefaultConfig(), Transport: httpTransport()}
 			parked := watchParked(ctx, e.watch)
 			r, cpu, err := withCPU(ctx, e.watch, func() (float64, error) { return relayDrain(ctx, e.db.url, e.watch, n, s) })
 			mostParked[v.name] = max(mostParked[v.name], parked())
@@ -166,7 +165,7 @@ func scenarioOrdered(ctx context.Context, cfg config, rep *report) error {
 	ratio := keyed / unkeyed
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "The same backlog of **%s pending messages over %d endpoints** (each the one delivery of its own event, ~300-byte order payloads, seeded in one statement) drained by the real relay (`outbox.NewRelay` + `relay.Start`, `DefaultRelayConfig()`, a 20-connection pool, HTTP to the loopback receiver answering 204 at once, as drain (c) in section 2), "+
+	fmt.Fprintf(&b, "The same backlog of **%s pending messages over %d endpoints** (each the one delivery of its own event, ~300-byte order payloads, seeded in one statement) drained by the real relay (`relay.New` + `Relay.Start`, `relay.DefaultConfig()`, a 20-connection pool, HTTP to the loopback receiver answering 204 at once, as drain (c) in section 2), "+
 		"once with every message **unkeyed** and once with every message **keyed**: %s distinct ordering keys (order-id-like UUID text on the event and its delivery), event *i* of key *i* mod %s, so each key is a sequence of about %d events on one endpoint, as an order's events are. "+
 		"Every row has its own time, a microsecond after the previous one, for its event's id (`outbox_uuid_v7_at`), its creation and its due time, so within a key ids and due times follow the sequence, as `EventEnqueue` writes them. "+
 		"Medians of %d runs, the two interleaved run by run; the clock starts before the relay starts. "+

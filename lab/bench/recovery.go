@@ -10,8 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 type recoveryRun struct {
@@ -160,9 +159,9 @@ func scenarioRecovery(ctx context.Context, cfg config, rep *report) error {
 			run.held, run.recovered.Round(time.Millisecond), run.drained.Round(time.Millisecond), run.requests, run.distinct)
 		runs = append(runs, run)
 	}
-	def := outbox.DefaultRelayConfig()
+	def := relay.DefaultConfig()
 	var b strings.Builder
-	fmt.Fprintf(&b, "Two relay processes (this binary re-executed, `DefaultRelayConfig()`) serve one endpoint that answers in 500 ms; %d messages are preloaded, and the relay holding claims is SIGKILLed with its requests in flight. "+
+	fmt.Fprintf(&b, "Two relay processes (this binary re-executed, `relay.DefaultConfig()`) serve one endpoint that answers in 500 ms; %d messages are preloaded, and the relay holding claims is SIGKILLed with its requests in flight. "+
 		"The time is from the kill to the moment the other relay has recorded every message the dead one held as delivered (and every message). The other relay declares it dead once its heartbeat is %s old (`OUTBOX_RELAY_TIMEOUT`), and returns its claims to pending, each recorded as an `interrupted` attempt. %d runs.\n\n",
 		n, def.RelayTimeout, len(runs))
 	b.WriteString("| run | claims held at the kill | their delivery after the kill | all delivered after the kill | requests / messages |\n|---:|---:|---:|---:|---:|\n")

@@ -9,20 +9,20 @@ import (
 
 	"github.com/outboxkit/orders/db"
 	"github.com/outboxkit/orders/internal/netguard"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // relaySetup is one relay as cmd/worker wires it: a pool of its own and the
 // relay (its River client, dispatch and heartbeat) started on it.
 type relaySetup struct {
-	Config    outbox.RelayConfig
-	Transport outbox.Transport
+	Config    relay.Config
+	Transport relay.Transport
 	PoolSize  int32 // 0: 20, as cmd/worker
 }
 
 type runningRelay struct {
 	pool   *pgxpool.Pool
-	relay  *outbox.Relay
+	relay  *relay.Relay
 	tracer *stmtTracer
 }
 
@@ -45,7 +45,7 @@ func startRelay(ctx context.Context, url string, s relaySetup) (*runningRelay, e
 	if err != nil {
 		return nil, err
 	}
-	relay, err := outbox.NewRelay(pool, s.Config, s.Transport, discard, nil)
+	relay, err := relay.New(pool, s.Config, s.Transport, discard, nil)
 	if err != nil {
 		pool.Close()
 		return nil, err
@@ -68,8 +68,8 @@ func (r *runningRelay) stop() {
 }
 
 // httpTransport is the real webhook transport, allowed to reach loopback.
-func httpTransport() outbox.Transport {
-	return &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()}
+func httpTransport() relay.Transport {
+	return &relay.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()}
 }
 
 // relayDrain starts a relay on a preloaded outbox and returns messages/s

@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // childEnv, when set, makes this binary (or the test binary) a relay
@@ -25,7 +25,7 @@ const (
 func runChild() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	r, err := startRelay(ctx, os.Getenv(childURLEnv), relaySetup{Config: outbox.DefaultRelayConfig(), Transport: httpTransport()})
+	r, err := startRelay(ctx, os.Getenv(childURLEnv), relaySetup{Config: relay.DefaultConfig(), Transport: httpTransport()})
 	if err != nil {
 		return err
 	}
@@ -46,7 +46,7 @@ func startRelays(ctx context.Context, url string, n int, procs bool) (*relayGrou
 	g := &relayGroup{}
 	for range n {
 		if !procs {
-			r, err := startRelay(ctx, url, relaySetup{Config: outbox.DefaultRelayConfig(), Transport: httpTransport()})
+			r, err := startRelay(ctx, url, relaySetup{Config: relay.DefaultConfig(), Transport: httpTransport()})
 			if err != nil {
 				g.stop()
 				return nil, err
@@ -141,7 +141,7 @@ func scenarioScaleOut(ctx context.Context, cfg config, rep *report) error {
 		}
 	}
 	var b strings.Builder
-	how := "each relay a **separate process** (this binary re-executed as a relay: its own pool of 20, its own River client, `DefaultRelayConfig()`, HTTP transport)"
+	how := "each relay a **separate process** (this binary re-executed as a relay: its own pool of 20, its own River client, `relay.DefaultConfig()`, HTTP transport)"
 	if !cfg.RelayProcs {
 		how = "each relay a separate River client with its own pool of 20 **in this process**"
 	}

@@ -19,7 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/dbtest"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 	"github.com/outboxkit/orders/internal/proctest"
 )
 
@@ -255,7 +255,7 @@ func TestHeadOfLine(t *testing.T) {
 		// the failures before the threshold, then one probe at 5, 10, 20,
 		// 40, 60, 60… s (fewer than one per 5 s): a few dozen, not one per
 		// message.
-		cfg := outbox.DefaultRelayConfig()
+		cfg := relay.DefaultConfig()
 		most := cfg.DestinationConcurrency + cfg.CircuitThreshold - 1 + 2*seconds/5
 		require.LessOrEqual(t, attempts, most, "%s: waiting behind the open circuit spends no attempts (%d messages)", url, total)
 	}

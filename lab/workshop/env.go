@@ -21,7 +21,8 @@ import (
 
 	"github.com/outboxkit/orders/internal/dbtest"
 	"github.com/outboxkit/orders/internal/netguard"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 	"github.com/outboxkit/orders/internal/webhook"
 )
 
@@ -178,20 +179,20 @@ func (rc *receiver) reset() {
 }
 
 // admin is the outbox's admin service, allowing receivers on loopback.
-func (l *lab) admin() *outbox.Admin {
-	return outbox.NewAdmin(l.pool, netguard.Guard{AllowPrivate: true}, l.logger)
+func (l *lab) admin() *admin.Service {
+	return admin.New(l.pool, netguard.Guard{AllowPrivate: true}, l.logger)
 }
 
 // endpoint registers url for eventTypes and returns the endpoint.
-func (l *lab) endpoint(url string, eventTypes ...string) (outbox.Endpoint, error) {
+func (l *lab) endpoint(url string, eventTypes ...string) (admin.Endpoint, error) {
 	return l.admin().CreateEndpoint(l.ctx, url, eventTypes)
 }
 
 // labRelayConfig is the relay's configuration for labs: the product's
 // relay at its defaults, with retries in milliseconds instead of the
 // default schedule's minutes to hours, and a one-second delivery timeout.
-func labRelayConfig() outbox.RelayConfig {
-	return outbox.RelayConfig{
+func labRelayConfig() relay.Config {
+	return relay.Config{
 		MaxAttempts:     5,
 		BackoffBase:     20 * time.Millisecond,
 		BackoffMax:      200 * time.Millisecond,
@@ -199,13 +200,13 @@ func labRelayConfig() outbox.RelayConfig {
 	}
 }
 
-func httpTransport() outbox.Transport {
-	return &outbox.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()}
+func httpTransport() relay.Transport {
+	return &relay.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()}
 }
 
 // startRelay runs a real outbox relay in this process, as cmd/worker does,
 // until stop is called or the lab ends.
-func (l *lab) startRelay(cfg outbox.RelayConfig, transport outbox.Transport) (stop func(), err error) {
+func (l *lab) startRelay(cfg relay.Config, transport relay.Transport) (stop func(), err error) {
 	stopRelay, err := runRelay(l.ctx, l.pool, cfg, transport, l.logger)
 	if err != nil {
 		return nil, err
@@ -218,11 +219,11 @@ func (l *lab) startRelay(cfg outbox.RelayConfig, transport outbox.Transport) (st
 
 // runRelay starts the relay (its River client, dispatch and heartbeat) and
 // returns what stops it, as a worker stops at SIGTERM.
-func runRelay(ctx context.Context, pool *pgxpool.Pool, cfg outbox.RelayConfig, transport outbox.Transport, logger *slog.Logger) (stop func(), err error) {
+func runRelay(ctx context.Context, pool *pgxpool.Pool, cfg relay.Config, transport relay.Transport, logger *slog.Logger) (stop func(), err error) {
 	if transport == nil {
 		transport = httpTransport()
 	}
-	relay, err := outbox.NewRelay(pool, cfg, transport, logger, nil)
+	relay, err := relay.New(pool, cfg, transport, logger, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -271,7 +272,7 @@ func (l *lab) count(sql string, args ...any) (int64, error) {
 }
 
 // stats are the outbox's counts by status.
-func (l *lab) stats() (outbox.Stats, error) { return l.admin().Stats(l.ctx) }
+func (l *lab) stats() (admin.Stats, error) { return l.admin().Stats(l.ctx) }
 
 // ---- child processes ----
 //

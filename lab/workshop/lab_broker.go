@@ -15,7 +15,9 @@ import (
 	"github.com/outboxkit/orders/internal/brokertest"
 	"github.com/outboxkit/orders/internal/consumer"
 	"github.com/outboxkit/orders/internal/orders"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
+	"github.com/outboxkit/orders/internal/outbox/destination"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // natsURL is the NATS server with JetStream the lab publishes to.
@@ -67,7 +69,7 @@ func lab9(l *lab) (*Report, error) {
 	}
 	pub := broker.NewNATS(natsURL(), "urn:workshop:orders")
 	l.defer_(pub.Close)
-	if _, err := l.startRelay(labRelayConfig(), outbox.Router{outbox.KindNATS: pub}); err != nil {
+	if _, err := l.startRelay(labRelayConfig(), relay.Router{destination.KindNATS: pub}); err != nil {
 		return nil, err
 	}
 	l.p.Step("placing %d orders; the relay publishes each event to JetStream subject %s (duplicate window %s)", n, subject, window)
@@ -99,9 +101,9 @@ func lab9(l *lab) (*Report, error) {
 		return nil, err
 	}
 
-	admin := l.admin()
+	adm := l.admin()
 	replay := func(want int64) error {
-		if _, err := admin.ReplayEvents(l.ctx, ep.ID, outbox.Replay{From: started.Add(-time.Minute), To: time.Now().Add(time.Minute)}); err != nil {
+		if _, err := adm.ReplayEvents(l.ctx, ep.ID, admin.Replay{From: started.Add(-time.Minute), To: time.Now().Add(time.Minute)}); err != nil {
 			return err
 		}
 		return l.waitFor(30*time.Second, "the replay published", delivered(want))

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/orders/internal/consumer"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 	"github.com/outboxkit/orders/internal/webhook"
 )
 
@@ -308,7 +308,7 @@ func lab3(l *lab) (*Report, error) {
 	}
 
 	l.p.Step("starting a healthy relay: once the dead relay's heartbeat is %s old it is declared dead, and what it held is delivered with the rest",
-		seconds(outbox.DefaultRelayConfig().RelayTimeout))
+		seconds(relay.DefaultConfig().RelayTimeout))
 	if _, err := l.startRelay(cfg, nil); err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
 // enqueue commits n events of type typ in one transaction with the real
@@ -34,11 +35,11 @@ func (l *lab) enqueue(typ string, n int, data func(i int) any) ([]uuid.UUID, err
 
 // countingTransport counts successful sends, to show how relays split work.
 type countingTransport struct {
-	outbox.Transport
+	relay.Transport
 	sent atomic.Int64
 }
 
-func (t *countingTransport) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result {
+func (t *countingTransport) Deliver(ctx context.Context, d relay.Delivery) relay.Result {
 	res := t.Transport.Deliver(ctx, d)
 	if res.Err == nil && res.StatusCode/100 == 2 {
 		t.sent.Add(1)
@@ -110,7 +111,7 @@ func lab4(l *lab) (*Report, error) {
 	cfg.BatchSize = 50
 	ta, tb := &countingTransport{Transport: httpTransport()}, &countingTransport{Transport: httpTransport()}
 	start = time.Now()
-	for _, t := range []outbox.Transport{ta, tb} {
+	for _, t := range []relay.Transport{ta, tb} {
 		if _, err := l.startRelay(cfg, t); err != nil {
 			return nil, err
 		}
@@ -154,7 +155,7 @@ func lab5(l *lab) (*Report, error) {
 		return nil, err
 	}
 	cfg := labRelayConfig()
-	relayTimeout := outbox.DefaultRelayConfig().RelayTimeout
+	relayTimeout := relay.DefaultConfig().RelayTimeout
 	l.p.Step("a relay process claims messages to send and is SIGKILLed before sending any")
 	killed, err := l.spawn("relay", relaySpec{DatabaseURL: l.url, Config: cfg, DieAfterSends: 0}, func(string) {})
 	if err != nil {
@@ -203,7 +204,7 @@ func lab5(l *lab) (*Report, error) {
 	r.Count("lost", "lost", int64(n)-u, "")
 	r.Count("duplicates", "duplicates", d-u, "the dead relay had sent nothing")
 	r.Verdict("A dead relay's claims are released as soon as the others see its heartbeat stop, and delivered.")
-	r.Verdict("The claim timeout (%s) is only the last resort, for a relay that is alive but stuck.", seconds(outbox.DefaultRelayConfig().ClaimTimeout))
+	r.Verdict("The claim timeout (%s) is only the last resort, for a relay that is alive but stuck.", seconds(relay.DefaultConfig().ClaimTimeout))
 	if claimed == 0 || released != claimed || u != int64(n) || held < relayTimeout.Seconds()/2 || held > 3*relayTimeout.Seconds() {
 		return r, fmt.Errorf("%w: lab 5's invariants do not hold", errInvariant)
 	}
@@ -248,11 +249,11 @@ func lab6(l *lab) (*Report, error) {
 	if _, err := l.startRelay(cfg, nil); err != nil {
 		return nil, err
 	}
-	admin := l.admin()
+	svc := l.admin()
 	var healthyAt, failedAt time.Duration
 	var healthyWhenFailed int64
 	err = l.waitFor(time.Minute, "the poison message to fail and the rest to be delivered", func() (bool, string, error) {
-		m, err := admin.Message(l.ctx, poison)
+		m, err := svc.Message(l.ctx, poison)
 		if err != nil {
 			return false, "", err
 		}
@@ -273,7 +274,7 @@ func lab6(l *lab) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	m, err := admin.Message(l.ctx, poison)
+	m, err := svc.Message(l.ctx, poison)
 	if err != nil {
 		return nil, err
 	}
@@ -282,17 +283,17 @@ func lab6(l *lab) (*Report, error) {
 	mu.Lock()
 	fixed = true
 	mu.Unlock()
-	if _, err := admin.Retry(l.ctx, poison); err != nil {
+	if _, err := svc.Retry(l.ctx, poison); err != nil {
 		return nil, err
 	}
 	err = l.waitFor(30*time.Second, "the requeued message delivered", func() (bool, string, error) {
-		m, err := admin.Message(l.ctx, poison)
+		m, err := svc.Message(l.ctx, poison)
 		return err == nil && m.Status == outbox.StatusDelivered, "poison message: " + m.Status, err
 	})
 	if err != nil {
 		return nil, err
 	}
-	after, err := admin.Message(l.ctx, poison)
+	after, err := svc.Message(l.ctx, poison)
 	if err != nil {
 		return nil, err
 	}

@@ -18,7 +18,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/orders/internal/orders"
-	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
+	"github.com/outboxkit/orders/internal/outbox/relay"
 	"github.com/outboxkit/orders/internal/webhook"
 )
 
@@ -75,7 +76,7 @@ func (p *publisher) publish(ctx context.Context, o orders.Order) error {
 	}
 	// There is no outbox: the event is its own and only delivery.
 	now := time.Now()
-	body := outbox.Message{ID: id, EventID: id, Type: orders.EventPlaced, CreatedAt: now, EventCreatedAt: now, Payload: data}.Body()
+	body := admin.Message{ID: id, EventID: id, Type: orders.EventPlaced, CreatedAt: now, EventCreatedAt: now, Payload: data}.Body()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url, bytes.NewReader(body))
 	if err != nil {
 		return err
@@ -182,17 +183,17 @@ func runWriterChild(ctx context.Context, raw []byte) error {
 // first request.
 type relaySpec struct {
 	DatabaseURL   string
-	Config        outbox.RelayConfig
+	Config        relay.Config
 	DieAfterSends int64
 }
 
 type dyingTransport struct {
-	outbox.Transport
+	relay.Transport
 	after int64
 	sent  atomic.Int64
 }
 
-func (t *dyingTransport) Deliver(ctx context.Context, d outbox.Delivery) outbox.Result {
+func (t *dyingTransport) Deliver(ctx context.Context, d relay.Delivery) relay.Result {
 	if t.after == 0 {
 		fmt.Fprintln(os.Stdout, "claimed")
 		die()
@@ -259,17 +260,17 @@ func readPending(ctx context.Context, pool *pgxpool.Pool, limit int) ([]pendingR
 
 // send delivers one row as the real relay's transport would: webhook-id and
 // the body's id are the event's.
-func send(ctx context.Context, t outbox.Transport, p pendingRow, timeout time.Duration) outbox.Result {
-	body := outbox.Message{ID: p.id, EventID: p.eventID, Type: p.typ, EventCreatedAt: p.eventCreatedAt, Payload: p.payload}.Body()
+func send(ctx context.Context, t relay.Transport, p pendingRow, timeout time.Duration) relay.Result {
+	body := admin.Message{ID: p.id, EventID: p.eventID, Type: p.typ, EventCreatedAt: p.eventCreatedAt, Payload: p.payload}.Body()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	return t.Deliver(ctx, outbox.Delivery{EventID: p.eventID, MessageID: p.id, Type: p.typ, URL: p.url, Secret: p.secret, Body: body})
+	return t.Deliver(ctx, relay.Delivery{EventID: p.eventID, MessageID: p.id, Type: p.typ, URL: p.url, Secret: p.secret, Body: body})
 }
 
 // naiveRelayNoClaim is lab 4's relay without a claim: SELECT the pending
 // rows, send each, then UPDATE it to delivered. Two of these read the same
 // rows before either marks them.
-func naiveRelayNoClaim(ctx context.Context, pool *pgxpool.Pool, t outbox.Transport, sent *atomic.Int64) error {
+func naiveRelayNoClaim(ctx context.Context, pool *pgxpool.Pool, t relay.Transport, sent *atomic.Int64) error {
 	for {
 		rows, err := readPending(ctx, pool, 50)
 		if err != nil {
@@ -295,7 +296,7 @@ func naiveRelayNoClaim(ctx context.Context, pool *pgxpool.Pool, t outbox.Transpo
 // one queue, oldest first, one delivery at a time. A failure backs the row
 // off; but every row for a receiver that hangs costs a full timeout first,
 // and everything behind it waits.
-func naiveRelaySingleQueue(ctx context.Context, pool *pgxpool.Pool, t outbox.Transport, timeout, backoff time.Duration) error {
+func naiveRelaySingleQueue(ctx context.Context, pool *pgxpool.Pool, t relay.Transport, timeout, backoff time.Duration) error {
 	for ctx.Err() == nil {
 		rows, err := readPending(ctx, pool, 10)
 		if err != nil {

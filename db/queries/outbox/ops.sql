@@ -1,4 +1,4 @@
--- Queries of the ops page (internal/ops, through outbox.Admin). Each reads a
+-- Queries of the ops page (internal/ops, through the admin package). Each reads a
 -- bounded window or a partial index: none grows with the delivered history.
 
 -- name: OpsAttemptsPerMinute :many

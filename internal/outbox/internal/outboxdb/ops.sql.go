@@ -27,7 +27,7 @@ type OpsAttemptsPerMinuteRow struct {
 	Attempts int64
 }
 
-// Queries of the ops page (internal/ops, through outbox.Admin). Each reads a
+// Queries of the ops page (internal/ops, through the admin package). Each reads a
 // bounded window or a partial index: none grows with the delivered history.
 // Attempts per minute and outcome since @since (the chart's hour), summed
 // from outbox_attempt_minutes on its minute index.

@@ -1,0 +1,150 @@
+package dbtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// Statements records the SQL and arguments of every query run through a
+// pool, so a test can EXPLAIN the very statements the relay runs.
+type Statements struct {
+	mu   sync.Mutex
+	last map[string][]any // SQL → its latest arguments
+	// The statement explain explained last, and its arguments.
+	explained     string
+	explainedArgs []any
+}
+
+func (s *Statements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if sql := strings.ToLower(d.SQL); sql == "begin" || sql == "commit" || sql == "rollback" {
+		return ctx
+	}
+	s.mu.Lock()
+	if s.last != nil {
+		s.last[d.SQL] = d.Args
+	}
+	s.mu.Unlock()
+	return ctx
+}
+
+func (s *Statements) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TracedPool is a pool on a database of the test's own whose statements
+// are recorded, to be explained.
+func TracedPool(t *testing.T) (*pgxpool.Pool, *Statements) {
+	t.Helper()
+	trace := &Statements{}
+	return PoolTracedBy(t, trace), trace
+}
+
+// PoolTracedBy is a pool on a database of the test's own whose queries
+// tracer sees.
+func PoolTracedBy(t *testing.T, tracer pgx.QueryTracer) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(URL(t))
+	require.NoError(t, err)
+	cfg.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// Explain runs EXPLAIN (ANALYZE, BUFFERS) of the statement that run issued,
+// with its arguments, in a transaction rolled back afterwards.
+func (s *Statements) Explain(t *testing.T, pool *pgxpool.Pool, run func(tx pgx.Tx) error) string {
+	t.Helper()
+	ctx := context.Background()
+	s.mu.Lock()
+	s.last = map[string][]any{}
+	s.mu.Unlock()
+	var plan []string
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		require.NoError(t, run(tx))
+		s.mu.Lock()
+		require.Len(t, s.last, 1, "one statement")
+		var sql string
+		var args []any
+		for sql, args = range s.last {
+		}
+		s.explained, s.explainedArgs = sql, args
+		s.mu.Unlock()
+		plan = PlanLines(t, tx, "EXPLAIN (ANALYZE, BUFFERS) "+sql, args...)
+		return ErrRollback
+	})
+	require.ErrorIs(t, err, ErrRollback)
+	return strings.Join(plan, "\n")
+}
+
+// ExplainGeneric explains the statement Explain explained last as the
+// relay runs it, under a generic plan: prepared, with its arguments as
+// literals (given, or each argument's %v quoted).
+func (s *Statements) ExplainGeneric(t *testing.T, pool *pgxpool.Pool, literals ...string) string {
+	t.Helper()
+	ctx := context.Background()
+	s.mu.Lock()
+	sql, args := s.explained, s.explainedArgs
+	s.mu.Unlock()
+	if literals == nil {
+		for _, a := range args {
+			literals = append(literals, fmt.Sprintf("'%v'", a))
+		}
+	}
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, "PREPARE generic_check AS "+sql)
+	require.NoError(t, err)
+	defer conn.Exec(ctx, "DEALLOCATE generic_check") //nolint:errcheck
+	var plan []string
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan")
+		require.NoError(t, err)
+		plan = PlanLines(t, tx, "EXPLAIN (ANALYZE, BUFFERS) EXECUTE generic_check("+strings.Join(literals, ", ")+")",
+			pgx.QueryExecModeSimpleProtocol)
+		return ErrRollback
+	})
+	require.ErrorIs(t, err, ErrRollback)
+	var generic int64
+	require.NoError(t, conn.QueryRow(ctx, `SELECT generic_plans FROM pg_prepared_statements WHERE name = 'generic_check'`).Scan(&generic))
+	require.EqualValues(t, 1, generic, "the plan explained is the generic one")
+	return strings.Join(plan, "\n")
+}
+
+// PlanLines runs an EXPLAIN on tx and returns its lines.
+func PlanLines(t *testing.T, tx pgx.Tx, sql string, args ...any) []string {
+	t.Helper()
+	rows, err := tx.Query(context.Background(), sql, args...)
+	require.NoError(t, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return lines
+}
+
+// ErrRollback rolls back the transaction of an EXPLAIN ANALYZE.
+var ErrRollback = errors.New("rollback")
+
+// One runs run, which must issue exactly one statement through the traced
+// pool, and returns that statement and its arguments, to be explained.
+func (s *Statements) One(t *testing.T, run func() error) (sql string, args []any) {
+	t.Helper()
+	s.mu.Lock()
+	s.last = map[string][]any{}
+	s.mu.Unlock()
+	require.NoError(t, run())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	require.Len(t, s.last, 1, "one statement")
+	for sql, args = range s.last {
+	}
+	s.last = nil
+	return sql, args
+}

@@ -1,0 +1,258 @@
+package admin
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/outboxkit/orders/internal/dbtest"
+	"github.com/outboxkit/orders/internal/netguard"
+	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
+	"github.com/outboxkit/orders/internal/outbox/outboxtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Two replays of one endpoint at once make one copy of an event, not two:
+// the second waits for the first to commit, and then sees its copy
+// waiting. Each alone checks for a waiting copy, but neither can see the
+// other's before it commits.
+func TestConcurrentReplaysOfOneEndpointMakeOneCopy(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	adm := New(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	from := time.Now()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = outbox.Enqueue(ctx, tx, outbox.Event{Type: "order.placed", Data: 1})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	ep := outboxtest.Endpoint(t, pool, nil) // subscribed after the event: nothing waits for it yet
+	r := Replay{From: from, To: time.Now().Add(time.Second)}
+	// The first replay copies the event and has not committed yet.
+	first, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer first.Rollback(ctx) //nolint:errcheck
+	res, err := replayBatch(ctx, first, ep, r)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Replayed)
+
+	type result struct {
+		res ReplayResult
+		err error
+	}
+	second := make(chan result, 1)
+	go func() {
+		res, err := adm.ReplayEvents(ctx, ep, r)
+		second <- result{res, err}
+	}()
+	// The second either waits on a lock (until the first commits) or, had
+	// it nothing to wait on, ends on its own.
+	var ended *result
+	require.Eventually(t, func() bool {
+		select {
+		case r := <-second:
+			ended = &r
+			return true
+		default:
+		}
+		var waiting bool
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+			WHERE l.locktype = 'advisory' AND NOT l.granted AND d.datname = current_database())`).Scan(&waiting)
+		return assert.NoError(t, err) && waiting
+	}, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, first.Commit(ctx))
+	if ended == nil {
+		r := <-second
+		ended = &r
+	}
+	require.NoError(t, ended.err)
+	require.Equal(t, ReplayResult{Read: 1, Replayed: 0}, ended.res, "the second replay finds the first one's copy waiting")
+	var copies int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE destination = $1 AND status = 'pending'`, ep).Scan(&copies))
+	require.Equal(t, 1, copies, "one waiting copy of the event for the endpoint")
+}
+
+// Discarding what waits for an endpoint settles all of it, however many
+// batches that takes, parked messages too, and leaves failed ones waiting
+// for a person.
+func TestDiscardWaitingSettlesEveryBatch(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	adm := New(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	ep := outboxtest.Endpoint(t, pool, nil)
+	const n = 2*discardBatch + 7
+	outboxtest.Seed(t, pool, ep, n, "")
+	keyed := outboxtest.Seed(t, pool, ep, 3, "order-1")
+	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET parked = true WHERE id = ANY ($1)`, keyed[1:])
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE outbox_messages SET status = 'failed', attempts = 1, failed_at = now() WHERE id = $1`, keyed[0])
+	require.NoError(t, err)
+
+	// A budget spent during the first batch: that batch, then a stop.
+	discarded, finished, err := adm.DiscardWaiting(ctx, ep, time.Nanosecond)
+	require.NoError(t, err)
+	require.False(t, finished)
+	require.EqualValues(t, discardBatch, discarded, "one whole batch, not a batch cut short")
+	more, finished, err := adm.DiscardWaiting(ctx, ep, 0)
+	require.NoError(t, err)
+	require.True(t, finished)
+	require.EqualValues(t, n+2, discarded+more, "every pending message, parked ones too")
+	var pending, failed int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'failed')
+		FROM outbox_messages WHERE destination = $1`, ep).Scan(&pending, &failed))
+	require.Zero(t, pending)
+	require.Equal(t, 1, failed, "a failed message waits for a retry or a skip")
+}
+
+// A window of time bounds what Messages reads, not only what it returns:
+// messages are listed in event order, their ids begin with the event's
+// time, and From and To are a range of the primary key. Filtered on
+// created_at instead, a search for a quiet endpoint's messages of one hour
+// walked the whole history newest first, looking for 50 rows that were not
+// there (1.7 s with 1.5 million rows).
+func TestMessagesReadsOnlyTheWindow(t *testing.T) {
+	t.Parallel()
+	pool, trace := dbtest.TracedPool(t)
+	ctx := context.Background()
+	busy, quiet := outboxtest.Endpoint(t, pool, nil), outboxtest.Endpoint(t, pool, nil)
+	// Two days of delivered history for the busy endpoint, one event every
+	// 0.864 s, and 5 events of the quiet one 3 hours ago.
+	history := func(dest uuid.UUID, n int, first, step string) {
+		_, err := pool.Exec(ctx, `
+			WITH ev AS (
+				INSERT INTO outbox_events (id, type, payload, created_at)
+				SELECT outbox_uuid_v7_at(s.at), 'order.placed', '{"total":1}', s.at
+				FROM (SELECT now() - $3::interval - g * $4::interval AS at FROM generate_series(1, $2::int) g) s
+				RETURNING id, type, created_at
+			)
+			INSERT INTO outbox_messages (id, event_id, type, destination, status, delivered_at, next_attempt_at, created_at)
+			SELECT outbox_uuid_sibling(ev.id), ev.id, ev.type, $1, 'delivered', ev.created_at, ev.created_at, ev.created_at
+			FROM ev`, dest, n, first, step)
+		require.NoError(t, err)
+	}
+	history(busy, 200_000, "0", "864 milliseconds")
+	history(quiet, 5, "3 hours", "1 second")
+	_, err := pool.Exec(ctx, `ANALYZE outbox_messages`)
+	require.NoError(t, err)
+	var pages int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT relpages FROM pg_class WHERE relname = 'outbox_messages'`).Scan(&pages))
+
+	adm := New(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	from, to := time.Now().Add(-4*time.Hour), time.Now().Add(-2*time.Hour)
+	var msgs []Message
+	var next *uuid.UUID
+	sql, args := trace.One(t, func() (err error) {
+		msgs, next, err = adm.Messages(ctx, MessageFilter{Destination: &quiet, CreatedFrom: &from, CreatedTo: &to})
+		return err
+	})
+	require.Len(t, msgs, 5)
+	require.Nil(t, next)
+	var plan []string
+	require.ErrorIs(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		plan = dbtest.PlanLines(t, tx, "EXPLAIN (ANALYZE, BUFFERS) "+sql, args...)
+		return dbtest.ErrRollback
+	}), dbtest.ErrRollback)
+	t.Logf("%s", strings.Join(plan, "\n"))
+	var hit, read int
+	for _, l := range plan {
+		if _, after, ok := strings.Cut(l, "Buffers: shared hit="); ok {
+			// The first is the root's: the statement's whole reading.
+			fmt.Sscanf(after, "%d read=%d", &hit, &read)
+			break
+		}
+	}
+	require.Positive(t, hit+read)
+	require.Less(t, hit+read, pages/5,
+		"a window of 2 hours reads about that much of the 48 hours of history (%d pages), not all of it", pages)
+}
+
+// A paused endpoint keeps when and why it was paused: changing its URL or
+// types, rotating its secret or pausing it again moves neither. StateSince
+// was the endpoint's last update, and a person's pause of an endpoint a
+// 410 had paused replaced the receiver's reason with theirs.
+func TestAPausedEndpointKeepsWhenAndWhyItWasPaused(t *testing.T) {
+	t.Parallel()
+	pool, lease := dbtest.Pool(t), uuid.New()
+	dest := outboxtest.Endpoint(t, pool, &lease)
+	ctx := context.Background()
+	adm := New(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	_, err := outboxdb.New(pool).DestinationSettle(ctx, outboxdb.DestinationSettleParams{
+		ID: dest, LeaseToken: lease, Health: outbox.HealthHealthy, Gone: true})
+	require.NoError(t, err)
+	gone, err := adm.Endpoint(ctx, dest)
+	require.NoError(t, err)
+	require.Equal(t, outbox.HealthPaused, gone.State)
+	require.Equal(t, "receiver answered 410 Gone", gone.StateReason)
+	require.NotNil(t, gone.StateSince)
+
+	_, err = adm.UpdateEndpoint(ctx, dest, EndpointChange{EventTypes: []string{"order.placed", "order.cancelled"}})
+	require.NoError(t, err)
+	_, err = adm.RotateSecret(ctx, dest, time.Hour)
+	require.NoError(t, err)
+	_, err = adm.SetEndpointEnabled(ctx, dest, false)
+	require.NoError(t, err)
+	still, err := adm.Endpoint(ctx, dest)
+	require.NoError(t, err)
+	require.Equal(t, outbox.HealthPaused, still.State)
+	require.Equal(t, gone.StateSince, still.StateSince, "paused since the 410")
+	require.Equal(t, gone.StateReason, still.StateReason, "paused because of the 410")
+
+	// Resumed, then paused by a person: a new pause, with its own time and
+	// reason.
+	_, err = adm.SetEndpointEnabled(ctx, dest, true)
+	require.NoError(t, err)
+	again, err := adm.SetEndpointEnabled(ctx, dest, false)
+	require.NoError(t, err)
+	require.Equal(t, "disabled by an operator", again.StateReason)
+	require.True(t, again.StateSince.After(*gone.StateSince), "%v after %v", again.StateSince, gone.StateSince)
+}
+
+// Enabling an endpoint that is enabled and healthy leaves a receiver's
+// Retry-After in force; only an endpoint backing off is probed at once.
+// Before, the wait the receiver asked for was cut short.
+func TestEnablingAThrottledEndpointKeepsItsRetryAfter(t *testing.T) {
+	t.Parallel()
+	pool, lease := dbtest.Pool(t), uuid.New()
+	dest := outboxtest.Endpoint(t, pool, &lease)
+	ctx := context.Background()
+	adm := New(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	until := time.Now().Add(time.Hour)
+	_, err := outboxdb.New(pool).DestinationSettle(ctx, outboxdb.DestinationSettleParams{
+		ID: dest, LeaseToken: lease, Health: outbox.HealthHealthy, BackoffUntil: &until})
+	require.NoError(t, err)
+	ep, err := adm.SetEndpointEnabled(ctx, dest, true)
+	require.NoError(t, err)
+	require.NotNil(t, ep.ThrottledUntil, "still throttled")
+	require.WithinDuration(t, until, *ep.ThrottledUntil, time.Millisecond)
+}
+
+// "Retry all failed" of a deleted endpoint requeues nothing, as a retry of
+// one of its messages does not: what its deletion left failed (for the
+// orphan job to discard) is settled, not to be sent again.
+func TestRetryFailedForADeletedEndpointRequeuesNothing(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ep := outboxtest.Endpoint(t, pool, nil)
+	ctx := context.Background()
+	ids := outboxtest.Seed(t, pool, ep, 3, "")
+	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET status = 'failed', attempts = 8, failed_at = now() WHERE id = ANY ($1)`, ids)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `DELETE FROM webhook_endpoints WHERE id = $1`, ep)
+	require.NoError(t, err)
+	adm := New(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	n, err := adm.RetryFailedForEndpoint(ctx, ep)
+	require.ErrorIs(t, err, ErrNotFound)
+	require.Zero(t, n)
+	var failed int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE status = 'failed'`).Scan(&failed))
+	require.Equal(t, 3, failed, "left for the orphan job to discard")
+}

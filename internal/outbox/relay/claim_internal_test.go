@@ -1,0 +1,757 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/outboxkit/orders/internal/dbtest"
+	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
+	"github.com/outboxkit/orders/internal/outbox/outboxtest"
+)
+
+// Concurrent claimers partition the rows: each row is claimed by exactly
+// one of them, and none is missed. This is what makes several relays safe.
+func TestClaimPartitionsRowsBetweenConcurrentClaimers(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	// One destination whose lease all four hold: in the relay only one job
+	// claims for a destination at a time, and SKIP LOCKED is what keeps even
+	// a race between two (a lease taken over from a relay declared dead)
+	// from sending a message twice.
+	lease := uuid.New()
+	dest := outboxtest.Endpoint(t, pool, &lease)
+	outboxtest.Seed(t, pool, dest, 5000, "")
+
+	const claimers = 4
+	var mu sync.Mutex
+	seen := map[uuid.UUID]int{}
+	var wg sync.WaitGroup
+	for range claimers {
+		wg.Go(func() {
+			for {
+				var rows []outboxdb.MessageClaimRow
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
+					rows, err = claimMessages(ctx, tx, outboxdb.MessageClaimParams{
+						ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 50})
+					return err
+				})
+				if !assertNoErr(t, err) || len(rows) == 0 {
+					return
+				}
+				mu.Lock()
+				for _, r := range rows {
+					seen[r.ID]++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	require.Len(t, seen, 5000, "every row claimed")
+	for id, n := range seen {
+		require.Equal(t, 1, n, "row %s claimed more than once", id)
+	}
+}
+
+func assertNoErr(t *testing.T, err error) bool {
+	t.Helper()
+	if err != nil {
+		t.Error(err)
+		return false
+	}
+	return true
+}
+
+func TestBackoffGrowsWithJitterUpToTheCap(t *testing.T) {
+	t.Parallel()
+	cfg := Config{BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second}.withDefaults()
+	for attempt, want := range map[int]time.Duration{1: 100 * time.Millisecond, 2: 200 * time.Millisecond,
+		3: 400 * time.Millisecond, 4: 800 * time.Millisecond, 5: time.Second, 30: time.Second} {
+		for range 50 {
+			d := cfg.retryDelay(attempt)
+			require.GreaterOrEqual(t, d, want/2, "attempt %d", attempt)
+			require.LessOrEqual(t, d, want, "attempt %d", attempt)
+		}
+	}
+}
+
+// The default schedule keeps a message for more than a day before it fails,
+// even with every delay at the short end of its jitter: a receiver down for
+// a day loses nothing.
+func TestDefaultRetryScheduleOutlastsADayLongOutage(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultConfig()
+	require.Equal(t, 8, cfg.MaxAttempts)
+	var shortest, longest time.Duration
+	// MaxAttempts-1 waits separate the first attempt from the last.
+	for attempt := 1; attempt < cfg.MaxAttempts; attempt++ {
+		want := cfg.RetrySchedule[attempt-1]
+		lo, hi := want, want
+		for range 200 {
+			d := cfg.retryDelay(attempt)
+			lo, hi = min(lo, d), max(hi, d)
+		}
+		require.GreaterOrEqual(t, lo, want*9/10, "attempt %d: at most 10%% early", attempt)
+		require.LessOrEqual(t, hi, want*11/10, "attempt %d: at most 10%% late", attempt)
+		require.NotEqual(t, lo, hi, "attempt %d: jittered", attempt)
+		shortest += want * 9 / 10
+		longest += want * 11 / 10
+	}
+	require.Greater(t, shortest, 24*time.Hour, "the first and the last attempt are more than a day apart")
+	t.Logf("the default schedule's %d attempts span %s to %s", cfg.MaxAttempts, shortest, longest)
+
+	// Past its end the schedule repeats its last entry; BackoffMax caps it.
+	require.InDelta(t, float64(10*time.Hour), float64(cfg.retryDelay(20)), float64(time.Hour))
+	cfg.BackoffMax = time.Minute
+	require.LessOrEqual(t, cfg.retryDelay(5), time.Minute*11/10)
+}
+
+func TestProbeDelayDoublesUpToItsCap(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultConfig()
+	for n, want := range map[int]time.Duration{0: 5 * time.Second, 1: 10 * time.Second, 2: 20 * time.Second,
+		3: 40 * time.Second, 4: time.Minute, 50: time.Minute} {
+		d := cfg.probeDelay(n)
+		require.InDelta(t, float64(want), float64(d), float64(want)/10+1, "failed probes %d", n)
+	}
+}
+
+// The relay's statements stay on indexes whatever the delivered history and
+// however many destinations there are: with 1,000 endpoints, 200,000
+// delivered rows and 20,000 failed ones, 20 endpoints with due messages and
+// 50 backing off with a backlog each, neither the claim nor finding the due
+// destinations nor the stall check nor the orphan job nor the endpoints'
+// next attempts (one probe each) reads outbox_messages but through an
+// index.
+func TestRelayStatementsStayOnIndexesWith1000Endpoints(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, trace := dbtest.TracedPool(t)
+	_, err := pool.Exec(ctx, `
+		INSERT INTO webhook_endpoints (url, secret, event_types)
+		SELECT 'http://127.0.0.1:9/' || g, 'whsec_AAAA', '{order.placed}' FROM generate_series(1, 1000) g;
+		INSERT INTO outbox_messages (event_id, type, destination, status, delivered_at)
+		SELECT gen_random_uuid(), 'order.placed', e.id, 'delivered', now() - interval '1 day'
+		FROM (SELECT id FROM webhook_endpoints ORDER BY id LIMIT 100) e, generate_series(1, 2000);
+		INSERT INTO outbox_messages (event_id, type, destination, status, attempts, failed_at)
+		SELECT gen_random_uuid(), 'order.placed', e.id, 'failed', 8, now() - interval '1 hour'
+		FROM (SELECT id FROM webhook_endpoints ORDER BY id LIMIT 100) e, generate_series(1, 200);
+		UPDATE webhook_endpoints SET health = 'backing_off', consecutive_failures = 5, backoff_until = now() + interval '1 hour'
+		WHERE id IN (SELECT id FROM webhook_endpoints ORDER BY id DESC LIMIT 50);`)
+	require.NoError(t, err)
+	// 20 endpoints with 500 due messages each, the older half keyed (50
+	// keys of 5), and 1,000 waiting for each endpoint backing off.
+	rows, err := pool.Query(ctx, `SELECT id, health FROM webhook_endpoints
+		WHERE id IN (SELECT id FROM webhook_endpoints ORDER BY id LIMIT 20) OR health = 'backing_off'`)
+	require.NoError(t, err)
+	type endpoint struct {
+		ID     uuid.UUID
+		Health string
+	}
+	eps, err := pgx.CollectRows(rows, pgx.RowToStructByPos[endpoint])
+	require.NoError(t, err)
+	for _, e := range eps {
+		if e.Health == outbox.HealthBackingOff {
+			outboxtest.Seed(t, pool, e.ID, 1000, "")
+			continue
+		}
+		for k := range 50 {
+			outboxtest.Seed(t, pool, e.ID, 5, fmt.Sprintf("order-%d", k))
+		}
+		outboxtest.Seed(t, pool, e.ID, 250, "")
+	}
+	_, err = pool.Exec(ctx, "ANALYZE")
+	require.NoError(t, err)
+	var dest, token uuid.UUID
+	token = uuid.New()
+	require.NoError(t, pool.QueryRow(ctx, `UPDATE webhook_endpoints SET lease_token = $1
+		WHERE id = (SELECT id FROM webhook_endpoints ORDER BY id LIMIT 1) RETURNING id`, token).Scan(&dest))
+	var all []uuid.UUID
+	require.NoError(t, pool.QueryRow(ctx, `SELECT array_agg(id) FROM webhook_endpoints`).Scan(&all))
+
+	for name, run := range map[string]func(q *outboxdb.Queries) error{
+		"claim": func(q *outboxdb.Queries) error {
+			rows, err := q.MessageClaim(ctx, outboxdb.MessageClaimParams{ClaimToken: token, RelayID: uuid.New(), Destination: dest, BatchSize: 16})
+			// The 16 oldest due are three keys of five and one of the
+			// fourth: the first of each key is claimed, the rest parked.
+			require.Len(t, rows, 4)
+			return err
+		},
+		"dispatch": func(q *outboxdb.Queries) error {
+			ids, err := q.DestinationsDispatch(ctx, 5, 100)
+			require.Len(t, ids, 20, "the 20 endpoints with due messages, not the ones backing off")
+			return err
+		},
+		"overdue": func(q *outboxdb.Queries) error {
+			_, err := q.MessageOverdue(ctx)
+			return err
+		},
+		"next attempts": func(q *outboxdb.Queries) error {
+			rows, err := q.EndpointNextAttempts(ctx, all)
+			require.Len(t, rows, 70, "the 20 endpoints with due messages and the 50 backing off with a backlog")
+			return err
+		},
+		"prune failed": func(q *outboxdb.Queries) error {
+			_, err := q.MessagesPruneFailed(ctx, time.Now(), 100)
+			return err
+		},
+		"orphans": func(q *outboxdb.Queries) error {
+			_, err := q.MessagesDiscardOrphans(ctx, 100)
+			return err
+		},
+		"prune events": func(q *outboxdb.Queries) error {
+			_, err := q.EventsPrune(ctx, uuid.Nil, time.Now(), 100)
+			return err
+		},
+	} {
+		plan := trace.Explain(t, pool, queries(run))
+		if name == "claim" {
+			// The relay runs the claim under a generic plan (claimMessages):
+			// that one must stay on the indexes too.
+			plan += "\n" + trace.ExplainGeneric(t, pool)
+		}
+		t.Logf("%s:\n%s", name, plan)
+		require.NotRegexp(t, `Seq Scan on outbox_(messages|events)`, plan, "%s reads the history", name)
+		switch name {
+		case "prune events":
+			require.Contains(t, plan, "outbox_messages_pkey", "an event's messages are a range of the primary key")
+		case "prune failed":
+			require.Regexp(t, `outbox_messages_failed(_at)?_idx`, plan, "failed messages are found on an index of failed rows only")
+		case "orphans":
+			require.Contains(t, plan, "outbox_messages_failed_destination_idx", "destinations with failed messages are a skip scan")
+			require.Contains(t, plan, "outbox_messages_pending_idx", name)
+		case "claim":
+			require.Contains(t, plan, "outbox_messages_ordering_idx", "a keyed message's predecessors are looked up on the ordering index")
+			require.NotContains(t, plan, "outbox_messages_claimed_idx",
+				"a keyed message's claimed predecessor is found among its key's, not among every claim of every destination")
+			fallthrough
+		default:
+			require.Contains(t, plan, "outbox_messages_pending_idx", name)
+		}
+	}
+}
+
+// With one destination (the usual start: one endpoint) its messages are all
+// of the table, and a generic plan that joined the claimed rows by hash
+// would read every message. The claim's runs on the primary key.
+func TestClaimGenericPlanStaysOnIndexesWithOneDestination(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, trace := dbtest.TracedPool(t)
+	token := uuid.New()
+	dest := outboxtest.Endpoint(t, pool, &token)
+	outboxtest.Seed(t, pool, dest, 20000, "")
+	_, err := pool.Exec(ctx, "ANALYZE")
+	require.NoError(t, err)
+	trace.Explain(t, pool, queries(func(q *outboxdb.Queries) error {
+		_, err := q.MessageClaim(ctx, outboxdb.MessageClaimParams{ClaimToken: token, RelayID: uuid.New(), Destination: dest, BatchSize: 32})
+		return err
+	}))
+	plan := trace.ExplainGeneric(t, pool)
+	t.Logf("claim, generic plan:\n%s", plan)
+	require.NotRegexp(t, `Seq Scan on outbox_(messages|events)`, plan, "the claim reads every message")
+	require.Contains(t, plan, "outbox_messages_pending_idx")
+	require.Contains(t, plan, "outbox_messages_pkey", "the claimed rows are updated by primary key")
+}
+
+// A claim reads a few entries of one destination's index, however many
+// messages wait behind them, but PostgreSQL decides whether to JIT-compile a
+// statement from the planner's cost estimate, and the claim's estimate
+// follows its destination's backlog (the generic plan takes its LIMIT as a
+// tenth of the rows). With a few hundred thousand messages waiting for one
+// endpoint, a connection at the server's defaults compiles every claim
+// before running it. The product's pools (db.ConfigurePool) turn JIT off:
+// their claims cost what they read.
+func TestClaimDoesNotCompileForABacklog(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	var jit string
+	require.NoError(t, pool.QueryRow(ctx, `SHOW jit`).Scan(&jit))
+	require.Equal(t, "off", jit, "the product's pool")
+
+	// The same database at the server's defaults, as a pool without
+	// db.ConfigurePool sees it.
+	cfg := pool.Config().Copy()
+	delete(cfg.ConnConfig.RuntimeParams, "jit")
+	cfg.AfterConnect = nil
+	serverDefaults, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(serverDefaults.Close)
+	var available bool // a provider is installed and jit is on
+	require.NoError(t, serverDefaults.QueryRow(ctx, `SELECT pg_jit_available()`).Scan(&available))
+	if !available {
+		t.Skip("this PostgreSQL does not JIT-compile at its defaults: there is nothing to turn off")
+	}
+
+	lease := uuid.New()
+	dest := outboxtest.Endpoint(t, pool, &lease)
+	outboxtest.Seed(t, pool, dest, 300_000, "")
+	_, err = pool.Exec(ctx, `ANALYZE outbox_messages`) // as autovacuum would
+	require.NoError(t, err)
+
+	// Claims of 32, rolled back so each finds the same backlog; medians of
+	// 7, the two pools alternating.
+	claim := func(p *pgxpool.Pool) time.Duration {
+		tx, err := p.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, tx.Rollback(ctx)) }()
+		start := time.Now()
+		rows, err := claimMessages(ctx, tx, outboxdb.MessageClaimParams{
+			ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 32})
+		took := time.Since(start)
+		require.NoError(t, err)
+		require.Len(t, rows, 32)
+		return took
+	}
+	var product, defaults []time.Duration
+	for range 7 {
+		product = append(product, claim(pool))
+		defaults = append(defaults, claim(serverDefaults))
+	}
+	median := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
+	t.Logf("claim of 32 with 300,000 waiting: %s on the product's pool, %s at the server's defaults", median(product), median(defaults))
+	require.Less(t, 5*median(product), median(defaults),
+		"the product's claim must cost a fraction of one compiled for the backlog (if not, the server does not JIT this claim and the test shows nothing)")
+}
+
+// A claim released at the attempt cap, because its relay died
+// (MessagesReleaseLost) or its claim went stale (MessageReleaseStale),
+// fails like any other message: with failed_at, so the failed retention
+// prunes it. Without it the row, its event and its history stayed forever.
+func TestMessagesFailedByAReleaseArePrunedWithTheFailed(t *testing.T) {
+	t.Parallel()
+	pool, dest, ids := seededEndpoint(t, 2, "")
+	ctx := context.Background()
+	dead, stale := ids[0], ids[1]
+	const maxAttempts = 3
+	// Both claimed at their last attempt: one by a relay now dead, one an
+	// hour ago by a relay still alive.
+	deadRelay := uuid.New()
+	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET status = 'claimed', attempts = $2 - 1, claim_token = gen_random_uuid(),
+		claimed_by = CASE WHEN id = $3 THEN $4 ELSE gen_random_uuid() END,
+		claimed_at = CASE WHEN id = $3 THEN now() ELSE now() - interval '1 hour' END
+		WHERE id = ANY ($1)`, ids, maxAttempts, dead, deadRelay)
+	require.NoError(t, err)
+
+	q := outboxdb.New(pool)
+	n, err := q.MessagesReleaseLost(ctx, "the relay died", []uuid.UUID{deadRelay}, maxAttempts)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	n, err = q.MessageReleaseStale(ctx, time.Minute.Seconds(), maxAttempts)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	for _, id := range ids {
+		var status, outcome string
+		var failedAt *time.Time
+		require.NoError(t, pool.QueryRow(ctx, `SELECT m.status, m.failed_at, a.outcome FROM outbox_messages m
+			JOIN outbox_attempts a ON a.message_id = m.id WHERE m.id = $1`, id).Scan(&status, &failedAt, &outcome))
+		require.Equal(t, outbox.StatusFailed, status, "released at the cap: failed")
+		require.NotNil(t, failedAt, "a failed message has failed_at")
+		require.Equal(t, labelFailed, outcome, "its attempt is the failed one, as any at the cap")
+	}
+	// The activity's minute sums count them as failed, not retried.
+	var sums int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT coalesce(sum(attempts), 0) FROM outbox_attempt_minutes WHERE destination = $1 AND outcome = 'failed'", dest).Scan(&sums))
+	require.Equal(t, 2, sums)
+
+	pruned, err := q.MessagesPruneFailed(ctx, time.Now().Add(time.Minute), 100)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, pruned, "the failed retention prunes both, %v and %v", dead, stale)
+}
+
+// An interrupted request is an attempt (it may have reached the receiver):
+// at the attempt cap the message fails, as a dead relay's claims do, rather
+// than staying pending past its cap.
+func TestAnInterruptedRequestAtTheCapFails(t *testing.T) {
+	t.Parallel()
+	r := &Relay{cfg: Config{MaxAttempts: 3}.withDefaults()}
+	interrupted := func(attempts int32) outcome {
+		return r.judge(sent{row: outboxdb.MessageClaimRow{Attempts: attempts}, res: Result{Err: context.Canceled}, interrupted: true})
+	}
+	o := interrupted(1)
+	require.Equal(t, outbox.StatusPending, o.status, "attempt 2 of 3: due again")
+	require.Equal(t, labelInterrupted, o.label)
+	o = interrupted(2)
+	require.Equal(t, outbox.StatusFailed, o.status, "attempt 3 of 3: failed")
+	require.Equal(t, labelFailed, o.label, "its attempt is the failed one, as any at the cap")
+	require.Equal(t, "attempt 3 of 3: interrupted: the relay stopped during the request", o.err)
+}
+
+// A transport failure backs the destination off unless the transport says
+// it is the message's own (too large for the broker): then, as a 413, it
+// is retried and fails alone while the destination's other messages go.
+func TestAMessageFaultDoesNotCountAgainstTheDestination(t *testing.T) {
+	t.Parallel()
+	r := &Relay{cfg: DefaultConfig()}
+	tooLarge := errors.New("message size exceeds maximum allowed")
+	o := r.judge(sent{res: Result{Err: tooLarge, MessageFault: true}})
+	require.False(t, o.endpointFailure)
+	require.Equal(t, outbox.StatusPending, o.status, "retried, as any failed attempt below the cap")
+	require.Equal(t, tooLarge.Error(), o.err)
+	o = r.judge(sent{res: Result{Err: errors.New("connection refused")}})
+	require.True(t, o.endpointFailure, "any other transport failure is the destination's")
+}
+
+// What a job claimed without seeing it (its claim statement failed on the
+// way back, after committing) goes back to pending at the job's end as it
+// was: no attempt charged, and nobody else's claims touched.
+func TestMessagesReleaseByTokenReleasesOnlyTheJobsClaims(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	dest := outboxtest.Endpoint(t, pool, nil)
+	ids := outboxtest.Seed(t, pool, dest, 3, "")
+	mine, other := uuid.New(), uuid.New()
+	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET status = 'claimed', attempts = 1, claimed_at = now(), claimed_by = gen_random_uuid(),
+		claim_token = CASE WHEN id = $2 THEN $4::uuid ELSE $3::uuid END WHERE id = ANY ($1)`, ids, ids[2], mine, other)
+	require.NoError(t, err)
+
+	n, err := outboxdb.New(pool).MessagesReleaseByToken(ctx, mine)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	for i, id := range ids {
+		var status string
+		var attempts int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT status, attempts FROM outbox_messages WHERE id = $1", id).Scan(&status, &attempts))
+		require.Equal(t, 1, attempts, "no attempt charged")
+		if i < 2 {
+			require.Equal(t, outbox.StatusPending, status, "the job's claim is released")
+		} else {
+			require.Equal(t, outbox.StatusClaimed, status, "another job's claim is not")
+		}
+	}
+}
+
+// The race behind MessagesPromoteKeys: a claim parks a keyed message behind
+// the one ahead of it, which is claimed, while the job's recording of that
+// one's delivery runs beside it; neither statement sees the other's write,
+// so the message stays parked with nothing ahead. MessagesPromoteKeys, run
+// for the recording's keys once both have ended, lets it go.
+func TestAClaimBesideARecordingStrandsNothing(t *testing.T) {
+	t.Parallel()
+	k := keyedPair(t)
+	ctx := context.Background()
+	require.Len(t, k.claim(k.pool, 1), 1, "the first of the key is claimed and sent")
+
+	// The next claim parks the second, and has not committed yet when the
+	// recording of the first's delivery runs.
+	tx, err := k.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	require.Empty(t, k.claim(tx, 10), "the second waits behind the first, still claimed")
+	now := time.Now()
+	_, err = outboxdb.New(k.pool).MessagesRecordOutcomes(ctx, outboxdb.MessagesRecordOutcomesParams{
+		Ids: []uuid.UUID{k.ahead}, Statuses: []string{outbox.StatusDelivered}, DelaysSeconds: []float64{0}, LastErrors: []string{""},
+		Attempts: []int32{1}, Outcomes: []string{labelDelivered}, StartedAts: []time.Time{now}, FinishedAts: []time.Time{now},
+		StatusCodes: []int32{204}, ClaimToken: k.lease})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.True(t, k.parked(), "the race: delivered ahead, and still parked behind it")
+
+	n, err := outboxdb.New(k.pool).MessagesPromoteKeys(ctx, []string{"order-1"}, k.dest)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.False(t, k.parked())
+	rows := k.claim(k.pool, 10)
+	require.Len(t, rows, 1)
+	require.Equal(t, k.next, rows[0].ID, "and the next claim sends it")
+}
+
+// pair is two messages of the ordering key "order-1" to one destination,
+// whose lease the test holds.
+type pair struct {
+	t           *testing.T
+	pool        *pgxpool.Pool
+	dest, lease uuid.UUID
+	ahead, next uuid.UUID
+}
+
+func keyedPair(t *testing.T) pair {
+	k := pair{t: t}
+	k.pool, k.dest, k.lease = leased(t)
+	ids := outboxtest.Seed(t, k.pool, k.dest, 2, "order-1")
+	k.ahead, k.next = ids[0], ids[1]
+	return k
+}
+
+// claim claims up to n of the destination's due messages on db, as the
+// lease holder.
+func (k pair) claim(db interface {
+	SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
+}, n int32) []outboxdb.MessageClaimRow {
+	rows, err := claimMessages(context.Background(), db, outboxdb.MessageClaimParams{
+		ClaimToken: k.lease, RelayID: uuid.New(), Destination: k.dest, BatchSize: n})
+	require.NoError(k.t, err)
+	return rows
+}
+
+// parked is whether the second message is parked.
+func (k pair) parked() bool {
+	var p bool
+	require.NoError(k.t, k.pool.QueryRow(context.Background(), "SELECT parked FROM outbox_messages WHERE id = $1", k.next).Scan(&p))
+	return p
+}
+
+// leased is a database with one endpoint whose lease the test holds.
+func leased(t *testing.T) (pool *pgxpool.Pool, dest, lease uuid.UUID) {
+	pool, lease = dbtest.Pool(t), uuid.New()
+	return pool, outboxtest.Endpoint(t, pool, &lease), lease
+}
+
+// seededEndpoint is a database with one endpoint nothing listens on and n
+// pending messages for it (of one ordering key, unless key is empty).
+func seededEndpoint(t *testing.T, n int, key string) (pool *pgxpool.Pool, ep uuid.UUID, ids []uuid.UUID) {
+	pool = dbtest.Pool(t)
+	ep = outboxtest.Endpoint(t, pool, nil)
+	return pool, ep, outboxtest.Seed(t, pool, ep, n, key)
+}
+
+// A recovery brings forward the messages the outage sent into a later
+// retry, not one a broker refused on its own (too large): that one keeps
+// its schedule. Both were recorded as "retry" with no status code, and the
+// recovery made the refused message due at once, to be refused again.
+func TestRecoveryLeavesAMessageRefusedOnItsOwnOnItsSchedule(t *testing.T) {
+	t.Parallel()
+	pool, dest, lease := leased(t)
+	ctx := context.Background()
+	outboxtest.Seed(t, pool, dest, 2, "")
+	rows, err := claimMessages(ctx, pool, outboxdb.MessageClaimParams{
+		ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 2})
+	require.NoError(t, err)
+	require.Len(t, rows, 2)
+	s := &session{r: &Relay{cfg: DefaultConfig()}, token: lease}
+	now := time.Now()
+	refused := s.r.judge(sent{row: rows[0], started: now, finished: now,
+		res: Result{Err: errors.New("message size exceeds maximum allowed"), MessageFault: true}})
+	unreachable := s.r.judge(sent{row: rows[1], started: now, finished: now, res: Result{Err: errors.New("connection refused")}})
+	_, err = outboxdb.New(pool).MessagesRecordOutcomes(ctx, s.recordParams([]outcome{refused, unreachable}))
+	require.NoError(t, err)
+
+	n, err := outboxdb.New(pool).MessagesBringForward(ctx, dest, lease)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "one message brought forward")
+	var due uuid.UUID
+	require.NoError(t, pool.QueryRow(ctx, `SELECT id FROM outbox_messages WHERE destination = $1 AND next_attempt_at <= now()`,
+		dest).Scan(&due))
+	require.Equal(t, rows[1].ID, due, "the one the outage held back")
+}
+
+// An outcome recorded twice (its recording committed with the answer lost,
+// so the job put it back and flushed it again) changes nothing the second
+// time, even when the same job has meanwhile claimed the message again for
+// its retry: matched on the job's token alone, the old outcome settled the
+// new claim, with its request still in flight, and a third request went out
+// beside it.
+func TestAnOutcomeRecordedAgainLeavesALaterClaimAlone(t *testing.T) {
+	t.Parallel()
+	pool, _, s, claim := oneLeasedMessage(t)
+	ctx := context.Background()
+	now := time.Now()
+	first := s.r.judge(sent{row: claim(), started: now, finished: now, res: Result{StatusCode: 503}})
+	first.delay = 0 // due again at once, within the job
+	record := func(o outcome) int64 {
+		n, err := outboxdb.New(pool).MessagesRecordOutcomes(ctx, s.recordParams([]outcome{o}))
+		require.NoError(t, err)
+		return n
+	}
+	require.EqualValues(t, 1, record(first))
+
+	again := claim()
+	require.EqualValues(t, 1, again.Attempts)
+	require.Zero(t, record(first), "the first outcome, put back, is recorded already")
+	var status string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT status FROM outbox_messages WHERE id = $1`, again.ID).Scan(&status))
+	require.Equal(t, outbox.StatusClaimed, status, "the second claim stands")
+	require.EqualValues(t, 1, record(s.r.judge(sent{row: again, started: now, finished: now, res: Result{StatusCode: 204}})))
+	var outcomes []string
+	rows, err := pool.Query(ctx, `SELECT outcome FROM outbox_attempts WHERE message_id = $1 ORDER BY attempt`, again.ID)
+	require.NoError(t, err)
+	outcomes, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{labelRetry, labelDelivered}, outcomes)
+}
+
+// A request cut off by a stop is no answer from the receiver, on its last
+// attempt too (judged "failed" there): the destination's failures and its
+// probe stay as they were, so a circuit no receiver answered stays open.
+func TestAnInterruptedLastAttemptSaysNothingOfTheDestination(t *testing.T) {
+	t.Parallel()
+	r := &Relay{cfg: Config{MaxAttempts: 3}.withDefaults()}
+	s := &session{r: r, failures: 4, probing: true}
+	s.inFlight = 1
+	s.handle(context.Background(), sent{
+		row: outboxdb.MessageClaimRow{Attempts: 2}, res: Result{Err: context.Canceled}, interrupted: true,
+		span: noop.Span{},
+	})
+	require.Len(t, s.outcomes, 1)
+	require.Equal(t, labelFailed, s.outcomes[0].label, "at the cap the message fails")
+	require.Equal(t, 4, s.failures, "no answer: the failures in a row stand")
+	require.True(t, s.probing, "no answer: still probing")
+	require.False(t, s.probeFailed, "nor a failed probe: the receiver was not heard from")
+}
+
+// An outcome recorded already and put back (its answer lost) may be flushed
+// in one batch with the message's next outcome: only the next one is
+// recorded, and it alone is added to the minute's sums and to the
+// endpoint's latest attempt. Joined on the message alone, the old outcome
+// rode along and was counted twice.
+func TestAnOutcomeRecordedAgainBesideTheNextIsCountedOnce(t *testing.T) {
+	t.Parallel()
+	pool, dest, s, claim := oneLeasedMessage(t)
+	ctx := context.Background()
+	start := time.Now()
+	first := s.r.judge(sent{row: claim(), started: start, finished: start.Add(time.Millisecond), res: Result{StatusCode: 503}})
+	first.delay = 0
+	n, err := outboxdb.New(pool).MessagesRecordOutcomes(ctx, s.recordParams([]outcome{first}))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+
+	// The first outcome put back, then flushed with the retry's.
+	second := s.r.judge(sent{row: claim(), started: start, finished: start.Add(2 * time.Millisecond), res: Result{StatusCode: 204}})
+	first.finished = start.Add(3 * time.Millisecond) // were it taken, it would be the latest
+	n, err = outboxdb.New(pool).MessagesRecordOutcomes(ctx, s.recordParams([]outcome{first, second}))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "the retry's outcome alone")
+
+	sums := map[string]int{}
+	rows, err := pool.Query(ctx, `SELECT outcome, sum(attempts)::int FROM outbox_attempt_minutes WHERE destination = $1 GROUP BY outcome`, dest)
+	require.NoError(t, err)
+	for rows.Next() {
+		var outcome string
+		var n int
+		require.NoError(t, rows.Scan(&outcome, &n))
+		sums[outcome] = n
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, map[string]int{labelRetry: 1, labelDelivered: 1}, sums, "one attempt each, as the history holds")
+	var latest string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT last_attempt_outcome FROM webhook_endpoints WHERE id = $1`, dest).Scan(&latest))
+	require.Equal(t, labelDelivered, latest, "the endpoint's latest attempt is the one recorded")
+}
+
+// A claim goes stale after its own relay's claim timeout, not the timeout
+// of whichever relay looks: during a rollout that shortens
+// OUTBOX_CLAIM_TIMEOUT, a new relay would otherwise release an old one's
+// claims with their requests still in flight, and they would be sent
+// twice. A claim whose relay is not registered (no row: its timeout is
+// unknown) goes stale after the looking relay's.
+func TestAClaimGoesStaleAfterItsOwnRelaysClaimTimeout(t *testing.T) {
+	t.Parallel()
+	pool, _, ids := seededEndpoint(t, 2, "")
+	ctx := context.Background()
+	q := outboxdb.New(pool)
+	patient := uuid.New()
+	_, err := q.RelayRegister(ctx, outboxdb.RelayRegisterParams{ID: patient, Hostname: "old", Pid: 1, TimeoutSeconds: 5,
+		ClaimTimeoutSeconds: (10 * time.Minute).Seconds()})
+	require.NoError(t, err)
+	// Both claimed two minutes ago: one by the patient relay, one by a
+	// relay nobody knows.
+	_, err = pool.Exec(ctx, `UPDATE outbox_messages SET status = 'claimed', claim_token = gen_random_uuid(),
+		claimed_by = CASE WHEN id = $2 THEN $3 ELSE gen_random_uuid() END, claimed_at = now() - interval '2 minutes'
+		WHERE id = ANY ($1)`, ids, ids[0], patient)
+	require.NoError(t, err)
+
+	n, err := q.MessageReleaseStale(ctx, time.Minute.Seconds(), 8)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "the unknown relay's claim, past the looking relay's minute")
+	var status string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT status FROM outbox_messages WHERE id = $1`, ids[0]).Scan(&status))
+	require.Equal(t, outbox.StatusClaimed, status, "within its own relay's 10 minutes, the claim stands")
+}
+
+// A 410 on a message's last attempt pauses the endpoint and leaves the
+// message waiting, so once enabled it has one more try, past the cap: its
+// error says so rather than "attempt 4 of 3".
+func TestAnAttemptPastTheCapSaysWhy(t *testing.T) {
+	t.Parallel()
+	r := &Relay{cfg: Config{MaxAttempts: 3}.withDefaults()}
+	gone := r.judge(sent{row: outboxdb.MessageClaimRow{Attempts: 2}, res: Result{StatusCode: http.StatusGone}})
+	require.Equal(t, outbox.StatusPending, gone.status, "a 410 on the last attempt: the message waits with its paused endpoint")
+	o := r.judge(sent{row: outboxdb.MessageClaimRow{Attempts: 3}, res: Result{StatusCode: http.StatusInternalServerError}})
+	require.Equal(t, outbox.StatusFailed, o.status)
+	require.Equal(t, "attempt 4, past the cap of 3: 500 Internal Server Error", o.err)
+	o = r.judge(sent{row: outboxdb.MessageClaimRow{Attempts: 2}, res: Result{StatusCode: http.StatusInternalServerError}})
+	require.Equal(t, "attempt 3 of 3: 500 Internal Server Error", o.err)
+}
+
+// oneLeasedMessage is a destination with one message, a deliver job's
+// session holding its lease, and claim, which claims the message as the
+// job does.
+func oneLeasedMessage(t *testing.T) (pool *pgxpool.Pool, dest uuid.UUID, s *session, claim func() outboxdb.MessageClaimRow) {
+	pool, dest, lease := leased(t)
+	outboxtest.Seed(t, pool, dest, 1, "")
+	s = &session{r: &Relay{cfg: DefaultConfig()}, token: lease}
+	return pool, dest, s, func() outboxdb.MessageClaimRow {
+		t.Helper()
+		rows, err := claimMessages(context.Background(), pool, outboxdb.MessageClaimParams{
+			ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 1})
+		require.NoError(t, err)
+		require.Len(t, rows, 1)
+		return rows[0]
+	}
+}
+
+// A Retry-After shorter than the message's own schedule holds the
+// destination back that long, but the message still waits its schedule: a
+// receiver answering 503 with Retry-After: 1 made each message due a second
+// later, so one message spent its eight attempts in under a minute of an
+// outage (the circuit's probes take the oldest due message) and was
+// `failed` where the schedule would have lasted 27.6 hours. A longer
+// Retry-After pushes the message back too.
+func TestAShortRetryAfterDoesNotShortenTheRetrySchedule(t *testing.T) {
+	t.Parallel()
+	r := &Relay{cfg: DefaultConfig()}
+	for attempt, want := range r.cfg.RetrySchedule[:4] {
+		for _, code := range []int{http.StatusServiceUnavailable, http.StatusTooManyRequests} {
+			o := r.judge(sent{row: outboxdb.MessageClaimRow{Attempts: int32(attempt)}, res: Result{StatusCode: code, RetryAfter: time.Second}})
+			require.Equal(t, time.Second, o.retryAfter, "the destination waits what the receiver asked")
+			require.GreaterOrEqual(t, o.delay, want*9/10, "attempt %d answered %d: the message waits its schedule", attempt+1, code)
+		}
+	}
+	o := r.judge(sent{row: outboxdb.MessageClaimRow{Attempts: 0}, res: Result{StatusCode: http.StatusServiceUnavailable, RetryAfter: 2 * time.Hour}})
+	require.Equal(t, 2*time.Hour, o.delay, "a Retry-After beyond the schedule's wait is honoured")
+}
+
+// A transport's refusal of one message (too large) may come from the
+// client alone, which knows the server's limit without reaching it (nats.go
+// checks its cached max_payload even while reconnecting; franz-go a record
+// against the batch limit): it says nothing of the destination. Taken for an
+// answer, it reset the failures in a row and, when probing, closed the
+// circuit of a broker that was down, bringing every retry forward against it.
+func TestATransportsOwnRefusalSaysNothingOfTheDestination(t *testing.T) {
+	t.Parallel()
+	for _, probing := range []bool{false, true} {
+		r := &Relay{cfg: DefaultConfig()}
+		s := &session{r: r, failures: 4, probing: probing}
+		s.inFlight = 1
+		s.handle(context.Background(), sent{
+			row: outboxdb.MessageClaimRow{Attempts: 1}, res: Result{Err: errors.New("nats: maximum payload exceeded"), MessageFault: true},
+			span: noop.Span{},
+		})
+		require.Len(t, s.outcomes, 1)
+		require.Equal(t, labelRefused, s.outcomes[0].label, "the message is refused and retried on its own schedule")
+		require.Equal(t, 4, s.failures, "no answer: the failures in a row stand (probing %t)", probing)
+		require.Equal(t, probing, s.probing, "no answer: a probe goes on")
+		require.False(t, s.probeFailed, "nor a failed probe: the destination was not heard from")
+	}
+}
+
+// queries runs run on the queries of the transaction it is given.
+func queries(run func(*outboxdb.Queries) error) func(pgx.Tx) error {
+	return func(tx pgx.Tx) error { return run(outboxdb.New(tx)) }
+}
