@@ -17,7 +17,6 @@ import (
 
 	"github.com/outboxkit/orders/internal/outbox"
 	"github.com/outboxkit/orders/internal/outbox/admin"
-	"github.com/outboxkit/orders/internal/outbox/outboxtest"
 	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
@@ -258,23 +257,6 @@ func TestAFailedHeadHoldsItsKeyUntilSkippedOrRetried(t *testing.T) {
 	head := f.message(t, heads["retry-me"])
 	next := f.message(t, behind["retry-me"][0])
 	require.True(t, next.History[0].StartedAt.After(*head.DeliveredAt), "the retried head was delivered first")
-}
-
-// The safety net: a message parked with nothing ahead of it any more (as a
-// claim racing a person's skip can leave one) is promoted by the relay and
-// delivered.
-func TestAStrandedParkedMessageIsDelivered(t *testing.T) {
-	t.Parallel()
-	f := setup(t)
-	ctx := context.Background()
-	rc := newReceiver(t)
-	ep := f.endpoint(t, rc, "order.placed")
-	id := outboxtest.Seed(t, f.pool, ep.ID, 1, "k")[0]
-	_, err := f.pool.Exec(ctx, "UPDATE outbox_messages SET parked = true WHERE id = $1", id)
-	require.NoError(t, err)
-	require.True(t, f.message(t, id).Parked)
-	f.startRelay(t, relay.Config{}, nil) // the prune job runs at start
-	eventually(t, func() bool { return f.status(t, id) == outbox.StatusDelivered }, "promoted and delivered")
 }
 
 // Two transactions writing events of one key are serialized by Enqueue: the

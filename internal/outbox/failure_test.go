@@ -358,11 +358,14 @@ func TestRelayIsolatesFailingDestinations(t *testing.T) {
 	require.Less(t, elapsed, 5*time.Second, "healthy deliveries did not wait behind the failing destinations")
 
 	// Each failing destination backs off as a whole: after the refusals
-	// (at once) and the timeouts (after the 10 s delivery timeout), nothing
-	// more is sent until its probe.
+	// (at once) and the timeouts, nothing more is sent until its probe. A
+	// new destination's pace starts at two requests and each timeout halves
+	// it, so a hanging one is learned at the pace of its timeouts: two at
+	// the first delivery timeout (10 s), then one per timeout, five in a
+	// row after about four timeouts.
 	cfg := relay.DefaultConfig()
 	for _, id := range failing {
-		within(t, 30*time.Second, func() bool {
+		within(t, 4*cfg.DeliveryTimeout+15*time.Second, func() bool {
 			ep, err := f.admin.Endpoint(ctx, id)
 			require.NoError(t, err)
 			return ep.State == outbox.HealthBackingOff && ep.NextProbeAt != nil
@@ -374,9 +377,9 @@ func TestRelayIsolatesFailingDestinations(t *testing.T) {
 		var attempted, attempts int
 		require.NoError(t, f.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE attempts > 0), coalesce(sum(attempts), 0)
 			FROM outbox_messages WHERE destination = $1`, id).Scan(&attempted, &attempts))
-		// The requests in flight when it began failing, and the slots freed
-		// by the failures before the threshold: no more.
-		require.LessOrEqual(t, attempted, cfg.DestinationConcurrency+cfg.CircuitThreshold-1,
+		// The failures that opened the circuit, one attempt each: the
+		// pace never let more out at once.
+		require.LessOrEqual(t, attempted, cfg.CircuitThreshold+1,
 			"the other messages waited behind the open circuit without spending attempts")
 		require.Equal(t, attempted, attempts, "no message was tried twice")
 		t.Logf("%s: backing off after %d failures; %d of 100 messages tried once, next probe in %s (%s)",
@@ -505,10 +508,12 @@ func TestRecoveryBringsForwardTheRetriesTheOutagePushedBack(t *testing.T) {
 	got, err := f.admin.Endpoint(ctx, ep.ID)
 	require.NoError(t, err)
 	require.Equal(t, outbox.HealthBackingOff, got.State)
+	require.NotNil(t, got.NextProbeAt)
 	down.Store(false)
 
-	// The next probe comes within the doubled backoff (10 s, ±10 %).
-	recoveredBy := time.Now().Add(20 * time.Second)
+	// The next probe, at the end of the backoff (doubled with each failed
+	// probe), gets an answer: everything is delivered soon after.
+	recoveredBy := got.NextProbeAt.Add(10 * time.Second)
 	for _, id := range append(heads, followers...) {
 		within(t, time.Until(recoveredBy), func() bool { return f.status(t, id) == outbox.StatusDelivered },
 			"delivered once the receiver answers, not 5 min later")
@@ -608,6 +613,9 @@ func TestRelayStoppedWithAFullBatchInFlightSettlesIt(t *testing.T) {
 	}
 	cfg := fastConfig()
 	cfg.DestinationConcurrency = n
+	// A destination the relay was sending to at full pace.
+	_, err := f.pool.Exec(context.Background(), `UPDATE webhook_endpoints SET pace = $1`, n)
+	require.NoError(t, err)
 	rl, err := relay.New(f.pool, cfg, hold, discardLogger(), nil)
 	require.NoError(t, err)
 	require.NoError(t, rl.Start(context.Background()))
@@ -881,4 +889,42 @@ func TestRelayRecordsAnErrorBodyOfAnyBytes(t *testing.T) {
 	// The destination is not held: what comes next is delivered too.
 	next := f.enqueue(t, "order.placed", 2)[0]
 	eventually(t, func() bool { return f.status(t, next) == outbox.StatusDelivered }, "the next message is delivered")
+}
+
+// A lock held on one endpoint's row (an operator's open transaction, a
+// worker frozen mid-statement) holds up the recovery of that destination's
+// lost claims alone: another destination's, lost with the same dead relay,
+// is released and delivered at once, and the held one's once the lock is
+// let go. Before, the release of a dead relay's claims was one
+// transaction over all its destinations, which waited for the lock.
+func TestALockOnOneEndpointHoldsUpNoOtherDestinationsRecovery(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	a, b := newReceiver(t), newReceiver(t)
+	epA := f.endpoint(t, a, "order.placed")
+	f.endpoint(t, b, "order.placed")
+	ids := f.enqueue(t, "order.placed", 1)
+	require.Len(t, ids, 2)
+	dead := uuid.New()
+	_, err := f.pool.Exec(ctx, `INSERT INTO outbox_relays (id, hostname, pid, heartbeat_at, timeout_seconds, claim_timeout_seconds)
+		VALUES ($1, 'gone', 1, now() - interval '1 hour', 5, 300)`, dead)
+	require.NoError(t, err)
+	_, err = f.pool.Exec(ctx, `UPDATE outbox_messages SET status = 'claimed', claim_token = gen_random_uuid(),
+		claimed_at = now() - interval '10 seconds', claimed_by = $1 WHERE id = ANY ($2)`, dead, ids)
+	require.NoError(t, err)
+	op, err := f.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer op.Rollback(ctx) //nolint:errcheck
+	_, err = op.Exec(ctx, `SELECT 1 FROM webhook_endpoints WHERE id = $1 FOR UPDATE`, epA.ID)
+	require.NoError(t, err)
+
+	f.startRelay(t, relay.Config{}, nil) // the defaults
+	within(t, 10*time.Second, func() bool { return b.total() == 1 }, "the other destination's lost claim is delivered beside the lock")
+	require.Zero(t, a.total())
+	var status string
+	require.NoError(t, f.pool.QueryRow(ctx, `SELECT status FROM outbox_messages WHERE destination = $1`, epA.ID).Scan(&status))
+	require.Equal(t, outbox.StatusClaimed, status, "the locked destination's waits")
+	require.NoError(t, op.Rollback(ctx))
+	within(t, 10*time.Second, func() bool { return a.total() == 1 }, "and goes once the lock is let go")
 }

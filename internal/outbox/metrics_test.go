@@ -1,11 +1,15 @@
 package outbox_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
@@ -119,4 +123,70 @@ func TestDeliveryMetricsByEndpoint(t *testing.T) {
 	for _, fam := range families {
 		require.NotContains(t, fam.GetName(), "outbox_endpoint_", "switched off: no series per endpoint")
 	}
+}
+
+// The delivery counters and the "message failed" log count only outcomes
+// that were recorded: a message whose endpoint was deleted while its
+// request was in flight is discarded, its claim gone, and its request's
+// failure is not a failed message. Before, every outcome a job had was
+// counted and logged, recorded or not, so the metrics disagreed with the
+// table.
+func TestOnlyRecordedOutcomesAreCounted(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	rc := newReceiver(t)
+	rc.respond = func(*http.Request, int) int { return http.StatusInternalServerError }
+	ep := f.endpoint(t, rc, "order.placed")
+	id := f.enqueue(t, "order.placed", 1)[0]
+	hold := &holdingTransport{
+		Transport: &relay.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()},
+		sent:      make(chan uuid.UUID, 1), release: make(chan struct{}),
+	}
+	metrics := relay.NewMetrics()
+	reg := prometheus.NewRegistry()
+	require.NoError(t, metrics.Register(reg))
+	var logs syncBuffer
+	cfg := fastConfig()
+	cfg.MaxAttempts = 1 // this attempt would fail the message
+	rl, err := relay.New(f.pool, cfg, hold, slog.New(slog.NewTextHandler(&logs, nil)), metrics)
+	require.NoError(t, err)
+	require.NoError(t, rl.Start(ctx))
+	require.Equal(t, id, <-hold.sent, "the request is in flight")
+	_, err = f.admin.DeleteEndpoint(ctx, ep.ID)
+	require.NoError(t, err)
+	close(hold.release)
+	stop, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, rl.Stop(stop), "the job settles")
+
+	require.Equal(t, "discarded", f.status(t, id), "the deletion's settlement stands")
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, fam := range families {
+		if fam.GetName() == "outbox_deliveries_total" {
+			for _, m := range fam.GetMetric() {
+				require.Zero(t, m.GetCounter().GetValue(), "nothing was recorded, nothing is counted: %v", m.GetLabel())
+			}
+		}
+	}
+	require.NotContains(t, logs.String(), "message failed", "a discarded message is not said to have failed")
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -229,3 +229,45 @@ func TestUpdateEndpointInPlace(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// A replayed event takes its place in its key as a receiver sees it, at
+// the defaults, with more messages due than the destination has slots: an
+// order's placement is delivered, the endpoint is paused, the order is
+// cancelled and a hundred other orders are placed, the order's range is
+// replayed and the endpoint resumed. The receiver, rebuilding its state
+// from the replay, must get the placement before the cancellation, or it
+// ends with the order placed.
+func TestAReplayedEventReachesTheReceiverBeforeItsKeysLaterEvents(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	rc := newReceiver(t)
+	ep := f.endpoint(t, rc, "order.placed", "order.cancelled")
+	f.startRelay(t, relay.Config{}, nil)
+
+	from := time.Now()
+	placed := f.publish(t, outbox.Event{Type: "order.placed", Data: "o", OrderingKey: "o"})
+	eventually(t, func() bool { return rc.count(placed) == 1 }, "the placement is delivered")
+	_, err := f.admin.SetEndpointEnabled(ctx, ep.ID, false)
+	require.NoError(t, err)
+	cancelled := f.publish(t, outbox.Event{Type: "order.cancelled", Data: "o", OrderingKey: "o"})
+	to := time.Now()
+	for i := range 100 {
+		f.publish(t, outbox.Event{Type: "order.placed", Data: i, OrderingKey: uuid.NewString()})
+	}
+	res, err := f.admin.ReplayEvents(ctx, ep.ID, admin.Replay{From: from, To: to})
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Replayed, "the placement is copied; the cancellation still waits and is not")
+	_, err = f.admin.SetEndpointEnabled(ctx, ep.ID, true)
+	require.NoError(t, err)
+
+	eventually(t, func() bool { return rc.count(cancelled) == 1 && rc.count(placed) == 2 }, "both of the order's events arrive")
+	var seq []string
+	for _, id := range rc.arrivals() {
+		if id == placed.String() || id == cancelled.String() {
+			seq = append(seq, id)
+		}
+	}
+	require.Equal(t, []string{placed.String(), placed.String(), cancelled.String()}, seq,
+		"the replayed placement reaches the receiver before the order's cancellation")
+}

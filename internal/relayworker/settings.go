@@ -36,7 +36,7 @@ var settings = []setting{
 		"how often each worker looks for destinations with due messages, and a running deliver job for new ones",
 		func(c *config) any { return &c.relay.PollInterval }},
 	{"OUTBOX_DESTINATION_CONCURRENCY", "DestinationConcurrency",
-		"requests in flight to one destination, across all workers (one deliver job serves a destination at a time)",
+		"the most requests in flight to one destination, across all workers (one deliver job serves a destination at a time); below it, the relay's pace adapts to what the receiver takes",
 		func(c *config) any { return &c.relay.DestinationConcurrency }},
 	{"OUTBOX_DELIVER_WORKERS", "DeliverWorkers",
 		"destinations one worker serves at once (River workers on the deliver queue)",

@@ -63,11 +63,9 @@ func (l *lab) explainClaim(withoutIndex bool) (plan, error) {
 		}
 		out.ms = doc[0].ExecutionTime
 		out.scan = "?"
-		if n := doc[0].Plan.find("LockRows"); n != nil {
-			leaf := n
-			for len(leaf.Plans) > 0 {
-				leaf = &leaf.Plans[0]
-			}
+		// The claim locks the endpoint (its lease) and the due messages:
+		// the messages' lock is the one that finds the pending rows.
+		if leaf := doc[0].Plan.lockedScanOf("outbox_messages"); leaf != nil {
 			out.scan = leaf.NodeType
 			out.buffers = leaf.SharedHit + leaf.SharedRead
 			if leaf.IndexName != "" {
@@ -87,19 +85,30 @@ func (l *lab) explainClaim(withoutIndex bool) (plan, error) {
 var errRollback = fmt.Errorf("rollback")
 
 type planNode struct {
-	NodeType   string     `json:"Node Type"`
-	IndexName  string     `json:"Index Name"`
-	SharedHit  int64      `json:"Shared Hit Blocks"`
-	SharedRead int64      `json:"Shared Read Blocks"`
-	Plans      []planNode `json:"Plans"`
+	NodeType     string     `json:"Node Type"`
+	IndexName    string     `json:"Index Name"`
+	RelationName string     `json:"Relation Name"`
+	SharedHit    int64      `json:"Shared Hit Blocks"`
+	SharedRead   int64      `json:"Shared Read Blocks"`
+	Plans        []planNode `json:"Plans"`
 }
 
-func (n *planNode) find(nodeType string) *planNode {
-	if n.NodeType == nodeType {
-		return n
+// lockedScanOf returns the scan under a LockRows node that reads table:
+// the innermost node of its first children, when one of them reads the
+// table (a bitmap scan's index scan names no table, its heap scan does).
+func (n *planNode) lockedScanOf(table string) *planNode {
+	if n.NodeType == "LockRows" {
+		leaf, reads := n, false
+		for len(leaf.Plans) > 0 {
+			leaf = &leaf.Plans[0]
+			reads = reads || leaf.RelationName == table
+		}
+		if reads {
+			return leaf
+		}
 	}
 	for i := range n.Plans {
-		if f := n.Plans[i].find(nodeType); f != nil {
+		if f := n.Plans[i].lockedScanOf(table); f != nil {
 			return f
 		}
 	}

@@ -13,6 +13,12 @@ SELECT * FROM webhook_endpoints WHERE id = @id;
 -- name: EndpointList :many
 SELECT * FROM webhook_endpoints ORDER BY created_at, id;
 
+-- name: EndpointLockForDelete :one
+-- A deletion locks the endpoint's row first: it waits for the claim or the
+-- recording in progress, and holds nothing meanwhile, so it cannot be part
+-- of a cycle of waits (relay/order.go).
+SELECT id FROM webhook_endpoints WHERE id = @id FOR UPDATE;
+
 -- name: EndpointDelete :execrows
 DELETE FROM webhook_endpoints WHERE id = @id;
 
@@ -123,12 +129,15 @@ RETURNING *;
 -- unless it is empty), oldest first, each given a new pending message for
 -- the endpoint under its original event id, unless one of its messages to
 -- the endpoint is still unfinished (pending, claimed or failed): a replay
--- never sends an event twice at once. Replayed messages are due now, in
--- event order. A keyed one takes its event's place in the key (its id is
--- the event's sibling): it goes before the key's later messages due with
--- it, and never while a message of its key is in flight (MessageClaim), so
--- a receiver rebuilding its state from a replay does not get an order's
--- placed beside, or after, its cancelled still being sent. Returns how
+-- never sends an event twice at once. A replayed message takes its
+-- event's place in the destination's queue: its id is the event's sibling
+-- and it is due at the event's time, like the message the event was first
+-- written with, so the claim (oldest due first) reaches it before any
+-- later message of its key, however many others are due; and it is never
+-- sent while a message of its key is in flight (MessageClaim). A receiver
+-- rebuilding its state from a replay thus gets an order's placed before
+-- its cancelled. Its created_at is the replay's time: what waits is
+-- measured from it (MessageOverdue, the oldest pending age). Returns how
 -- many events the batch read and replayed, and the cursor to go on from
 -- (the nil uuid when the range is done): the last event read when the
 -- batch is full, else the last one scanned when the scan is.
@@ -140,7 +149,7 @@ RETURNING *;
 WITH ep AS (
     SELECT e.id, e.event_types FROM webhook_endpoints e WHERE e.id = @endpoint::uuid
 ), scanned AS (
-    SELECT ev.id, ev.type, ev.ordering_key
+    SELECT ev.id, ev.type, ev.ordering_key, ev.created_at
     FROM outbox_events ev
     WHERE ev.id >= outbox_uuid_at(@from_time::timestamptz) AND ev.id < outbox_uuid_at(@to_time::timestamptz)
       AND ev.created_at >= @from_time::timestamptz AND ev.created_at < @to_time::timestamptz
@@ -148,14 +157,14 @@ WITH ep AS (
     ORDER BY ev.id
     LIMIT @scan_limit::integer
 ), batch AS (
-    SELECT s.id, s.type, s.ordering_key
+    SELECT s.id, s.type, s.ordering_key, s.created_at
     FROM scanned s, ep
     WHERE s.type = ANY (ep.event_types)
       AND (COALESCE(cardinality(@types::text[]), 0) = 0 OR s.type = ANY (@types::text[]))
     ORDER BY s.id
     LIMIT @batch_size::integer
 ), fresh AS (
-    SELECT b.id, b.type, b.ordering_key FROM batch b
+    SELECT b.id, b.type, b.ordering_key, b.created_at FROM batch b
     WHERE NOT EXISTS (
         SELECT 1 FROM outbox_messages m
         WHERE m.id BETWEEN outbox_uuid_floor(b.id) AND outbox_uuid_ceil(b.id)
@@ -164,7 +173,7 @@ WITH ep AS (
         OFFSET 0)
 ), replayed AS (
     INSERT INTO outbox_messages (id, event_id, type, destination, ordering_key, next_attempt_at, created_at)
-    SELECT outbox_uuid_sibling(f.id), f.id, f.type, @endpoint::uuid, f.ordering_key, now(), now()
+    SELECT outbox_uuid_sibling(f.id), f.id, f.type, @endpoint::uuid, f.ordering_key, f.created_at, now()
     FROM fresh f
     RETURNING 1
 )
@@ -203,9 +212,6 @@ SELECT pg_advisory_xact_lock_shared(1869574764, 0);
 -- both insert).
 -- Its own statement, for the same reason as EventsLockReplay.
 SELECT pg_advisory_xact_lock(1869574765, hashtext(CAST(@endpoint::uuid AS text)));
-
--- name: EventsLockPrune :exec
-SELECT pg_advisory_xact_lock(1869574764, 0);
 
 -- name: EndpointNextAttempts :many
 -- When each of @ids is next tried: the later of its backoff (a circuit's

@@ -471,7 +471,9 @@ const (
 // DeleteEndpoint removes an endpoint and stops its deliveries for good: in
 // the same transaction its messages not yet delivered (claimed, failed,
 // pending) start being settled as discarded, with the reason, never to be
-// sent or retried, and they go on being settled in batches after it. It
+// sent or retried, and they go on being settled in batches after it. A
+// message a deliver job is recording at that moment is left to the job,
+// and what it leaves pending to the relay's orphan job. It
 // returns how many it discarded: all of them, unless there were more than
 // it could settle in discardInlineFor (then the log says so, and the
 // relay's orphan job discards the rest, starting within orphanInterval).
@@ -479,23 +481,21 @@ const (
 func (a *Service) DeleteEndpoint(ctx context.Context, id uuid.UUID) (int64, error) {
 	const reason = "endpoint deleted"
 	var discarded, n int64
-	err := inTx(ctx, a.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
 		q := outboxdb.New(tx)
-		// Messages first, then the endpoint: the order a deliver job locks
-		// them in as it ends (outcomes, then the lease), so the endpoint's
-		// row never closes a cycle. Two messages still can, each held by
-		// one side: inTx runs the aborted side again.
+		// The endpoint's row first: the deletion waits for a claim or a
+		// recording in progress, then discards without waiting for any
+		// message (SKIP LOCKED), so it never closes a cycle of waits.
+		if _, err := q.EndpointLockForDelete(ctx, id); err != nil {
+			return notFound("deleting endpoint", err)
+		}
 		var err error
 		n, err = q.MessagesDiscardForDestination(ctx, reason, id, discardBatch)
 		if err != nil {
 			return fmt.Errorf("discarding the endpoint's messages: %w", err)
 		}
-		deleted, err := q.EndpointDelete(ctx, id)
-		if err != nil {
+		if _, err := q.EndpointDelete(ctx, id); err != nil {
 			return fmt.Errorf("deleting endpoint: %w", err)
-		}
-		if deleted == 0 {
-			return fmt.Errorf("deleting endpoint: %w", ErrNotFound)
 		}
 		return nil
 	})
@@ -867,75 +867,42 @@ func (a *Service) Retry(ctx context.Context, id uuid.UUID) (Message, error) {
 // is due at once. Skipping a message that has not failed is ErrConflict.
 func (a *Service) Skip(ctx context.Context, id uuid.UUID) (Message, error) {
 	var msg Message
-	var skipped outboxdb.MessageSkipRow
-	var promoted int64
 	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
-		var err error
-		msg, skipped, promoted, err = skipMessage(ctx, tx, id)
-		return err
+		q := outboxdb.New(tx)
+		m, err := q.MessageGet(ctx, id)
+		if err != nil {
+			return notFound("getting message", err)
+		}
+		// The destination's lock before the skip, as every change to
+		// per-key order takes it (relay/order.go): the promotion below sees
+		// any message a claim parked behind this one.
+		if err := q.DestinationLock(ctx, m.Destination); err != nil {
+			return fmt.Errorf("locking destination: %w", err)
+		}
+		skipped, err := q.MessageSkip(ctx, "skipped by an operator", id)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("skipping message: %w: it is %s; only failed messages can be skipped", ErrConflict, m.Status)
+		}
+		if err != nil {
+			return fmt.Errorf("skipping message: %w", err)
+		}
+		if skipped.OrderingKey != nil {
+			if _, err := q.MessagesPromote(ctx, []string{*skipped.OrderingKey}, skipped.Destination); err != nil {
+				return fmt.Errorf("promoting the next message of its key: %w", err)
+			}
+		}
+		row, err := q.MessageGet(ctx, id)
+		if err != nil {
+			return fmt.Errorf("getting message: %w", err)
+		}
+		msg = toMessage(outboxdb.MessageListRow(row))
+		return nil
 	})
 	if err != nil {
 		return Message{}, err
 	}
 	a.logger.InfoContext(ctx, "failed message skipped", slog.String("message_id", id.String()))
-	if promoted > 0 {
-		// Whatever a claim parked meanwhile waits for the promoted one.
-		return msg, nil
-	}
-	if err := promoteAfterSkip(ctx, a.pool, skipped); err != nil {
-		// The skip stands; the destination's next deliver job promotes
-		// what this left parked.
-		a.logger.WarnContext(ctx, "promoting the message after a skipped one", slog.String("message_id", id.String()),
-			slog.Any("error", err))
-	}
 	return msg, nil
-}
-
-// skipMessage is Skip's transaction: the message settled as discarded, the
-// next message of its key promoted (how many: 0 or 1), the message as it is
-// now.
-func skipMessage(ctx context.Context, tx pgx.Tx, id uuid.UUID) (Message, outboxdb.MessageSkipRow, int64, error) {
-	var promoted int64
-	q := outboxdb.New(tx)
-	skipped, err := q.MessageSkip(ctx, "skipped by an operator", id)
-	if errors.Is(err, pgx.ErrNoRows) {
-		m, err := q.MessageGet(ctx, id)
-		if err != nil {
-			return Message{}, skipped, 0, notFound("getting message", err)
-		}
-		return Message{}, skipped, 0, fmt.Errorf("skipping message: %w: it is %s; only failed messages can be skipped", ErrConflict, m.Status)
-	}
-	if err != nil {
-		return Message{}, skipped, 0, fmt.Errorf("skipping message: %w", err)
-	}
-	if skipped.OrderingKey != nil {
-		if promoted, err = q.MessagePromoteNext(ctx, skipped.Destination, *skipped.OrderingKey, id); err != nil {
-			return Message{}, skipped, 0, fmt.Errorf("promoting the next message of its key: %w", err)
-		}
-	}
-	row, err := q.MessageGet(ctx, id)
-	if err != nil {
-		return Message{}, skipped, 0, fmt.Errorf("getting message: %w", err)
-	}
-	return toMessage(outboxdb.MessageListRow(row)), skipped, promoted, nil
-}
-
-// promoteAfterSkip promotes, once a skip that found nothing to promote has
-// committed, the next message of its key if a claim parked it behind the
-// skipped one meanwhile. Such a claim read the skipped message as failed
-// before the skip committed, and parked its follower where the skip's own
-// promotion could not see it; its deliver job promotes what nothing holds
-// back when it ends, but if it ended before the skip committed, nothing
-// else would until the hourly prune. This statement, after the commit,
-// sees any claim that committed before it, and the job's end sees the skip
-// if the claim committed after. (Had the skip promoted a message, one
-// parked meanwhile rightly waits for it.)
-func promoteAfterSkip(ctx context.Context, db outboxdb.DBTX, skipped outboxdb.MessageSkipRow) error {
-	if skipped.OrderingKey == nil {
-		return nil
-	}
-	_, err := outboxdb.New(db).MessagesPromoteKeys(ctx, []string{*skipped.OrderingKey}, skipped.Destination)
-	return err
 }
 
 func toAttempt(n int32, outcome string, started, finished time.Time, status *int32, errText *string) Attempt {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"slices"
 	"sync"
@@ -14,10 +15,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/outboxkit/orders/internal/dbtest"
+	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
 	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
 	"github.com/outboxkit/orders/internal/outbox/outboxtest"
 )
@@ -205,8 +207,24 @@ func TestRelayStatementsStayOnIndexesWith1000Endpoints(t *testing.T) {
 			require.Len(t, rows, 70, "the 20 endpoints with due messages and the 50 backing off with a backlog")
 			return err
 		},
+		"failed to prune": func(q *outboxdb.Queries) error {
+			_, err := q.FailedExpiredDestinations(ctx, time.Now())
+			return err
+		},
 		"prune failed": func(q *outboxdb.Queries) error {
-			_, err := q.MessagesPruneFailed(ctx, time.Now(), 100)
+			_, err := q.MessagesPruneFailed(ctx, dest, time.Now(), 100)
+			return err
+		},
+		"promote": func(q *outboxdb.Queries) error {
+			_, err := q.MessagesPromote(ctx, []string{"order-1", "order-2"}, dest)
+			return err
+		},
+		"lost claims": func(q *outboxdb.Queries) error {
+			_, err := q.ClaimsLostDestinations(ctx)
+			return err
+		},
+		"release lost": func(q *outboxdb.Queries) error {
+			_, err := q.MessagesReleaseLost(ctx, dest, 8)
 			return err
 		},
 		"orphans": func(q *outboxdb.Queries) error {
@@ -229,8 +247,12 @@ func TestRelayStatementsStayOnIndexesWith1000Endpoints(t *testing.T) {
 		switch name {
 		case "prune events":
 			require.Contains(t, plan, "outbox_messages_pkey", "an event's messages are a range of the primary key")
-		case "prune failed":
-			require.Regexp(t, `outbox_messages_failed(_at)?_idx`, plan, "failed messages are found on an index of failed rows only")
+		case "prune failed", "failed to prune":
+			require.Regexp(t, `outbox_messages_failed(_at|_destination)?_idx`, plan, "failed messages are found on an index of failed rows only")
+		case "promote":
+			require.Contains(t, plan, "outbox_messages_ordering_idx", "a key's parked messages and what stands ahead of them are on the ordering index")
+		case "lost claims", "release lost":
+			require.Contains(t, plan, "outbox_messages_claimed_idx", "lost claims are found among the claims in flight")
 		case "orphans":
 			require.Contains(t, plan, "outbox_messages_failed_destination_idx", "destinations with failed messages are a skip scan")
 			require.Contains(t, plan, "outbox_messages_pending_idx", name)
@@ -329,32 +351,32 @@ func TestClaimDoesNotCompileForABacklog(t *testing.T) {
 		"the product's claim must cost a fraction of one compiled for the backlog (if not, the server does not JIT this claim and the test shows nothing)")
 }
 
-// A claim released at the attempt cap, because its relay died
-// (MessagesReleaseLost) or its claim went stale (MessageReleaseStale),
-// fails like any other message: with failed_at, so the failed retention
-// prunes it. Without it the row, its event and its history stayed forever.
+// A claim released at the attempt cap, because its relay died or its
+// claim went stale (MessagesReleaseLost), fails like any other message:
+// with failed_at, so the failed retention prunes it. Without it the row,
+// its event and its history stayed forever.
 func TestMessagesFailedByAReleaseArePrunedWithTheFailed(t *testing.T) {
 	t.Parallel()
 	pool, dest, ids := seededEndpoint(t, 2, "")
 	ctx := context.Background()
 	dead, stale := ids[0], ids[1]
 	const maxAttempts = 3
-	// Both claimed at their last attempt: one by a relay now dead, one an
-	// hour ago by a relay still alive.
-	deadRelay := uuid.New()
-	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET status = 'claimed', attempts = $2 - 1, claim_token = gen_random_uuid(),
-		claimed_by = CASE WHEN id = $3 THEN $4 ELSE gen_random_uuid() END,
+	q := outboxdb.New(pool)
+	// Both claimed at their last attempt: one by a relay now gone, one an
+	// hour ago by a relay still alive with a claim timeout of a minute.
+	alive := uuid.New()
+	_, err := q.RelayRegister(ctx, outboxdb.RelayRegisterParams{ID: alive, Hostname: "h", Pid: 1, TimeoutSeconds: 5,
+		ClaimTimeoutSeconds: time.Minute.Seconds()})
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE outbox_messages SET status = 'claimed', attempts = $2 - 1, claim_token = gen_random_uuid(),
+		claimed_by = CASE WHEN id = $3 THEN gen_random_uuid() ELSE $4 END,
 		claimed_at = CASE WHEN id = $3 THEN now() ELSE now() - interval '1 hour' END
-		WHERE id = ANY ($1)`, ids, maxAttempts, dead, deadRelay)
+		WHERE id = ANY ($1)`, ids, maxAttempts, dead, alive)
 	require.NoError(t, err)
 
-	q := outboxdb.New(pool)
-	n, err := q.MessagesReleaseLost(ctx, "the relay died", []uuid.UUID{deadRelay}, maxAttempts)
+	rows, err := q.MessagesReleaseLost(ctx, dest, maxAttempts)
 	require.NoError(t, err)
-	require.EqualValues(t, 1, n)
-	n, err = q.MessageReleaseStale(ctx, time.Minute.Seconds(), maxAttempts)
-	require.NoError(t, err)
-	require.EqualValues(t, 1, n)
+	require.Len(t, rows, 2, "the gone relay's claim and the stale one")
 	for _, id := range ids {
 		var status, outcome string
 		var failedAt *time.Time
@@ -369,9 +391,9 @@ func TestMessagesFailedByAReleaseArePrunedWithTheFailed(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT coalesce(sum(attempts), 0) FROM outbox_attempt_minutes WHERE destination = $1 AND outcome = 'failed'", dest).Scan(&sums))
 	require.Equal(t, 2, sums)
 
-	pruned, err := q.MessagesPruneFailed(ctx, time.Now().Add(time.Minute), 100)
+	pruned, err := q.MessagesPruneFailed(ctx, dest, time.Now().Add(time.Minute), 100)
 	require.NoError(t, err)
-	require.EqualValues(t, 2, pruned, "the failed retention prunes both, %v and %v", dead, stale)
+	require.Len(t, pruned, 2, "the failed retention prunes both, %v and %v", dead, stale)
 }
 
 // An interrupted request is an attempt (it may have reached the receiver):
@@ -379,9 +401,9 @@ func TestMessagesFailedByAReleaseArePrunedWithTheFailed(t *testing.T) {
 // than staying pending past its cap.
 func TestAnInterruptedRequestAtTheCapFails(t *testing.T) {
 	t.Parallel()
-	r := &Relay{cfg: Config{MaxAttempts: 3}.withDefaults()}
-	interrupted := func(attempts int32) outcome {
-		return r.judge(sent{row: outboxdb.MessageClaimRow{Attempts: attempts}, res: Result{Err: context.Canceled}, interrupted: true})
+	cfg := Config{MaxAttempts: 3}.withDefaults()
+	interrupted := func(attempts int) outcome {
+		return cfg.judge(uuid.New(), "", attempts, Result{Err: context.Canceled}, true, time.Now(), time.Now())
 	}
 	o := interrupted(1)
 	require.Equal(t, outbox.StatusPending, o.status, "attempt 2 of 3: due again")
@@ -397,14 +419,15 @@ func TestAnInterruptedRequestAtTheCapFails(t *testing.T) {
 // is retried and fails alone while the destination's other messages go.
 func TestAMessageFaultDoesNotCountAgainstTheDestination(t *testing.T) {
 	t.Parallel()
-	r := &Relay{cfg: DefaultConfig()}
-	tooLarge := errors.New("message size exceeds maximum allowed")
-	o := r.judge(sent{res: Result{Err: tooLarge, MessageFault: true}})
-	require.False(t, o.endpointFailure)
+	cfg := DefaultConfig()
+	tooLarge := Result{Err: errors.New("message size exceeds maximum allowed"), MessageFault: true}
+	o := cfg.judge(uuid.New(), "", 0, tooLarge, false, time.Now(), time.Now())
+	require.Equal(t, signalNone, signalOf(tooLarge, false), "says nothing of the destination")
 	require.Equal(t, outbox.StatusPending, o.status, "retried, as any failed attempt below the cap")
-	require.Equal(t, tooLarge.Error(), o.err)
-	o = r.judge(sent{res: Result{Err: errors.New("connection refused")}})
-	require.True(t, o.endpointFailure, "any other transport failure is the destination's")
+	require.Equal(t, labelRefused, o.label)
+	require.Equal(t, tooLarge.Err.Error(), o.err)
+	require.Equal(t, signalRefused, signalOf(Result{Err: errors.New("connection refused")}, false),
+		"any other transport failure is the destination's")
 }
 
 // What a job claimed without seeing it (its claim statement failed on the
@@ -421,9 +444,9 @@ func TestMessagesReleaseByTokenReleasesOnlyTheJobsClaims(t *testing.T) {
 		claim_token = CASE WHEN id = $2 THEN $4::uuid ELSE $3::uuid END WHERE id = ANY ($1)`, ids, ids[2], mine, other)
 	require.NoError(t, err)
 
-	n, err := outboxdb.New(pool).MessagesReleaseByToken(ctx, mine)
+	keys, err := outboxdb.New(pool).MessagesReleaseByToken(ctx, mine)
 	require.NoError(t, err)
-	require.EqualValues(t, 2, n)
+	require.Len(t, keys, 2)
 	for i, id := range ids {
 		var status string
 		var attempts int
@@ -437,16 +460,18 @@ func TestMessagesReleaseByTokenReleasesOnlyTheJobsClaims(t *testing.T) {
 	}
 }
 
-// The race behind MessagesPromoteKeys: a claim parks a keyed message behind
-// the one ahead of it, which is claimed, while the job's recording of that
-// one's delivery runs beside it; neither statement sees the other's write,
-// so the message stays parked with nothing ahead. MessagesPromoteKeys, run
-// for the recording's keys once both have ended, lets it go.
+// A claim that parks a keyed message behind the one ahead of it (in
+// flight), and the recording of that one's delivery, run at once: the
+// recording's promotion waits for the destination's lock the claim holds,
+// then sees what the claim parked, and lets it go. Before the lock each
+// statement saw the database as it was when it began, and the message
+// stayed parked with nothing ahead of it until a sweep found it.
 func TestAClaimBesideARecordingStrandsNothing(t *testing.T) {
 	t.Parallel()
 	k := keyedPair(t)
 	ctx := context.Background()
-	require.Len(t, k.claim(k.pool, 1), 1, "the first of the key is claimed and sent")
+	first := k.claim(k.pool, 1)
+	require.Len(t, first, 1, "the first of the key is claimed and sent")
 
 	// The next claim parks the second, and has not committed yet when the
 	// recording of the first's delivery runs.
@@ -454,19 +479,12 @@ func TestAClaimBesideARecordingStrandsNothing(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	require.Empty(t, k.claim(tx, 10), "the second waits behind the first, still claimed")
-	now := time.Now()
-	_, err = outboxdb.New(k.pool).MessagesRecordOutcomes(ctx, outboxdb.MessagesRecordOutcomesParams{
-		Ids: []uuid.UUID{k.ahead}, Statuses: []string{outbox.StatusDelivered}, DelaysSeconds: []float64{0}, LastErrors: []string{""},
-		Attempts: []int32{1}, Outcomes: []string{labelDelivered}, StartedAts: []time.Time{now}, FinishedAts: []time.Time{now},
-		StatusCodes: []int32{204}, ClaimToken: k.lease})
-	require.NoError(t, err)
+	recorded := make(chan error, 1)
+	go func() { recorded <- k.record(first[0], Result{StatusCode: http.StatusNoContent}) }()
+	waitForALockWait(t, k.pool, "the recording waits for the lock the claim holds")
 	require.NoError(t, tx.Commit(ctx))
-	require.True(t, k.parked(), "the race: delivered ahead, and still parked behind it")
-
-	n, err := outboxdb.New(k.pool).MessagesPromoteKeys(ctx, []string{"order-1"}, k.dest)
-	require.NoError(t, err)
-	require.EqualValues(t, 1, n)
-	require.False(t, k.parked())
+	require.NoError(t, <-recorded)
+	require.False(t, k.parked(), "the recording, after the claim, let the second go")
 	rows := k.claim(k.pool, 10)
 	require.Len(t, rows, 1)
 	require.Equal(t, k.next, rows[0].ID, "and the next claim sends it")
@@ -498,6 +516,20 @@ func (k pair) claim(db interface {
 		ClaimToken: k.lease, RelayID: uuid.New(), Destination: k.dest, BatchSize: n})
 	require.NoError(k.t, err)
 	return rows
+}
+
+// record writes what came of a claimed row's request as a deliver job's
+// recorder does: its outcome, then its key promoted, under the
+// destination's lock.
+func (k pair) record(row outboxdb.MessageClaimRow, res Result) error {
+	r := &Relay{cfg: DefaultConfig(), pool: k.pool}
+	rc := newRecorder(r, k.dest, k.lease)
+	now := time.Now()
+	rc.record(r.cfg.judge(row.ID, orEmpty(row.OrderingKey), int(row.Attempts), res, false, now, now))
+	var recorded []outcome
+	return r.sendBatch(context.Background(), k.pool, func(b *pgx.Batch) func() error {
+		return rc.queue(b, rc.pending, &recorded)
+	})
 }
 
 // parked is whether the second message is parked.
@@ -534,12 +566,10 @@ func TestRecoveryLeavesAMessageRefusedOnItsOwnOnItsSchedule(t *testing.T) {
 		ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 2})
 	require.NoError(t, err)
 	require.Len(t, rows, 2)
-	s := &session{r: &Relay{cfg: DefaultConfig()}, token: lease}
-	now := time.Now()
-	refused := s.r.judge(sent{row: rows[0], started: now, finished: now,
-		res: Result{Err: errors.New("message size exceeds maximum allowed"), MessageFault: true}})
-	unreachable := s.r.judge(sent{row: rows[1], started: now, finished: now, res: Result{Err: errors.New("connection refused")}})
-	_, err = outboxdb.New(pool).MessagesRecordOutcomes(ctx, s.recordParams([]outcome{refused, unreachable}))
+	rc := newRecorder(&Relay{cfg: DefaultConfig()}, dest, lease)
+	refused := judged(rc.r.cfg, rows[0], Result{Err: errors.New("message size exceeds maximum allowed"), MessageFault: true})
+	unreachable := judged(rc.r.cfg, rows[1], Result{Err: errors.New("connection refused")})
+	_, err = outboxdb.New(pool).MessagesRecordOutcomes(ctx, rc.params([]outcome{refused, unreachable}))
 	require.NoError(t, err)
 
 	n, err := outboxdb.New(pool).MessagesBringForward(ctx, dest, lease)
@@ -559,15 +589,14 @@ func TestRecoveryLeavesAMessageRefusedOnItsOwnOnItsSchedule(t *testing.T) {
 // beside it.
 func TestAnOutcomeRecordedAgainLeavesALaterClaimAlone(t *testing.T) {
 	t.Parallel()
-	pool, _, s, claim := oneLeasedMessage(t)
+	pool, _, rc, claim := oneLeasedMessage(t)
 	ctx := context.Background()
-	now := time.Now()
-	first := s.r.judge(sent{row: claim(), started: now, finished: now, res: Result{StatusCode: 503}})
+	first := judged(rc.r.cfg, claim(), Result{StatusCode: 503})
 	first.delay = 0 // due again at once, within the job
-	record := func(o outcome) int64 {
-		n, err := outboxdb.New(pool).MessagesRecordOutcomes(ctx, s.recordParams([]outcome{o}))
+	record := func(o outcome) int {
+		rows, err := outboxdb.New(pool).MessagesRecordOutcomes(ctx, rc.params([]outcome{o}))
 		require.NoError(t, err)
-		return n
+		return len(rows)
 	}
 	require.EqualValues(t, 1, record(first))
 
@@ -577,7 +606,7 @@ func TestAnOutcomeRecordedAgainLeavesALaterClaimAlone(t *testing.T) {
 	var status string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT status FROM outbox_messages WHERE id = $1`, again.ID).Scan(&status))
 	require.Equal(t, outbox.StatusClaimed, status, "the second claim stands")
-	require.EqualValues(t, 1, record(s.r.judge(sent{row: again, started: now, finished: now, res: Result{StatusCode: 204}})))
+	require.EqualValues(t, 1, record(judged(rc.r.cfg, again, Result{StatusCode: 204})))
 	var outcomes []string
 	rows, err := pool.Query(ctx, `SELECT outcome FROM outbox_attempts WHERE message_id = $1 ORDER BY attempt`, again.ID)
 	require.NoError(t, err)
@@ -591,18 +620,17 @@ func TestAnOutcomeRecordedAgainLeavesALaterClaimAlone(t *testing.T) {
 // probe stay as they were, so a circuit no receiver answered stays open.
 func TestAnInterruptedLastAttemptSaysNothingOfTheDestination(t *testing.T) {
 	t.Parallel()
-	r := &Relay{cfg: Config{MaxAttempts: 3}.withDefaults()}
-	s := &session{r: r, failures: 4, probing: true}
-	s.inFlight = 1
-	s.handle(context.Background(), sent{
-		row: outboxdb.MessageClaimRow{Attempts: 2}, res: Result{Err: context.Canceled}, interrupted: true,
-		span: noop.Span{},
-	})
-	require.Len(t, s.outcomes, 1)
-	require.Equal(t, labelFailed, s.outcomes[0].label, "at the cap the message fails")
-	require.Equal(t, 4, s.failures, "no answer: the failures in a row stand")
-	require.True(t, s.probing, "no answer: still probing")
-	require.False(t, s.probeFailed, "nor a failed probe: the receiver was not heard from")
+	cfg := Config{MaxAttempts: 3}.withDefaults()
+	res := Result{Err: context.Canceled}
+	o := cfg.judge(uuid.New(), "", 2, res, true, time.Now(), time.Now())
+	require.Equal(t, labelFailed, o.label, "at the cap the message fails")
+	sig := signalOf(res, true)
+	require.Equal(t, signalNone, sig)
+	p := newPace(cfg, outboxdb.DestinationLeaseRow{Health: outbox.HealthBackingOff, ConsecutiveFailures: 4})
+	require.False(t, p.answer(sig, p.send(), 1, time.Time{}, o.err))
+	require.Equal(t, 4, p.failures, "no answer: the failures in a row stand")
+	require.Equal(t, stateProbing, p.state, "no answer: still probing, the probe neither failed nor answered")
+	require.Equal(t, 1, p.room(0), "and the next probe may go")
 }
 
 // An outcome recorded already and put back (its answer lost) may be flushed
@@ -612,21 +640,22 @@ func TestAnInterruptedLastAttemptSaysNothingOfTheDestination(t *testing.T) {
 // rode along and was counted twice.
 func TestAnOutcomeRecordedAgainBesideTheNextIsCountedOnce(t *testing.T) {
 	t.Parallel()
-	pool, dest, s, claim := oneLeasedMessage(t)
+	pool, dest, rc, claim := oneLeasedMessage(t)
 	ctx := context.Background()
 	start := time.Now()
-	first := s.r.judge(sent{row: claim(), started: start, finished: start.Add(time.Millisecond), res: Result{StatusCode: 503}})
-	first.delay = 0
-	n, err := outboxdb.New(pool).MessagesRecordOutcomes(ctx, s.recordParams([]outcome{first}))
+	first := judged(rc.r.cfg, claim(), Result{StatusCode: 503})
+	first.started, first.finished, first.delay = start, start.Add(time.Millisecond), 0
+	n, err := outboxdb.New(pool).MessagesRecordOutcomes(ctx, rc.params([]outcome{first}))
 	require.NoError(t, err)
-	require.EqualValues(t, 1, n)
+	require.Len(t, n, 1)
 
 	// The first outcome put back, then flushed with the retry's.
-	second := s.r.judge(sent{row: claim(), started: start, finished: start.Add(2 * time.Millisecond), res: Result{StatusCode: 204}})
+	second := judged(rc.r.cfg, claim(), Result{StatusCode: 204})
+	second.started, second.finished = start, start.Add(2*time.Millisecond)
 	first.finished = start.Add(3 * time.Millisecond) // were it taken, it would be the latest
-	n, err = outboxdb.New(pool).MessagesRecordOutcomes(ctx, s.recordParams([]outcome{first, second}))
+	n, err = outboxdb.New(pool).MessagesRecordOutcomes(ctx, rc.params([]outcome{first, second}))
 	require.NoError(t, err)
-	require.EqualValues(t, 1, n, "the retry's outcome alone")
+	require.Len(t, n, 1, "the retry's outcome alone")
 
 	sums := map[string]int{}
 	rows, err := pool.Query(ctx, `SELECT outcome, sum(attempts)::int FROM outbox_attempt_minutes WHERE destination = $1 GROUP BY outcome`, dest)
@@ -648,8 +677,8 @@ func TestAnOutcomeRecordedAgainBesideTheNextIsCountedOnce(t *testing.T) {
 // of whichever relay looks: during a rollout that shortens
 // OUTBOX_CLAIM_TIMEOUT, a new relay would otherwise release an old one's
 // claims with their requests still in flight, and they would be sent
-// twice. A claim whose relay is not registered (no row: its timeout is
-// unknown) goes stale after the looking relay's.
+// twice. A claim whose relay is not registered is lost at once: its relay
+// is not alive.
 func TestAClaimGoesStaleAfterItsOwnRelaysClaimTimeout(t *testing.T) {
 	t.Parallel()
 	pool, _, ids := seededEndpoint(t, 2, "")
@@ -666,9 +695,12 @@ func TestAClaimGoesStaleAfterItsOwnRelaysClaimTimeout(t *testing.T) {
 		WHERE id = ANY ($1)`, ids, ids[0], patient)
 	require.NoError(t, err)
 
-	n, err := q.MessageReleaseStale(ctx, time.Minute.Seconds(), 8)
+	dests, err := q.ClaimsLostDestinations(ctx)
 	require.NoError(t, err)
-	require.EqualValues(t, 1, n, "the unknown relay's claim, past the looking relay's minute")
+	require.Len(t, dests, 1)
+	n, err := q.MessagesReleaseLost(ctx, dests[0], 8)
+	require.NoError(t, err)
+	require.Len(t, n, 1, "the unknown relay's claim: its relay is not alive")
 	var status string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT status FROM outbox_messages WHERE id = $1`, ids[0]).Scan(&status))
 	require.Equal(t, outbox.StatusClaimed, status, "within its own relay's 10 minutes, the claim stands")
@@ -679,24 +711,24 @@ func TestAClaimGoesStaleAfterItsOwnRelaysClaimTimeout(t *testing.T) {
 // error says so rather than "attempt 4 of 3".
 func TestAnAttemptPastTheCapSaysWhy(t *testing.T) {
 	t.Parallel()
-	r := &Relay{cfg: Config{MaxAttempts: 3}.withDefaults()}
-	gone := r.judge(sent{row: outboxdb.MessageClaimRow{Attempts: 2}, res: Result{StatusCode: http.StatusGone}})
+	cfg := Config{MaxAttempts: 3}.withDefaults()
+	gone := judged(cfg, outboxdb.MessageClaimRow{Attempts: 2}, Result{StatusCode: http.StatusGone})
 	require.Equal(t, outbox.StatusPending, gone.status, "a 410 on the last attempt: the message waits with its paused endpoint")
-	o := r.judge(sent{row: outboxdb.MessageClaimRow{Attempts: 3}, res: Result{StatusCode: http.StatusInternalServerError}})
+	o := judged(cfg, outboxdb.MessageClaimRow{Attempts: 3}, Result{StatusCode: http.StatusInternalServerError})
 	require.Equal(t, outbox.StatusFailed, o.status)
 	require.Equal(t, "attempt 4, past the cap of 3: 500 Internal Server Error", o.err)
-	o = r.judge(sent{row: outboxdb.MessageClaimRow{Attempts: 2}, res: Result{StatusCode: http.StatusInternalServerError}})
+	o = judged(cfg, outboxdb.MessageClaimRow{Attempts: 2}, Result{StatusCode: http.StatusInternalServerError})
 	require.Equal(t, "attempt 3 of 3: 500 Internal Server Error", o.err)
 }
 
-// oneLeasedMessage is a destination with one message, a deliver job's
-// session holding its lease, and claim, which claims the message as the
-// job does.
-func oneLeasedMessage(t *testing.T) (pool *pgxpool.Pool, dest uuid.UUID, s *session, claim func() outboxdb.MessageClaimRow) {
+// oneLeasedMessage is a destination with one message, the recorder of a
+// deliver job holding its lease, and claim, which claims the message as
+// the job does.
+func oneLeasedMessage(t *testing.T) (pool *pgxpool.Pool, dest uuid.UUID, rc *recorder, claim func() outboxdb.MessageClaimRow) {
 	pool, dest, lease := leased(t)
 	outboxtest.Seed(t, pool, dest, 1, "")
-	s = &session{r: &Relay{cfg: DefaultConfig()}, token: lease}
-	return pool, dest, s, func() outboxdb.MessageClaimRow {
+	rc = newRecorder(&Relay{cfg: DefaultConfig()}, dest, lease)
+	return pool, dest, rc, func() outboxdb.MessageClaimRow {
 		t.Helper()
 		rows, err := claimMessages(context.Background(), pool, outboxdb.MessageClaimParams{
 			ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 1})
@@ -715,15 +747,17 @@ func oneLeasedMessage(t *testing.T) (pool *pgxpool.Pool, dest uuid.UUID, s *sess
 // Retry-After pushes the message back too.
 func TestAShortRetryAfterDoesNotShortenTheRetrySchedule(t *testing.T) {
 	t.Parallel()
-	r := &Relay{cfg: DefaultConfig()}
-	for attempt, want := range r.cfg.RetrySchedule[:4] {
+	cfg := DefaultConfig()
+	for attempt, want := range cfg.RetrySchedule[:4] {
 		for _, code := range []int{http.StatusServiceUnavailable, http.StatusTooManyRequests} {
-			o := r.judge(sent{row: outboxdb.MessageClaimRow{Attempts: int32(attempt)}, res: Result{StatusCode: code, RetryAfter: time.Second}})
-			require.Equal(t, time.Second, o.retryAfter, "the destination waits what the receiver asked")
+			res := Result{StatusCode: code, RetryAfter: time.Second}
+			o := judged(cfg, outboxdb.MessageClaimRow{Attempts: int32(attempt)}, res)
+			require.Equal(t, signalWait, signalOf(res, false), "the destination waits what the receiver asked")
+			require.Equal(t, time.Second, retryAfter(res))
 			require.GreaterOrEqual(t, o.delay, want*9/10, "attempt %d answered %d: the message waits its schedule", attempt+1, code)
 		}
 	}
-	o := r.judge(sent{row: outboxdb.MessageClaimRow{Attempts: 0}, res: Result{StatusCode: http.StatusServiceUnavailable, RetryAfter: 2 * time.Hour}})
+	o := judged(cfg, outboxdb.MessageClaimRow{Attempts: 0}, Result{StatusCode: http.StatusServiceUnavailable, RetryAfter: 2 * time.Hour})
 	require.Equal(t, 2*time.Hour, o.delay, "a Retry-After beyond the schedule's wait is honoured")
 }
 
@@ -735,23 +769,84 @@ func TestAShortRetryAfterDoesNotShortenTheRetrySchedule(t *testing.T) {
 // circuit of a broker that was down, bringing every retry forward against it.
 func TestATransportsOwnRefusalSaysNothingOfTheDestination(t *testing.T) {
 	t.Parallel()
-	for _, probing := range []bool{false, true} {
-		r := &Relay{cfg: DefaultConfig()}
-		s := &session{r: r, failures: 4, probing: probing}
-		s.inFlight = 1
-		s.handle(context.Background(), sent{
-			row: outboxdb.MessageClaimRow{Attempts: 1}, res: Result{Err: errors.New("nats: maximum payload exceeded"), MessageFault: true},
-			span: noop.Span{},
-		})
-		require.Len(t, s.outcomes, 1)
-		require.Equal(t, labelRefused, s.outcomes[0].label, "the message is refused and retried on its own schedule")
-		require.Equal(t, 4, s.failures, "no answer: the failures in a row stand (probing %t)", probing)
-		require.Equal(t, probing, s.probing, "no answer: a probe goes on")
-		require.False(t, s.probeFailed, "nor a failed probe: the destination was not heard from")
+	cfg := DefaultConfig()
+	res := Result{Err: errors.New("nats: maximum payload exceeded"), MessageFault: true}
+	o := judged(cfg, outboxdb.MessageClaimRow{Attempts: 1}, res)
+	require.Equal(t, labelRefused, o.label, "the message is refused and retried on its own schedule")
+	for _, health := range []string{outbox.HealthHealthy, outbox.HealthBackingOff} {
+		p := newPace(cfg, outboxdb.DestinationLeaseRow{Health: health, ConsecutiveFailures: 4})
+		before := p.state
+		p.answer(signalOf(res, false), p.send(), 1, time.Time{}, o.err)
+		require.Equal(t, 4, p.failures, "no answer: the failures in a row stand (%s)", health)
+		require.Equal(t, before, p.state, "no answer: a probe goes on, a circuit stays as it was (%s)", health)
 	}
+}
+
+// judged is what comes of a request for row that ended with res.
+func judged(cfg Config, row outboxdb.MessageClaimRow, res Result) outcome {
+	now := time.Now()
+	return cfg.judge(row.ID, orEmpty(row.OrderingKey), int(row.Attempts), res, false, now, now)
 }
 
 // queries runs run on the queries of the transaction it is given.
 func queries(run func(*outboxdb.Queries) error) func(pgx.Tx) error {
 	return func(tx pgx.Tx) error { return run(outboxdb.New(tx)) }
+}
+
+// A person's skip of a failed head beside a claim of the next message of
+// its key, in either order, lets that message go: the skip takes the
+// destination's lock before its change, as the claim does, so one waits
+// for the other and sees what it committed. Before, the claim read the
+// head as failed and parked the message while the skip, unseen, promoted
+// nothing: the message waited for a sweep, an hour at worst.
+func TestASkipBesideAClaimStrandsNothing(t *testing.T) {
+	t.Parallel()
+	failHead := func(k pair) {
+		_, err := k.pool.Exec(context.Background(), `UPDATE outbox_messages
+			SET status = 'failed', attempts = 3, failed_at = now(), last_error = 'refused' WHERE id = $1`, k.ahead)
+		require.NoError(k.t, err)
+	}
+	t.Run("the claim first", func(t *testing.T) {
+		t.Parallel()
+		k := keyedPair(t)
+		failHead(k)
+		ctx := context.Background()
+		claim, err := k.pool.Begin(ctx)
+		require.NoError(t, err)
+		defer claim.Rollback(ctx) //nolint:errcheck
+		require.Empty(t, k.claim(claim, 10), "the claim parks the next message behind the failed head")
+		adm := admin.New(k.pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+		skipped := make(chan error, 1)
+		go func() {
+			_, err := adm.Skip(ctx, k.ahead)
+			skipped <- err
+		}()
+		waitForALockWait(t, k.pool, "the skip waits for the claim's lock")
+		require.NoError(t, claim.Commit(ctx))
+		require.NoError(t, <-skipped)
+		require.False(t, k.parked(), "the skip, after the claim, let the parked message go")
+		rows := k.claim(k.pool, 10)
+		require.Len(t, rows, 1)
+		require.Equal(t, k.next, rows[0].ID)
+	})
+	t.Run("the skip first", func(t *testing.T) {
+		t.Parallel()
+		k := keyedPair(t)
+		failHead(k)
+		ctx := context.Background()
+		skip, err := k.pool.Begin(ctx)
+		require.NoError(t, err)
+		defer skip.Rollback(ctx) //nolint:errcheck
+		q := outboxdb.New(skip)
+		require.NoError(t, q.DestinationLock(ctx, k.dest))
+		_, err = q.MessageSkip(ctx, "skipped by an operator", k.ahead)
+		require.NoError(t, err)
+		claimed := make(chan []outboxdb.MessageClaimRow, 1)
+		go func() { claimed <- k.claim(k.pool, 10) }()
+		waitForALockWait(t, k.pool, "the claim waits for the skip's lock")
+		require.NoError(t, skip.Commit(ctx))
+		rows := <-claimed
+		require.Len(t, rows, 1, "the claim, after the skip, finds nothing ahead")
+		require.Equal(t, k.next, rows[0].ID)
+	})
 }

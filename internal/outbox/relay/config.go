@@ -37,7 +37,8 @@ type Config struct {
 	BackoffMax  time.Duration
 	// DestinationConcurrency bounds the requests in flight to one destination,
 	// across every relay: one deliver job at a time serves a destination,
-	// with at most this many requests.
+	// with at most this many requests. Below it the pace adapts to what the
+	// receiver takes (pace.go).
 	DestinationConcurrency int
 	// DeliverWorkers is how many destinations one relay process serves at
 	// once (River workers on the deliver queue).

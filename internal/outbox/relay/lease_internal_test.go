@@ -10,10 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/dbtest"
+	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
 	"github.com/outboxkit/orders/internal/outbox/outboxtest"
 )
 
@@ -88,4 +90,47 @@ func (c *lossyConn) Read(b []byte) (int, error) {
 		return 0, errors.New("connection reset (simulated)")
 	}
 	return c.Conn.Read(b)
+}
+
+// A lease taken over (its relay declared dead while it still ran) fences
+// the old holder: a claim of the old job that runs while the takeover is
+// in progress, or after it, claims nothing, so two jobs never have
+// messages of one destination, or of one key, in flight at once. Before,
+// the claim checked the lease in its own snapshot and claimed beside the
+// new holder.
+func TestALeaseTakenOverFencesTheOldHoldersClaims(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	q := outboxdb.New(pool)
+	oldRelay, newRelay := uuid.New(), uuid.New()
+	for _, id := range []uuid.UUID{oldRelay, newRelay} {
+		_, err := q.RelayRegister(ctx, outboxdb.RelayRegisterParams{ID: id, Hostname: "h", Pid: 1, TimeoutSeconds: 5, ClaimTimeoutSeconds: 300})
+		require.NoError(t, err)
+	}
+	oldToken := uuid.New()
+	dest := outboxtest.Endpoint(t, pool, &oldToken)
+	_, err := pool.Exec(ctx, `UPDATE webhook_endpoints SET lease_relay = $1 WHERE id = $2`, oldRelay, dest)
+	require.NoError(t, err)
+	outboxtest.Seed(t, pool, dest, 4, "order-1")
+	// The old relay falls silent: to the others it is dead.
+	_, err = pool.Exec(ctx, `UPDATE outbox_relays SET heartbeat_at = now() - interval '1 minute' WHERE id = $1`, oldRelay)
+	require.NoError(t, err)
+
+	claim := func(token, relay uuid.UUID) []outboxdb.MessageClaimRow {
+		rows, err := claimMessages(ctx, pool, outboxdb.MessageClaimParams{ClaimToken: token, RelayID: relay, Destination: dest, BatchSize: 10})
+		require.NoError(t, err)
+		return rows
+	}
+	takeover, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer takeover.Rollback(ctx) //nolint:errcheck
+	newToken := uuid.New()
+	_, err = outboxdb.New(takeover).DestinationLease(ctx, newToken, newRelay, dest)
+	require.NoError(t, err, "the new job takes the lease of a dead relay")
+	require.Empty(t, claim(oldToken, oldRelay), "the old job claims nothing while the takeover is in progress")
+	require.NoError(t, takeover.Commit(ctx))
+	require.Empty(t, claim(oldToken, oldRelay), "nor after it")
+	rows := claim(newToken, newRelay)
+	require.Len(t, rows, 1, "the new holder claims the key's first message")
 }

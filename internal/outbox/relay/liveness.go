@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,20 +14,30 @@ import (
 	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
 )
 
-// Liveness PostgreSQL can see. Each relay heartbeats in outbox_relays every
-// fifth of RelayTimeout; every relay, at each beat, declares dead the relays
-// whose heartbeat is older than RelayTimeout and, in the same transaction,
-// returns their claims to pending and frees their destinations. A SIGKILLed
-// worker's messages are thus delivered by a survivor within seconds. The
-// claim timeout stays as the last resort, for a relay that is alive but
-// stuck.
+// Liveness PostgreSQL can see. Each relay registers in outbox_relays and
+// heartbeats every fifth of RelayTimeout, on a connection of its own so a
+// pool busy with deliveries never makes a live relay look dead. A relay is
+// alive while its heartbeat is younger than its own RelayTimeout; its
+// leases last as long, and its claims are lost when it is not alive
+// (recovery.go).
 //
-// The heartbeat has a connection of its own, so a pool busy with deliveries
-// never makes a live relay look dead.
+// A relay acts only while it knows itself alive: counted from the moment
+// it sent its latest heartbeat that was answered, RelayTimeout less one
+// heartbeat interval. Past that, its sessions cut off their requests and
+// claim nothing (session.run), before any other relay can judge it dead
+// and send its claims again. So a relay that is alive but cut off from
+// the database (a partition, a pause) never has a request in flight beside
+// the one that replaces it.
 
-// keepAlive heartbeats, reaps dead relays and stale claims, retries
-// unsettled writes (beside it) and drops deleted endpoints' metric series,
-// until ctx is done.
+// alive says whether this relay may still act: its latest answered
+// heartbeat was sent less than RelayTimeout less a heartbeat interval ago.
+func (r *Relay) alive() bool {
+	since := time.Since(r.started) - time.Duration(r.beatSent.Load())
+	return since < r.cfg.RelayTimeout-r.cfg.heartbeatInterval()
+}
+
+// keepAlive heartbeats and drops deleted endpoints' metric series, until
+// ctx is done.
 func (r *Relay) keepAlive(ctx context.Context) {
 	ticker := time.NewTicker(r.cfg.heartbeatInterval())
 	defer ticker.Stop()
@@ -62,7 +71,6 @@ func (r *Relay) keepAlive(ctx context.Context) {
 			err = r.forgetDeleted(beatCtx, conn)
 		}
 		cancel()
-		r.retryUnsettledAside(ctx)
 		if err != nil && ctx.Err() == nil {
 			_ = conn.Close(context.WithoutCancel(ctx))
 			conn = nil
@@ -74,7 +82,8 @@ func (r *Relay) keepAlive(ctx context.Context) {
 	}
 }
 
-// beat is one heartbeat and one look for dead relays and stale claims.
+// beat is one heartbeat. Answered, it keeps the relay alive from when it
+// was sent.
 func (r *Relay) beat(ctx context.Context, conn *pgx.Conn) error {
 	q := outboxdb.New(conn)
 	var claimed *time.Time
@@ -82,58 +91,25 @@ func (r *Relay) beat(ctx context.Context, conn *pgx.Conn) error {
 		t := r.dbTime(time.Unix(0, ns))
 		claimed = &t
 	}
-	sent := r.now()
+	sent, since := r.now(), time.Since(r.started)
 	dbNow, err := q.RelayHeartbeat(ctx, claimed, r.id)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("heartbeat: %w", err)
-	}
-	if err == nil {
-		r.measureSkew(sent, dbNow)
-	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Declared dead while alive (a long pause, a lost connection): its
-		// claims and leases were released and may be served elsewhere now.
-		// Its jobs find their leases gone and stop claiming.
+		// claims were lost and may be sent by others now. Its jobs find
+		// their leases gone, or held again once it is back.
 		host, _ := os.Hostname()
-		if _, err := q.RelayRegister(ctx, r.register(host)); err != nil {
+		if dbNow, err = q.RelayRegister(ctx, r.register(host)); err != nil {
 			return fmt.Errorf("registering again: %w", err)
 		}
 		r.logger.WarnContext(ctx, "this relay was declared dead by another and has registered again; its claims were released",
 			slog.String("relay_id", r.id.String()), slog.Duration("relay_timeout", r.cfg.RelayTimeout))
 	}
-	if err := r.reapDead(ctx, conn); err != nil {
-		return err
-	}
-	stale, err := q.MessageReleaseStale(ctx, r.cfg.ClaimTimeout.Seconds(), int32(r.cfg.MaxAttempts))
 	if err != nil {
-		return fmt.Errorf("releasing stale claims: %w", err)
+		return fmt.Errorf("heartbeat: %w", err)
 	}
-	if stale > 0 {
-		r.metrics.released.WithLabelValues("claim_timeout").Add(float64(stale))
-		r.logger.WarnContext(ctx, "released claims past the claim timeout", slog.Int64("count", stale),
-			slog.Duration("claim_timeout", r.cfg.ClaimTimeout))
-	}
+	r.beatSent.Store(int64(since))
+	r.measureSkew(sent, dbNow)
 	return nil
-}
-
-// retryUnsettledAside runs retryUnsettled beside the heartbeat, one run at
-// a time. Its writes go through the pool, which is the slow part when jobs
-// could not settle (saturated, or waiting on locks): a beat that waited for
-// them would leave this relay unheard past its timeout, and another would
-// declare it dead and release claims whose requests are still in flight.
-func (r *Relay) retryUnsettledAside(ctx context.Context) {
-	r.mu.Lock()
-	none := len(r.unsettled) == 0
-	r.mu.Unlock()
-	if none || !r.retrying.CompareAndSwap(false, true) {
-		return
-	}
-	r.loops.Go(func() {
-		defer r.retrying.Store(false)
-		ctx, cancel := context.WithTimeout(ctx, settleTimeout)
-		defer cancel()
-		r.retryUnsettled(ctx)
-	})
 }
 
 // forgetEvery is how many heartbeats apart the relay looks for deleted
@@ -174,111 +150,4 @@ func (r *Relay) forgetDeleted(ctx context.Context, conn *pgx.Conn) error {
 func (r *Relay) register(host string) outboxdb.RelayRegisterParams {
 	return outboxdb.RelayRegisterParams{ID: r.id, Hostname: host, Pid: int32(os.Getpid()),
 		TimeoutSeconds: r.cfg.RelayTimeout.Seconds(), ClaimTimeoutSeconds: r.cfg.ClaimTimeout.Seconds()}
-}
-
-// reapDead declares dead the relays silent for longer than RelayTimeout and
-// releases their claims and leases, all in one transaction.
-func (r *Relay) reapDead(ctx context.Context, conn *pgx.Conn) error {
-	var dead []uuid.UUID
-	var released int64
-	err := inTx(ctx, conn, func(tx pgx.Tx) (err error) {
-		q := outboxdb.New(tx)
-		if dead, err = q.RelaysDeclareDead(ctx); err != nil || len(dead) == 0 {
-			return err
-		}
-		released, err = r.releaseRelays(ctx, q, dead, "the relay delivering it stopped; the receiver may have it")
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("releasing dead relays' work: %w", err)
-	}
-	if len(dead) > 0 {
-		r.metrics.relaysDeclaredDead.Add(float64(len(dead)))
-		r.metrics.released.WithLabelValues("relay_dead").Add(float64(released))
-		ids := make([]string, len(dead))
-		for i, id := range dead {
-			ids[i] = id.String()
-		}
-		r.logger.WarnContext(ctx, "relays declared dead; their claims were released", slog.Any("relay_ids", ids),
-			slog.Int64("released", released), slog.Duration("relay_timeout", r.cfg.RelayTimeout))
-	}
-	return nil
-}
-
-// releaseRelays returns the claims of relays to pending (each an
-// interrupted attempt), frees the destinations they leased, and returns how
-// many claims it released. Its caller's transaction may run again (inTx):
-// the count is the last try's, not a sum over tries.
-func (r *Relay) releaseRelays(ctx context.Context, q *outboxdb.Queries, relays []uuid.UUID, reason string) (int64, error) {
-	n, err := q.MessagesReleaseLost(ctx, reason, relays, int32(r.cfg.MaxAttempts))
-	if err != nil {
-		return 0, fmt.Errorf("releasing claims: %w", err)
-	}
-	if err := q.DestinationsReleaseLeases(ctx, relays); err != nil {
-		return 0, fmt.Errorf("releasing leases: %w", err)
-	}
-	return n, nil
-}
-
-// leave is the end of a graceful stop: whatever is still claimed or leased
-// in this relay's name (nothing, when every job settled) is released, and
-// the relay leaves outbox_relays.
-func (r *Relay) leave(ctx context.Context) error {
-	r.retryUnsettled(ctx)
-	var released int64
-	err := inTx(ctx, r.pool, func(tx pgx.Tx) error {
-		q := outboxdb.New(tx)
-		var err error
-		released, err = r.releaseRelays(ctx, q, []uuid.UUID{r.id}, "the relay delivering it stopped before recording the outcome")
-		if err != nil {
-			return err
-		}
-		return q.RelayUnregister(ctx, r.id)
-	})
-	if err != nil {
-		return fmt.Errorf("leaving: %w", err)
-	}
-	if released > 0 {
-		r.metrics.released.WithLabelValues("relay_stopped").Add(float64(released))
-		r.logger.WarnContext(ctx, "released claims left at stop", slog.Int64("count", released))
-	}
-	return nil
-}
-
-// deferSettle keeps a job's final writes to retry at the next heartbeats.
-func (r *Relay) deferSettle(f func(context.Context) error) {
-	r.mu.Lock()
-	r.unsettled = append(r.unsettled, f)
-	r.mu.Unlock()
-}
-
-// retryUnsettled retries the final writes of jobs that ended while the
-// database was unreachable, keeping those that fail again.
-func (r *Relay) retryUnsettled(ctx context.Context) {
-	r.mu.Lock()
-	pending := r.unsettled
-	r.unsettled = nil
-	r.mu.Unlock()
-	var failed []func(context.Context) error
-	var firstErr error
-	for _, f := range pending {
-		if err := f(ctx); err != nil {
-			failed = append(failed, f)
-			firstErr = cmp.Or(firstErr, err)
-		}
-	}
-	if len(failed) > 0 {
-		r.mu.Lock()
-		r.unsettled = append(r.unsettled, failed...)
-		// Said at most every 30 s: a destination stays leased until its
-		// job's final writes succeed.
-		warn := time.Since(r.unsettledWarned) > 30*time.Second
-		if warn {
-			r.unsettledWarned = time.Now()
-		}
-		r.mu.Unlock()
-		if warn && ctx.Err() == nil {
-			r.logger.WarnContext(ctx, "retrying deliver jobs' final writes", slog.Int("jobs", len(failed)), slog.Any("error", firstErr))
-		}
-	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/dbtest"
+	"github.com/outboxkit/orders/internal/outbox/outboxtest"
 )
 
 // A job's final writes retried while the pool is slow (here one that waits
@@ -63,48 +64,46 @@ func startRelay(t *testing.T, pool *pgxpool.Pool, before func(*Relay)) *Relay {
 	return r
 }
 
-// A reaping that PostgreSQL picked as a deadlock's victim after it had
-// released the dead relay's claims runs again (inTx), and counts what it
-// released once: the count was kept across the tries and doubled.
-func TestAReapingRunAgainCountsItsReleasesOnce(t *testing.T) {
+// One lock held on one endpoint's row (an operator's open transaction, a
+// worker frozen mid-statement) holds up the release of that destination's
+// lost claims only: every other destination's are released in the same
+// pass, and the held one's at the first pass after the lock is let go.
+// Before, the release of every dead relay's claims and leases was one
+// transaction, which waited for that lock, and no destination's claims
+// were released meanwhile.
+func TestALockedEndpointHoldsUpOnlyItsOwnRecovery(t *testing.T) {
 	t.Parallel()
-	pool, ep, ids := seededEndpoint(t, 3, "")
+	pool := dbtest.Pool(t)
 	ctx := context.Background()
-	dead := uuid.New()
-	_, err := pool.Exec(ctx, `INSERT INTO outbox_relays (id, hostname, pid, heartbeat_at) VALUES ($1, 'gone', 1, now() - interval '1 hour')`, dead)
+	locked, free := outboxtest.Endpoint(t, pool, nil), outboxtest.Endpoint(t, pool, nil)
+	dead := uuid.New() // a relay with no row: not alive
+	for _, ep := range []uuid.UUID{locked, free} {
+		ids := outboxtest.Seed(t, pool, ep, 2, "")
+		_, err := pool.Exec(ctx, `UPDATE outbox_messages SET status = 'claimed', claim_token = gen_random_uuid(),
+			claimed_at = now(), claimed_by = $1 WHERE id = ANY ($2)`, dead, ids)
+		require.NoError(t, err)
+	}
+	op, err := pool.Begin(ctx)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `UPDATE outbox_messages SET status = 'claimed', attempts = 1, claim_token = gen_random_uuid(),
-		claimed_at = now(), claimed_by = $1 WHERE id = ANY ($2)`, dead, ids)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `UPDATE webhook_endpoints SET lease_token = gen_random_uuid(), lease_relay = $1 WHERE id = $2`, dead, ep)
-	require.NoError(t, err)
-	// The lease's release, after the claims', fails once as a deadlock's
-	// victim does (a sequence, which a rollback does not undo, says once).
-	_, err = pool.Exec(ctx, `
-		CREATE SEQUENCE deadlock_once;
-		CREATE FUNCTION deadlock_once() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF nextval('deadlock_once') = 1 THEN
-				RAISE EXCEPTION 'deadlock detected (injected)' USING ERRCODE = '40P01';
-			END IF;
-			RETURN NEW;
-		END $$;
-		CREATE TRIGGER deadlock_once BEFORE UPDATE ON webhook_endpoints
-			FOR EACH ROW WHEN (OLD.lease_token IS NOT NULL AND NEW.lease_token IS NULL)
-			EXECUTE FUNCTION deadlock_once();`)
+	defer op.Rollback(ctx) //nolint:errcheck
+	_, err = op.Exec(ctx, `SELECT 1 FROM webhook_endpoints WHERE id = $1 FOR UPDATE`, locked)
 	require.NoError(t, err)
 
 	r := defaultRelay(t, pool, slog.New(slog.DiscardHandler))
-	conn, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	require.NoError(t, r.reapDead(ctx, conn.Conn()))
+	claimed := func(ep uuid.UUID) int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE destination = $1 AND status = 'claimed'`, ep).Scan(&n))
+		return n
+	}
+	start := time.Now()
+	err = r.recover(ctx)
+	require.ErrorContains(t, err, locked.String(), "the locked destination's release waited its bound and failed")
+	require.Less(t, time.Since(start), 3*recoveryLockWait, "one lock wait, bounded")
+	require.Zero(t, claimed(free), "the other destination's claims are released in the same pass")
+	require.Equal(t, 2, claimed(locked), "the locked one's wait")
+	require.Equal(t, 2.0, testutil.ToFloat64(r.metrics.released.WithLabelValues("relay_dead")), "and only what was released is counted")
 
-	var tries int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT last_value FROM deadlock_once`).Scan(&tries))
-	require.Equal(t, 2, tries, "the first try was the victim, the second went through")
-	var pending int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE status = 'pending'`).Scan(&pending))
-	require.Equal(t, 3, pending, "the dead relay's claims are released")
-	require.Equal(t, 3.0, testutil.ToFloat64(r.metrics.released.WithLabelValues("relay_dead")), "three claims released, counted once")
+	require.NoError(t, op.Rollback(ctx))
+	require.NoError(t, r.recover(ctx))
+	require.Zero(t, claimed(locked), "released at the first pass after the lock is let go")
 }

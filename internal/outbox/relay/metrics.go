@@ -93,7 +93,7 @@ func NewMetrics(opts ...MetricsOption) *Metrics {
 		}, []string{"endpoint", "outcome"}),
 		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_deliveries_total",
-			Help: "Delivery attempts by outcome: delivered, retry, failed, gone (410: endpoint paused), interrupted (cut off by a stop).",
+			Help: "Delivery requests by outcome. Attempts, as the history records them: delivered, retry, refused (a broker refused this message alone), failed, gone (410: endpoint paused), interrupted (cut off by a stop). Not attempts: throttled (429 or 503 without Retry-After to a request sent beside others: the relay's own burst; the message is due again with no attempt counted).",
 		}, []string{"outcome"}),
 		deliveryDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "outbox_delivery_duration_seconds",
@@ -114,7 +114,7 @@ func NewMetrics(opts ...MetricsOption) *Metrics {
 		}),
 		released: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_claims_released_total",
-			Help: "Claims returned to pending without an outcome, by reason: relay_dead (its relay stopped heartbeating), relay_stopped (left at a graceful stop), claim_timeout (the last resort).",
+			Help: "Lost claims released without an outcome, each an attempt that may have reached the receiver, by reason: relay_dead (its relay is not alive: killed, declared dead, or stopped with a claim it could not record), claim_timeout (older than its relay's claim timeout: the last resort).",
 		}, []string{"reason"}),
 		relaysDeclaredDead: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_relays_declared_dead_total", Help: "Relays this one declared dead (heartbeat silent past the relay timeout).",

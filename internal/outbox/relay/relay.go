@@ -37,25 +37,28 @@ const (
 
 // Relay delivers committed outbox messages. Any number of relay processes may
 // run against one database; together they serve every destination, each
-// destination by one deliver job at a time:
+// destination by one deliver job at a time. Its parts, each in a file of
+// its own:
 //
-//   - Every relay looks every poll interval for destinations with due
-//     messages that no live job serves, and inserts a River deliver job for
-//     each (Relay.dispatch).
-//   - The deliver job takes the destination's lease, then claims its due
-//     messages a few at a time, sends them with at most
-//     DestinationConcurrency requests in flight, records outcomes as they
-//     come, and after a time slice makes way for the next job (deliver.go).
-//     A destination that fails as a whole backs off as a whole (the circuit
-//     breaker) and is probed with one message before it is served again.
-//   - Every relay heartbeats; a relay that stops is declared dead by the
-//     others within RelayTimeout, its claims go back to pending and its
-//     destinations are free (liveness.go).
+//   - dispatch.go: every relay looks every poll interval for destinations
+//     with due messages that no live job serves, and inserts a River deliver
+//     job for each.
+//   - session.go: the deliver job takes the destination's lease, claims its
+//     due messages into the room its pace allows, sends them, and after a
+//     time slice makes way for the next job. pace.go is the destination's
+//     health and pace: how many requests at once, when to back off as a
+//     whole, what an answer changes. outcome.go judges each answer;
+//     record.go writes what came of it.
+//   - order.go: per-key order, the claim and the promotion.
+//   - liveness.go: every relay heartbeats, and acts only while it knows
+//     itself alive; recovery.go releases the claims of relays that are not.
+//   - retention.go: the prune and the discard of deleted endpoints'
+//     messages, run by River's leader.
 //
 // So a slow, hanging or failing destination holds at most one River worker
-// and DestinationConcurrency requests, never the others' share, and a
-// message's attempts count only requests that were made (or, for a
-// destination whose secret cannot be opened, the ones that could not be).
+// and its window of requests, never the others' share, and a message's
+// attempts count only requests that were made (or, for a destination whose
+// secret cannot be opened, the ones that could not be).
 type Relay struct {
 	pool      *pgxpool.Pool
 	cfg       Config
@@ -71,6 +74,11 @@ type Relay struct {
 	// progressAt is when this relay last claimed something (Unix nanos),
 	// or when it started.
 	progressAt atomic.Int64
+	// started is when the relay was made, and beatSent how long after it
+	// the latest answered heartbeat was sent: the relay's liveness, on the
+	// monotonic clock (alive).
+	started  time.Time
+	beatSent atomic.Int64
 	// now is the relay's clock (time.Now; another in the tests of a
 	// skewed clock), and skew how far the database's is ahead of it (in
 	// nanoseconds, measured at each heartbeat): dbTime turns one into the
@@ -83,7 +91,7 @@ type Relay struct {
 	// what they have in flight and settle.
 	drain    chan struct{}
 	stopOnce sync.Once
-	// stopDispatch and stopKeepAlive end the two loops Start runs.
+	// stopDispatch and stopKeepAlive end the loops Start runs.
 	stopDispatch, stopKeepAlive context.CancelFunc
 	loops                       sync.WaitGroup
 
@@ -94,19 +102,12 @@ type Relay struct {
 	wakeMu      sync.Mutex
 	sessions    map[uuid.UUID]chan struct{}
 
-	// sweptAt is when a deliver job of this process last swept each
-	// destination's stranded messages (strandedSweepDue).
-	sweepMu sync.Mutex
-	sweptAt map[uuid.UUID]time.Time
-
 	mu sync.Mutex
 	// unsettled holds the final writes of jobs that could not reach the
-	// database as they ended; the heartbeat loop retries them.
+	// database as they ended; the recovery pass retries them.
 	unsettled []func(context.Context) error
 	// unsettledWarned is when a retry of them last failed aloud.
 	unsettledWarned time.Time
-	// retrying: a retry of the unsettled writes is running (one at a time).
-	retrying atomic.Bool
 }
 
 // New returns a relay delivering through transport. metrics may be nil.
@@ -120,7 +121,7 @@ func New(pool *pgxpool.Pool, cfg Config, transport Transport, logger *slog.Logge
 	r := &Relay{pool: pool, cfg: cfg.withDefaults(), transport: transport, logger: logger, metrics: metrics,
 		tracer: cfg.tracer(), id: uuid.New(), drain: make(chan struct{}),
 		dispatchNow: make(chan struct{}, 1), sessions: map[uuid.UUID]chan struct{}{}, now: time.Now,
-		sweptAt: map[uuid.UUID]time.Time{}}
+		started: time.Now()}
 	r.progressAt.Store(time.Now().UnixNano())
 	return r, nil
 }
@@ -143,18 +144,21 @@ func (r *Relay) measureSkew(sent, dbNow time.Time) {
 }
 
 // Start registers the relay, starts its River client and its loops
-// (dispatch, heartbeat and, with Listen, the listener), and returns. The relay runs until Stop; ctx
+// (dispatch, heartbeat, recovery and, with Listen, the listener), and
+// returns. The relay runs until Stop; ctx
 // only bounds starting (its values, such as a logger's, are kept).
 func (r *Relay) Start(ctx context.Context) error {
 	if r.client != nil {
 		return errors.New("outbox: relay already started")
 	}
 	host, _ := os.Hostname()
-	sent := r.now()
+	sent, since := r.now(), time.Since(r.started)
 	dbNow, err := outboxdb.New(r.pool).RelayRegister(ctx, r.register(host))
 	if err != nil {
 		return fmt.Errorf("registering relay: %w", err)
 	}
+	// Registering is the first heartbeat.
+	r.beatSent.Store(int64(since))
 	r.measureSkew(sent, dbNow)
 	client, err := r.newRiverClient()
 	if err != nil {
@@ -178,6 +182,7 @@ func (r *Relay) Start(ctx context.Context) error {
 	r.stopDispatch, r.stopKeepAlive = stopDispatch, stopKeepAlive
 	r.loops.Go(func() { r.dispatchLoop(dispatchCtx) })
 	r.loops.Go(func() { r.keepAlive(keepAliveCtx) })
+	r.loops.Go(func() { r.recoverLoop(keepAliveCtx) })
 	if r.cfg.Listen {
 		r.loops.Go(func() { r.listen(dispatchCtx) })
 	}
@@ -309,70 +314,6 @@ func (r *Relay) periodicJobs() []*river.PeriodicJob {
 			}, &river.PeriodicJobOpts{RunOnStart: true}))
 	}
 	return jobs
-}
-
-// redispatchAfter is how long a dispatched destination waits for its job to
-// take the lease before it is dispatched again (its job may have been lost
-// with a relay that fetched it and died before running it).
-const redispatchAfter = 5 * time.Second
-
-// dispatchLoop dispatches due destinations every poll interval, and at
-// once when woken (listen.go), until ctx is done. It runs in every relay, not as a periodic job of River's leader: a
-// leader killed without resigning keeps its lease for about 15 seconds, and
-// with it every dispatch would stop cluster-wide.
-func (r *Relay) dispatchLoop(ctx context.Context) {
-	ticker := time.NewTicker(r.cfg.PollInterval)
-	defer ticker.Stop()
-	var warned, last time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-		case <-r.dispatchNow:
-			if wait := wakeSpacing - time.Since(last); wait > 0 {
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(wait):
-				}
-			}
-		}
-		last = time.Now()
-		r.metrics.polls.Inc()
-		if _, err := r.dispatch(ctx); err != nil && ctx.Err() == nil && time.Since(warned) > 30*time.Second {
-			// The database is unreachable: say so, but not every tick.
-			warned = time.Now()
-			r.logger.WarnContext(ctx, "dispatching due destinations", slog.Any("error", err))
-		}
-	}
-}
-
-// dispatch finds destinations with due messages that no live job serves and
-// inserts a deliver job for each, in one transaction: either a destination
-// is marked dispatched and has its job, or neither.
-func (r *Relay) dispatch(ctx context.Context) (int, error) {
-	var n int
-	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-		ids, err := outboxdb.New(tx).DestinationsDispatch(ctx, redispatchAfter.Seconds(),
-			int32(r.cfg.DeliverWorkers))
-		if err != nil {
-			return fmt.Errorf("finding due destinations: %w", err)
-		}
-		if len(ids) == 0 {
-			return nil
-		}
-		params := make([]river.InsertManyParams, len(ids))
-		for i, id := range ids {
-			params[i] = river.InsertManyParams{Args: deliverArgs{Destination: id}}
-		}
-		if _, err := r.client.InsertManyTx(ctx, tx, params); err != nil {
-			return fmt.Errorf("inserting deliver jobs: %w", err)
-		}
-		n = len(ids)
-		return nil
-	})
-	return n, err
 }
 
 // ErrStalled is returned by CheckStalled when due messages wait while the

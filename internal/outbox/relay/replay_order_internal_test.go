@@ -3,13 +3,12 @@ package relay
 import (
 	"context"
 	"log/slog"
+	"net/http"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/orders/internal/outbox"
 	"github.com/outboxkit/orders/internal/outbox/admin"
 	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
 )
@@ -44,13 +43,45 @@ func TestAReplayedEventWaitsForTheMessageOfItsKeyInFlight(t *testing.T) {
 	require.Equal(t, first[0].EventID, rows[0].EventID)
 }
 
-// deliver records the claimed row delivered at its first attempt.
+// deliver records the claimed row delivered at its first attempt, as the
+// deliver job's recorder does.
 func (k pair) deliver(row outboxdb.MessageClaimRow) {
-	now := time.Now()
-	n, err := outboxdb.New(k.pool).MessagesRecordOutcomes(context.Background(), outboxdb.MessagesRecordOutcomesParams{
-		Ids: []uuid.UUID{row.ID}, Statuses: []string{outbox.StatusDelivered}, DelaysSeconds: []float64{0}, LastErrors: []string{""},
-		Attempts: []int32{row.Attempts + 1}, Outcomes: []string{labelDelivered}, StartedAts: []time.Time{now},
-		FinishedAts: []time.Time{now}, StatusCodes: []int32{204}, ClaimToken: k.lease})
-	require.NoError(k.t, err)
-	require.EqualValues(k.t, 1, n, "recorded on the claim the test holds")
+	require.NoError(k.t, k.record(row, Result{StatusCode: http.StatusNoContent}))
+}
+
+// A replayed event parked behind a later message of its key in flight goes
+// next when that message's attempt fails, not only when it is delivered:
+// every outcome lets the key go on. Before, only a delivery promoted; the
+// copy stayed parked, and when the failed message came due again the claim
+// parked it behind the parked copy: the key waited for a sweep, an hour at
+// worst, both messages due and nothing in flight.
+func TestAReplayedEventGoesNextWhenTheMessageAheadFails(t *testing.T) {
+	t.Parallel()
+	k := keyedPair(t)
+	ctx := context.Background()
+	first := k.claim(k.pool, 1)
+	require.Len(t, first, 1)
+	k.deliver(first[0])
+	second := k.claim(k.pool, 10)
+	require.Len(t, second, 1)
+
+	adm := admin.New(k.pool, nil, slog.New(slog.DiscardHandler))
+	res, err := adm.ReplayEvents(ctx, k.dest, admin.Replay{From: time.Now().Add(-time.Hour), To: time.Now().Add(time.Hour)})
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Replayed)
+	require.Empty(t, k.claim(k.pool, 10), "the copy waits, parked, while the second is in flight")
+
+	// The second's attempt fails: a retry due at once (the schedule's wait
+	// aside), so both are due.
+	require.NoError(t, k.record(second[0], Result{StatusCode: http.StatusServiceUnavailable}))
+	_, err = k.pool.Exec(ctx, `UPDATE outbox_messages SET next_attempt_at = now() WHERE id = $1`, second[0].ID)
+	require.NoError(t, err)
+	rows := k.claim(k.pool, 10)
+	require.Len(t, rows, 1, "the key goes on")
+	require.Equal(t, first[0].EventID, rows[0].EventID, "the replayed event first, the key's order")
+	require.Empty(t, k.claim(k.pool, 10), "the failed second waits for it")
+	k.deliver(rows[0])
+	rows = k.claim(k.pool, 10)
+	require.Len(t, rows, 1)
+	require.Equal(t, second[0].ID, rows[0].ID, "then the second's retry")
 }

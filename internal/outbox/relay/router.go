@@ -33,10 +33,3 @@ func (r Router) Deliver(ctx context.Context, d Delivery) Result {
 	}
 	return t.Deliver(ctx, d)
 }
-
-func orEmpty(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
-}

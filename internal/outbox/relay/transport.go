@@ -3,6 +3,7 @@ package relay
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,8 +12,67 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/outboxkit/orders/internal/outbox/destination"
 	"github.com/outboxkit/orders/internal/webhook"
 )
+
+// Delivery is one webhook request to make.
+type Delivery struct {
+	// EventID is the webhook-id: the receiver's dedup key, the same for
+	// every delivery of the event. MessageID is this delivery's own row.
+	EventID   uuid.UUID
+	MessageID uuid.UUID
+	Type      string
+	URL       string
+	// Destination is URL read: its kind and, for a broker, the names to
+	// publish to. The relay sets it; a zero one is read from URL.
+	Destination destination.Destination
+	Secret      string
+	// PreviousSecret, set during a secret rotation's overlap, adds a second
+	// signature so receivers still on the old secret verify too.
+	PreviousSecret string
+	// Body is the Standard Webhooks body: the message envelope and its data.
+	Body []byte
+	// Data is the event's payload alone, CreatedAt its time and OrderingKey
+	// its key (empty when unkeyed): what a broker message carries, with the
+	// envelope in headers.
+	Data        json.RawMessage
+	CreatedAt   time.Time
+	OrderingKey string
+	// Header holds extra headers to send: the W3C trace context (traceparent,
+	// tracestate) of a message enqueued in a traced request; nil otherwise.
+	// They never replace the webhook-* headers.
+	Header http.Header
+}
+
+// Result is what a receiver answered.
+type Result struct {
+	// StatusCode is the HTTP status, or 0 when no answer came (Err is set)
+	// or the destination is a broker.
+	StatusCode int
+	// Acked says a broker acknowledged the message: it is stored (a
+	// JetStream ack, a Kafka acks=all produce, a RabbitMQ publisher confirm).
+	Acked bool
+	// RetryAfter is the receiver's Retry-After, if it sent one.
+	RetryAfter time.Duration
+	// Err is a transport failure: refused, timed out, reset, forbidden.
+	Err error
+	// MessageFault says Err is about this message alone (a broker, or the
+	// client before it, refuses it as too large), as a 4xx answer other
+	// than the endpoint-wide ones is: it is retried and fails on its own,
+	// and the destination is not backed off for it, its other messages
+	// going on; nor is it taken for a sign the destination is up.
+	MessageFault bool
+	// Detail is a short excerpt of a failed answer's body, for the row.
+	Detail string
+}
+
+// Transport sends one webhook. The relay's contract with it: Deliver returns
+// only after the request has finished or failed, and never retries itself.
+type Transport interface {
+	Deliver(ctx context.Context, d Delivery) Result
+}
 
 // HTTPTransport delivers webhooks over HTTP in the Standard Webhooks format:
 // webhook-id (the event id, the receiver's dedup key), webhook-timestamp

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -47,13 +48,20 @@ var (
 	param    = regexp.MustCompile(`sqlc\.n?arg\((\w+)\)|@(\w+)`)
 )
 
-// Query returns the query called name in db/queries/<module>/*.sql.
+// Query returns the query called name in the .sql files under
+// db/queries/<module> (the relay's are in a folder of their own).
 func Query(module, name string) (Statement, error) {
 	root, err := moduleRoot()
 	if err != nil {
 		return Statement{}, err
 	}
-	files, err := filepath.Glob(filepath.Join(root, "db", "queries", module, "*.sql"))
+	var files []string
+	err = filepath.WalkDir(filepath.Join(root, "db", "queries", module), func(path string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(path, ".sql") {
+			files = append(files, path)
+		}
+		return err
+	})
 	if err != nil {
 		return Statement{}, err
 	}

@@ -8,6 +8,7 @@ package outboxdb
 import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // QueueEventEnqueue queues EventEnqueue on b; the event's id is stored in id
@@ -42,4 +43,47 @@ func QueueMessageClaim(b *pgx.Batch, arg MessageClaimParams, rows *[]MessageClai
 			})
 			return err
 		})
+}
+
+// QueueDestinationLock queues DestinationLock on b: the statements queued
+// after it run under the destination's lock.
+func QueueDestinationLock(b *pgx.Batch, destination uuid.UUID) {
+	b.Queue(destinationLock, destination)
+}
+
+// QueueMessagesRecordOutcomes queues MessagesRecordOutcomes on b; the rows
+// it recorded are stored in rows when b's results are read.
+func QueueMessagesRecordOutcomes(b *pgx.Batch, arg MessagesRecordOutcomesParams, rows *[]MessagesRecordOutcomesRow) {
+	b.Queue(messagesRecordOutcomes, arg.Ids, arg.Statuses, arg.DelaysSeconds, arg.LastErrors, arg.Attempts,
+		arg.Outcomes, arg.StartedAts, arg.FinishedAts, arg.StatusCodes, arg.ClaimToken).
+		Query(func(r pgx.Rows) error {
+			var err error
+			*rows, err = pgx.CollectRows(r, func(row pgx.CollectableRow) (MessagesRecordOutcomesRow, error) {
+				var i MessagesRecordOutcomesRow
+				err := row.Scan(&i.ID, &i.Attempts, &i.Status)
+				return i, err
+			})
+			return err
+		})
+}
+
+// QueueMessagesRelease queues MessagesRelease on b; how many it released is
+// stored in n, when n is not nil, when b's results are read.
+func QueueMessagesRelease(b *pgx.Batch, ids []uuid.UUID, claimToken uuid.UUID, n *int64) {
+	queueExec(b, n, messagesRelease, ids, claimToken)
+}
+
+// QueueMessagesPromote queues MessagesPromote on b; how many it promoted
+// is stored in n, when n is not nil, when b's results are read.
+func QueueMessagesPromote(b *pgx.Batch, keys []string, destination uuid.UUID, n *int64) {
+	queueExec(b, n, messagesPromote, keys, destination)
+}
+
+func queueExec(b *pgx.Batch, n *int64, sql string, args ...any) {
+	b.Queue(sql, args...).Exec(func(tag pgconn.CommandTag) error {
+		if n != nil {
+			*n = tag.RowsAffected()
+		}
+		return nil
+	})
 }

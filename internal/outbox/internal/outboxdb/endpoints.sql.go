@@ -25,7 +25,7 @@ func (q *Queries) EndpointDelete(ctx context.Context, id uuid.UUID) (int64, erro
 }
 
 const endpointGet = `-- name: EndpointGet :one
-SELECT id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at FROM webhook_endpoints WHERE id = $1
+SELECT id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at, pace FROM webhook_endpoints WHERE id = $1
 `
 
 func (q *Queries) EndpointGet(ctx context.Context, id uuid.UUID) (WebhookEndpoint, error) {
@@ -57,6 +57,7 @@ func (q *Queries) EndpointGet(ctx context.Context, id uuid.UUID) (WebhookEndpoin
 		&i.LastErrorStatusCode,
 		&i.LastError,
 		&i.DisabledAt,
+		&i.Pace,
 	)
 	return i, err
 }
@@ -65,7 +66,7 @@ const endpointInsert = `-- name: EndpointInsert :one
 INSERT INTO webhook_endpoints (id, url, secret, event_types)
 VALUES ($1, $2, $3, $4)
 ON CONFLICT (id) DO NOTHING
-RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at
+RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at, pace
 `
 
 type EndpointInsertParams struct {
@@ -112,12 +113,13 @@ func (q *Queries) EndpointInsert(ctx context.Context, arg EndpointInsertParams) 
 		&i.LastErrorStatusCode,
 		&i.LastError,
 		&i.DisabledAt,
+		&i.Pace,
 	)
 	return i, err
 }
 
 const endpointList = `-- name: EndpointList :many
-SELECT id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at FROM webhook_endpoints ORDER BY created_at, id
+SELECT id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at, pace FROM webhook_endpoints ORDER BY created_at, id
 `
 
 func (q *Queries) EndpointList(ctx context.Context) ([]WebhookEndpoint, error) {
@@ -155,6 +157,7 @@ func (q *Queries) EndpointList(ctx context.Context) ([]WebhookEndpoint, error) {
 			&i.LastErrorStatusCode,
 			&i.LastError,
 			&i.DisabledAt,
+			&i.Pace,
 		); err != nil {
 			return nil, err
 		}
@@ -164,6 +167,20 @@ func (q *Queries) EndpointList(ctx context.Context) ([]WebhookEndpoint, error) {
 		return nil, err
 	}
 	return items, nil
+}
+
+const endpointLockForDelete = `-- name: EndpointLockForDelete :one
+SELECT id FROM webhook_endpoints WHERE id = $1 FOR UPDATE
+`
+
+// A deletion locks the endpoint's row first: it waits for the claim or the
+// recording in progress, and holds nothing meanwhile, so it cannot be part
+// of a cycle of waits (relay/order.go).
+func (q *Queries) EndpointLockForDelete(ctx context.Context, id uuid.UUID) (uuid.UUID, error) {
+	row := q.db.QueryRow(ctx, endpointLockForDelete, id)
+	var id_2 uuid.UUID
+	err := row.Scan(&id_2)
+	return id_2, err
 }
 
 const endpointLockReplay = `-- name: EndpointLockReplay :exec
@@ -233,7 +250,7 @@ const endpointReplay = `-- name: EndpointReplay :one
 WITH ep AS (
     SELECT e.id, e.event_types FROM webhook_endpoints e WHERE e.id = $3::uuid
 ), scanned AS (
-    SELECT ev.id, ev.type, ev.ordering_key
+    SELECT ev.id, ev.type, ev.ordering_key, ev.created_at
     FROM outbox_events ev
     WHERE ev.id >= outbox_uuid_at($4::timestamptz) AND ev.id < outbox_uuid_at($5::timestamptz)
       AND ev.created_at >= $4::timestamptz AND ev.created_at < $5::timestamptz
@@ -241,14 +258,14 @@ WITH ep AS (
     ORDER BY ev.id
     LIMIT $2::integer
 ), batch AS (
-    SELECT s.id, s.type, s.ordering_key
+    SELECT s.id, s.type, s.ordering_key, s.created_at
     FROM scanned s, ep
     WHERE s.type = ANY (ep.event_types)
       AND (COALESCE(cardinality($7::text[]), 0) = 0 OR s.type = ANY ($7::text[]))
     ORDER BY s.id
     LIMIT $1::integer
 ), fresh AS (
-    SELECT b.id, b.type, b.ordering_key FROM batch b
+    SELECT b.id, b.type, b.ordering_key, b.created_at FROM batch b
     WHERE NOT EXISTS (
         SELECT 1 FROM outbox_messages m
         WHERE m.id BETWEEN outbox_uuid_floor(b.id) AND outbox_uuid_ceil(b.id)
@@ -257,7 +274,7 @@ WITH ep AS (
         OFFSET 0)
 ), replayed AS (
     INSERT INTO outbox_messages (id, event_id, type, destination, ordering_key, next_attempt_at, created_at)
-    SELECT outbox_uuid_sibling(f.id), f.id, f.type, $3::uuid, f.ordering_key, now(), now()
+    SELECT outbox_uuid_sibling(f.id), f.id, f.type, $3::uuid, f.ordering_key, f.created_at, now()
     FROM fresh f
     RETURNING 1
 )
@@ -290,12 +307,15 @@ type EndpointReplayRow struct {
 // unless it is empty), oldest first, each given a new pending message for
 // the endpoint under its original event id, unless one of its messages to
 // the endpoint is still unfinished (pending, claimed or failed): a replay
-// never sends an event twice at once. Replayed messages are due now, in
-// event order. A keyed one takes its event's place in the key (its id is
-// the event's sibling): it goes before the key's later messages due with
-// it, and never while a message of its key is in flight (MessageClaim), so
-// a receiver rebuilding its state from a replay does not get an order's
-// placed beside, or after, its cancelled still being sent. Returns how
+// never sends an event twice at once. A replayed message takes its
+// event's place in the destination's queue: its id is the event's sibling
+// and it is due at the event's time, like the message the event was first
+// written with, so the claim (oldest due first) reaches it before any
+// later message of its key, however many others are due; and it is never
+// sent while a message of its key is in flight (MessageClaim). A receiver
+// rebuilding its state from a replay thus gets an order's placed before
+// its cancelled. Its created_at is the replay's time: what waits is
+// measured from it (MessageOverdue, the oldest pending age). Returns how
 // many events the batch read and replayed, and the cursor to go on from
 // (the nil uuid when the range is done): the last event read when the
 // batch is full, else the last one scanned when the scan is.
@@ -358,7 +378,7 @@ SET previous_secret = secret,
     updated_at = now()
 WHERE id = $3
   AND (NOT $4::boolean OR previous_secret_expires_at IS NOT DISTINCT FROM $5::timestamptz)
-RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at
+RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at, pace
 `
 
 type EndpointRotateSecretParams struct {
@@ -410,6 +430,7 @@ func (q *Queries) EndpointRotateSecret(ctx context.Context, arg EndpointRotateSe
 		&i.LastErrorStatusCode,
 		&i.LastError,
 		&i.DisabledAt,
+		&i.Pace,
 	)
 	return i, err
 }
@@ -488,7 +509,7 @@ SET enabled = $1,
                          ELSE backoff_until END,
     updated_at = now()
 WHERE id = $3
-RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at
+RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at, pace
 `
 
 // Pauses or resumes an endpoint. Messages for a paused endpoint are written
@@ -527,6 +548,7 @@ func (q *Queries) EndpointSetEnabled(ctx context.Context, enabled bool, reason *
 		&i.LastErrorStatusCode,
 		&i.LastError,
 		&i.DisabledAt,
+		&i.Pace,
 	)
 	return i, err
 }
@@ -559,7 +581,7 @@ SET url = COALESCE($1, url),
     event_types = COALESCE($2::text[], event_types),
     updated_at = now()
 WHERE id = $3
-RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at
+RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at, pace
 `
 
 // Changes an endpoint's URL and event types in place (NULL keeps one as it
@@ -594,6 +616,7 @@ func (q *Queries) EndpointUpdate(ctx context.Context, url *string, eventTypes []
 		&i.LastErrorStatusCode,
 		&i.LastError,
 		&i.DisabledAt,
+		&i.Pace,
 	)
 	return i, err
 }
@@ -622,15 +645,6 @@ func (q *Queries) EndpointsExisting(ctx context.Context, ids []uuid.UUID) ([]uui
 		return nil, err
 	}
 	return items, nil
-}
-
-const eventsLockPrune = `-- name: EventsLockPrune :exec
-SELECT pg_advisory_xact_lock(1869574764, 0)
-`
-
-func (q *Queries) EventsLockPrune(ctx context.Context) error {
-	_, err := q.db.Exec(ctx, eventsLockPrune)
-	return err
 }
 
 const eventsLockReplay = `-- name: EventsLockReplay :exec

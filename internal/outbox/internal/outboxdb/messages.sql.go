@@ -12,27 +12,6 @@ import (
 	"github.com/google/uuid"
 )
 
-const attemptMinutesPrune = `-- name: AttemptMinutesPrune :execrows
-DELETE FROM outbox_attempt_minutes t
-USING (SELECT o.destination, o.minute, o.outcome, o.le_ms FROM outbox_attempt_minutes o
-       WHERE o.minute < $1::timestamptz
-       ORDER BY o.minute
-       LIMIT $2::integer) old
-WHERE t.destination = old.destination AND t.minute = old.minute AND t.outcome = old.outcome AND t.le_ms = old.le_ms
-`
-
-// Forgets one bounded batch of the per-minute sums of attempts older than
-// @before, oldest first (the page reads a day of them); the caller loops.
-// An hour of a thousand busy endpoints is hundreds of thousands of rows:
-// in one statement, seconds of deleting.
-func (q *Queries) AttemptMinutesPrune(ctx context.Context, before time.Time, batchSize int32) (int64, error) {
-	result, err := q.db.Exec(ctx, attemptMinutesPrune, before, batchSize)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
 const attemptsList = `-- name: AttemptsList :many
 SELECT message_id, attempt, outcome, started_at, finished_at, status_code, error FROM outbox_attempts WHERE message_id = $1 ORDER BY attempt
 `
@@ -158,178 +137,6 @@ func (q *Queries) EventNotify(ctx context.Context, type_ string) error {
 	return err
 }
 
-const eventsPrune = `-- name: EventsPrune :one
-WITH scanned AS (
-    SELECT o.id FROM outbox_events o
-    WHERE o.id < outbox_uuid_at($2::timestamptz) AND o.id > $1::uuid
-    ORDER BY o.id
-    LIMIT $3::integer
-), deleted AS (
-    DELETE FROM outbox_events e
-    USING scanned s
-    WHERE e.id = s.id
-      AND NOT EXISTS (
-          -- OFFSET 0 keeps this a probe per event: as an anti-join the
-          -- planner would hash every message instead.
-          SELECT 1 FROM outbox_messages m
-          WHERE m.id BETWEEN outbox_uuid_floor(s.id) AND outbox_uuid_ceil(s.id) AND m.event_id = s.id
-          OFFSET 0)
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM scanned) AS scanned,
-       (SELECT count(*) FROM deleted) AS deleted,
-       COALESCE((SELECT s.id FROM scanned s ORDER BY s.id DESC LIMIT 1), $1::uuid)::uuid AS last_id
-`
-
-type EventsPruneRow struct {
-	Scanned int64
-	Deleted int64
-	LastID  uuid.UUID
-}
-
-// Looks at one bounded batch of the events written before @created_before,
-// in id order after the cursor @after, and deletes those no delivery refers
-// to any more; the caller loops after pruning deliveries, from the last id
-// looked at, until a batch looks at fewer than @batch_size. An event lives
-// as long as any of its deliveries, so a failed or pending one keeps its
-// payload; the cursor walks past those, so a run looks at each old event
-// once, however many are kept (a batch that skipped them anew read them
-// all again each time: a paused endpoint's week of backlog, every batch).
-// A delivery's id shares its event's time prefix, so an event's deliveries
-// are a primary-key range: no index on event_id.
-func (q *Queries) EventsPrune(ctx context.Context, after uuid.UUID, createdBefore time.Time, batchSize int32) (EventsPruneRow, error) {
-	row := q.db.QueryRow(ctx, eventsPrune, after, createdBefore, batchSize)
-	var i EventsPruneRow
-	err := row.Scan(&i.Scanned, &i.Deleted, &i.LastID)
-	return i, err
-}
-
-const messageClaim = `-- name: MessageClaim :many
-WITH lease AS (
-    SELECT e.url, e.secret,
-           COALESCE(CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END, '')::text AS previous_secret
-    FROM webhook_endpoints e
-    WHERE e.id = $3::uuid AND e.lease_token = $1::uuid AND e.enabled
-), due AS (
-    SELECT p.id, p.ordering_key FROM outbox_messages p
-    WHERE p.destination = $3::uuid AND p.status = 'pending' AND NOT p.parked AND p.next_attempt_at <= now()
-      AND EXISTS (SELECT 1 FROM lease)
-    ORDER BY p.next_attempt_at, p.id
-    LIMIT $4
-    FOR UPDATE SKIP LOCKED
-), judged AS (
-    SELECT d.id,
-           d.ordering_key IS NOT NULL AND (
-               row_number() OVER (PARTITION BY d.ordering_key ORDER BY d.id) > 1
-               OR EXISTS (
-                   SELECT 1 FROM outbox_messages b
-                   WHERE b.destination = $3::uuid AND b.ordering_key = d.ordering_key
-                     AND (b.status IN ('claimed', 'failed')
-                          OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked)))
-                     AND (b.status = 'claimed' OR b.id < d.id))
-           ) AS behind
-    FROM due d
-), parked AS (
-    UPDATE outbox_messages m SET parked = true
-    WHERE m.id = ANY (ARRAY(SELECT j.id FROM judged j WHERE j.behind))
-)
-UPDATE outbox_messages m
-SET status = 'claimed', claim_token = $1::uuid, claimed_by = $2::uuid, claimed_at = now()
-FROM lease, outbox_events ev
-WHERE m.id = ANY (ARRAY(SELECT j.id FROM judged j WHERE NOT j.behind)) AND ev.id = m.event_id
-RETURNING m.id, m.event_id, m.type, ev.payload, m.attempts, ev.created_at, ev.trace_context, m.ordering_key,
-          lease.url AS endpoint_url, lease.secret AS endpoint_secret, lease.previous_secret AS endpoint_previous_secret
-`
-
-type MessageClaimParams struct {
-	ClaimToken  uuid.UUID
-	RelayID     uuid.UUID
-	Destination uuid.UUID
-	BatchSize   int32
-}
-
-type MessageClaimRow struct {
-	ID                     uuid.UUID
-	EventID                uuid.UUID
-	Type                   string
-	Payload                []byte
-	Attempts               int32
-	CreatedAt              time.Time
-	TraceContext           []byte
-	OrderingKey            *string
-	EndpointUrl            string
-	EndpointSecret         string
-	EndpointPreviousSecret string
-}
-
-// Claims up to @batch_size of one destination's due messages, oldest due
-// first, for the deliver job holding the destination's lease, in ONE
-// statement. The job sends what it claims at once, so a claim's age is the
-// age of its request: a claim never waits in a queue. SKIP LOCKED keeps
-// the claim from waiting on a deletion's discard. If the lease is no longer
-// this job's (its relay was declared dead, or the endpoint was disabled or
-// deleted), nothing is claimed. Each row comes with its event (payload,
-// trace context) and the endpoint's URL and secrets as they are now, so a
-// rotated secret takes effect at the next claim. The attempt is counted
-// when its outcome is recorded, not here.
-//
-// Per-key order: a due message with an ordering key is claimed only if it
-// is the first of its key among those due, no earlier message of its key
-// is unfinished, and none of its key is claimed (on
-// outbox_messages_ordering_idx). The last holds a replayed event (whose
-// message takes its event's place in the key, EndpointReplay) while a
-// later message of its key is in flight: one message of a key is in
-// flight at a time, whatever their ids. (The lookup repeats the ordering
-// index's predicate, so it is one probe of that index: written as "claimed,
-// or earlier and unfinished", PostgreSQL read every claimed message of
-// every destination for each keyed one.) Otherwise it is parked:
-// out of the pending index, so out of every later claim's way, until the
-// message ahead of it settles and promotes it (MessagesRecordOutcomes,
-// MessageSkip). New messages of a key are due in commit order, so the first
-// of a key among the due ones is never behind one that is not due.
-//
-// Run under a generic plan (TransactionPlanGeneric): planned per call,
-// this statement takes about as long to plan as to run, and PostgreSQL
-// keeps planning it because it misjudges the generic plan's cost. The
-// updates find their rows by = ANY (ARRAY(...)) so the generic plan reads
-// them on the primary key, as a custom plan does.
-func (q *Queries) MessageClaim(ctx context.Context, arg MessageClaimParams) ([]MessageClaimRow, error) {
-	rows, err := q.db.Query(ctx, messageClaim,
-		arg.ClaimToken,
-		arg.RelayID,
-		arg.Destination,
-		arg.BatchSize,
-	)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []MessageClaimRow
-	for rows.Next() {
-		var i MessageClaimRow
-		if err := rows.Scan(
-			&i.ID,
-			&i.EventID,
-			&i.Type,
-			&i.Payload,
-			&i.Attempts,
-			&i.CreatedAt,
-			&i.TraceContext,
-			&i.OrderingKey,
-			&i.EndpointUrl,
-			&i.EndpointSecret,
-			&i.EndpointPreviousSecret,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const messageGet = `-- name: MessageGet :one
 SELECT m.id, m.event_id, m.type, m.destination, m.status, m.attempts,
        m.parked, m.next_attempt_at,
@@ -385,12 +192,9 @@ func (q *Queries) MessageGet(ctx context.Context, id uuid.UUID) (MessageGetRow, 
 
 const messageKeyHead = `-- name: MessageKeyHead :one
 SELECT b.id, b.status FROM outbox_messages b
-WHERE b.destination = $1::uuid AND b.ordering_key = $2::text
-  AND (b.status IN ('claimed', 'failed')
-       OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked)))
-  AND (b.status = 'claimed' OR b.id < $3::uuid)
-ORDER BY b.id
-LIMIT 1
+WHERE b.id = (SELECT a.id FROM outbox_key_ahead($1::uuid, $2::text, $3::uuid) a
+              ORDER BY a.status = 'claimed' DESC, a.id
+              LIMIT 1)
 `
 
 type MessageKeyHeadRow struct {
@@ -398,10 +202,9 @@ type MessageKeyHeadRow struct {
 	Status string
 }
 
-// What a parked message waits for: the earliest unfinished message of its
-// destination and ordering key before it, or the one of its key in flight
-// (a replayed event waits for it; on the ordering index). None
-// means it waits only to be promoted (MessagesPromoteStranded).
+// What a parked message waits for: the first message that stands ahead of
+// it in its destination and key (outbox_key_ahead), one in flight or the
+// earliest unfinished before it. None means it waits only to be promoted.
 func (q *Queries) MessageKeyHead(ctx context.Context, destination uuid.UUID, orderingKey string, iD uuid.UUID) (MessageKeyHeadRow, error) {
 	row := q.db.QueryRow(ctx, messageKeyHead, destination, orderingKey, iD)
 	var i MessageKeyHeadRow
@@ -812,121 +615,36 @@ func (q *Queries) MessageListNewer(ctx context.Context, arg MessageListNewerPara
 
 const messageOverdue = `-- name: MessageOverdue :one
 WITH RECURSIVE heads AS (
-    (SELECT destination, next_attempt_at FROM outbox_messages
+    (SELECT destination, next_attempt_at, created_at FROM outbox_messages
      WHERE status = 'pending' AND NOT parked ORDER BY destination, next_attempt_at LIMIT 1)
     UNION ALL
-    SELECT n.destination, n.next_attempt_at
+    SELECT n.destination, n.next_attempt_at, n.created_at
     FROM heads h, LATERAL (
-        SELECT m.destination, m.next_attempt_at FROM outbox_messages m
+        SELECT m.destination, m.next_attempt_at, m.created_at FROM outbox_messages m
         WHERE m.status = 'pending' AND NOT m.parked AND m.destination > h.destination
         ORDER BY m.destination, m.next_attempt_at LIMIT 1
     ) n
 )
-SELECT COALESCE(EXTRACT(epoch FROM now() - min(GREATEST(h.next_attempt_at, e.backoff_until))), 0)::float8
+SELECT COALESCE(EXTRACT(epoch FROM now() - min(GREATEST(h.next_attempt_at, h.created_at, e.backoff_until))), 0)::float8
 FROM heads h
 JOIN webhook_endpoints e ON e.id = h.destination
-WHERE e.enabled AND GREATEST(h.next_attempt_at, e.backoff_until) <= now()
+WHERE e.enabled AND GREATEST(h.next_attempt_at, h.created_at, e.backoff_until) <= now()
 `
 
 // How long the oldest deliverable message has waited past its due time. A
 // message is deliverable when its endpoint is enabled and not backing off;
-// it is due from the later of its own next attempt and the end of its
-// endpoint's backoff (a parked message is not due). A healthy relay keeps this near the poll interval,
-// whatever waits for paused or failing endpoints. One index probe per
-// destination with pending messages (a skip scan), never a scan of them all.
+// it is due from the latest of its own next attempt, the end of its
+// endpoint's backoff, and its writing (a replayed message is due at its
+// event's time, to keep its key's order, but waits only since the replay).
+// A parked message is not due. A healthy relay keeps this near the poll
+// interval, whatever waits for paused or failing endpoints. One index probe
+// per destination with pending messages (a skip scan), never a scan of them
+// all.
 func (q *Queries) MessageOverdue(ctx context.Context) (float64, error) {
 	row := q.db.QueryRow(ctx, messageOverdue)
 	var column_1 float64
 	err := row.Scan(&column_1)
 	return column_1, err
-}
-
-const messagePromoteNext = `-- name: MessagePromoteNext :execrows
-UPDATE outbox_messages n SET parked = false
-WHERE n.id = (SELECT w.id FROM outbox_messages w
-              WHERE w.destination = $1::uuid AND w.ordering_key = $2::text AND w.id > $3::uuid
-                AND w.status = 'pending' AND w.parked
-              ORDER BY w.id LIMIT 1)
-`
-
-// Promotes the first message parked behind @id in its destination and
-// ordering key: due again at its own time.
-func (q *Queries) MessagePromoteNext(ctx context.Context, destination uuid.UUID, orderingKey string, iD uuid.UUID) (int64, error) {
-	result, err := q.db.Exec(ctx, messagePromoteNext, destination, orderingKey, iD)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const messageReleaseStale = `-- name: MessageReleaseStale :execrows
-WITH stale AS (
-    SELECT m.id, m.destination, m.attempts, m.attempts_before, m.claimed_at
-    FROM outbox_messages m
-    LEFT JOIN outbox_relays r ON r.id = m.claimed_by
-    WHERE m.status = 'claimed'
-      AND m.claimed_at < now() - make_interval(secs => LEAST($1::float8,
-              (SELECT min(a.claim_timeout_seconds) FROM outbox_relays a)))
-      AND m.claimed_at < now() - make_interval(secs => COALESCE(r.claim_timeout_seconds, $1::float8))
-    FOR UPDATE OF m SKIP LOCKED
-), released AS (
-    UPDATE outbox_messages m
-    SET status = CASE WHEN m.attempts + 1 >= $2::integer THEN 'failed' ELSE 'pending' END,
-        failed_at = CASE WHEN m.attempts + 1 >= $2::integer THEN now() END,
-        attempts = m.attempts + 1,
-        claim_token = NULL,
-        claimed_at = NULL,
-        claimed_by = NULL,
-        next_attempt_at = now(),
-        last_error = 'claim timed out: the relay did not record an outcome'
-    FROM stale
-    WHERE m.id = stale.id
-    RETURNING m.id, CASE WHEN m.status = 'failed' THEN 'failed' ELSE 'timeout' END AS outcome
-), endpoint AS (
-    UPDATE webhook_endpoints e
-    SET last_attempt_at = now(), last_attempt_outcome = 'timeout',
-        last_error_at = now(), last_error_status_code = NULL,
-        last_error = 'claim timed out: the relay did not record an outcome'
-    WHERE e.id IN (SELECT s.destination FROM stale s JOIN released r ON r.id = s.id)
-), summed AS (
-    INSERT INTO outbox_attempt_minutes AS t (destination, minute, outcome, le_ms, attempts, min_ms, max_ms)
-    SELECT s.destination, date_trunc('minute', now()), r.outcome, 0, count(*),
-           min(x.ms), max(x.ms)
-    FROM stale s
-    JOIN released r ON r.id = s.id
-    CROSS JOIN LATERAL (SELECT GREATEST(EXTRACT(epoch FROM now() - s.claimed_at) * 1000, 0)::float8 AS ms) x
-    GROUP BY 1, 3
-    ORDER BY 1, 3
-    ON CONFLICT (destination, minute, outcome, le_ms) DO UPDATE
-    SET attempts = t.attempts + excluded.attempts,
-        min_ms = LEAST(t.min_ms, excluded.min_ms),
-        max_ms = GREATEST(t.max_ms, excluded.max_ms)
-)
-INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, error)
-SELECT s.id, s.attempts_before + s.attempts + 1, r.outcome, s.claimed_at, now(), 'claim timed out: the relay did not record an outcome'
-FROM stale s JOIN released r ON r.id = s.id
-ON CONFLICT DO NOTHING
-`
-
-// The last resort: returns claims older than the claim timeout to pending
-// (or to failed at the attempt cap) and records the lost attempt, whatever
-// their relay. A claim lives as long as its request, so only a relay that is
-// alive but stuck leaves one this old; a dead relay's claims are released
-// within seconds by MessagesReleaseLost. Their endpoints' latest attempt
-// and error say so, and their minute's sums count them.
-//
-// A claim is stale after the claim timeout of the relay that made it
-// (outbox_relays), or after @claim_timeout_seconds when that relay is not
-// registered: relays may run with different timeouts during a rollout, and
-// one must not release another's claims while their requests may still be
-// in flight. The shortest timeout of all bounds the scan on the claimed
-// index first.
-func (q *Queries) MessageReleaseStale(ctx context.Context, claimTimeoutSeconds float64, maxAttempts int32) (int64, error) {
-	result, err := q.db.Exec(ctx, messageReleaseStale, claimTimeoutSeconds, maxAttempts)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
 }
 
 const messageRetry = `-- name: MessageRetry :one
@@ -963,11 +681,8 @@ type MessageSkipRow struct {
 }
 
 // A person gives up on a failed message: it is settled as discarded, never
-// sent, and the next message of its ordering key, parked behind it, is due
-// again (MessagePromoteNext, in the same transaction). A claim that read
-// the message as failed before the commit may park the next one where this
-// transaction cannot see it: MessagesPromoteKeys after the commit promotes
-// it, or the claim's job as it ends (MessagesPromoteStranded).
+// sent, and its key goes on: the caller runs it under the destination's
+// lock (DestinationLock) and promotes its key after it (MessagesPromote).
 func (q *Queries) MessageSkip(ctx context.Context, reason string, iD uuid.UUID) (MessageSkipRow, error) {
 	row := q.db.QueryRow(ctx, messageSkip, reason, iD)
 	var i MessageSkipRow
@@ -1018,12 +733,7 @@ func (q *Queries) MessageStats(ctx context.Context) (MessageStatsRow, error) {
 }
 
 const messagesDiscardForDestination = `-- name: MessagesDiscardForDestination :execrows
-UPDATE outbox_messages
-SET status = 'discarded', discarded_at = now(), last_error = $1::text,
-    claim_token = NULL, claimed_at = NULL, claimed_by = NULL, parked = false
-WHERE id IN (
-    -- Claimed and failed first: what a deletion leaves to the relay is
-    -- pending, which MessagesDiscardOrphans settles.
+WITH candidates AS (
     SELECT u.id FROM (
         SELECT c.id FROM outbox_messages c WHERE c.destination = $2 AND c.status = 'claimed'
         UNION ALL
@@ -1035,108 +745,32 @@ WHERE id IN (
         SELECT p.id FROM outbox_messages p WHERE p.destination = $2 AND p.status = 'pending' AND NOT p.parked
     ) u
     LIMIT $3
+), locked AS (
+    SELECT m.id FROM outbox_messages m
+    WHERE m.id = ANY (ARRAY(SELECT c.id FROM candidates c))
+    FOR UPDATE SKIP LOCKED
 )
+UPDATE outbox_messages
+SET status = 'discarded', discarded_at = now(), last_error = $1::text,
+    claim_token = NULL, claimed_at = NULL, claimed_by = NULL, parked = false
+WHERE id IN (SELECT l.id FROM locked l)
 AND status IN ('claimed', 'failed', 'pending')
 `
 
 // Settles up to @batch_size undelivered messages of an endpoint being
 // deleted: they will never be sent. The deletion runs it in its own
-// transaction, then in batches of their own (a day's backlog is millions of
-// rows, minutes of writing). Claimed ones lose their claim, so the job
-// sending them records nothing. Each status is found on its own partial
-// index, never by scanning the delivered history.
+// transaction, after locking the endpoint's row (EndpointLockForDelete),
+// then in batches of their own (a day's backlog is millions of rows,
+// minutes of writing). Claimed ones lose their claim, so the job sending
+// them records nothing. SKIP LOCKED: it never waits for a message, so no
+// lock it holds can be part of a cycle (relay/order.go); a message locked
+// by a deliver job ending is left to that job, and whatever it leaves
+// pending to the orphan job (MessagesDiscardOrphans). Each status is found
+// on its own partial index, never by scanning the delivered history.
 // Again outside the subquery: a message the relay recorded delivered
-// while this statement waited for its lock is re-read here, and kept.
+// before this statement locked it is re-read here, and kept.
 func (q *Queries) MessagesDiscardForDestination(ctx context.Context, reason string, destination uuid.UUID, batchSize int32) (int64, error) {
 	result, err := q.db.Exec(ctx, messagesDiscardForDestination, reason, destination, batchSize)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const messagesDiscardOrphans = `-- name: MessagesDiscardOrphans :execrows
-WITH RECURSIVE heads AS (
-    (SELECT destination FROM outbox_messages
-     WHERE status = 'pending' AND NOT parked ORDER BY destination LIMIT 1)
-    UNION ALL
-    SELECT n.destination
-    FROM heads h, LATERAL (
-        SELECT m.destination FROM outbox_messages m
-        WHERE m.status = 'pending' AND NOT m.parked AND m.destination > h.destination
-        ORDER BY m.destination LIMIT 1
-    ) n
-), keyed_heads AS (
-    (SELECT destination FROM outbox_messages
-     WHERE ordering_key IS NOT NULL
-       AND (status IN ('claimed', 'failed') OR status = 'pending' AND (attempts > 0 OR attempts_before > 0 OR parked))
-     ORDER BY destination LIMIT 1)
-    UNION ALL
-    SELECT n.destination
-    FROM keyed_heads h, LATERAL (
-        SELECT m.destination FROM outbox_messages m
-        WHERE m.ordering_key IS NOT NULL
-          AND (m.status IN ('claimed', 'failed') OR m.status = 'pending' AND (m.attempts > 0 OR m.attempts_before > 0 OR m.parked))
-          AND m.destination > h.destination
-        ORDER BY m.destination LIMIT 1
-    ) n
-), failed_heads AS (
-    (SELECT destination FROM outbox_messages
-     WHERE status = 'failed' ORDER BY destination LIMIT 1)
-    UNION ALL
-    SELECT n.destination
-    FROM failed_heads h, LATERAL (
-        SELECT m.destination FROM outbox_messages m
-        WHERE m.status = 'failed' AND m.destination > h.destination
-        ORDER BY m.destination LIMIT 1
-    ) n
-), orphans AS (
-    SELECT d.destination
-    FROM (SELECT destination FROM heads UNION SELECT destination FROM keyed_heads
-          UNION SELECT destination FROM failed_heads) d
-    WHERE NOT EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = d.destination)
-)
-UPDATE outbox_messages m
-SET status = 'discarded', discarded_at = now(), last_error = 'endpoint deleted', parked = false
-WHERE m.id IN (
-    -- Per orphan destination, index probes (a join could hash every
-    -- pending message instead); failed, then parked ones first, as a
-    -- deletion does.
-    SELECT u.id
-    FROM orphans o, LATERAL (
-        (SELECT f.id FROM outbox_messages f
-         WHERE f.destination = o.destination AND f.status = 'failed'
-         LIMIT $1)
-        UNION ALL
-        (SELECT w.id FROM outbox_messages w
-         WHERE w.destination = o.destination AND w.ordering_key IS NOT NULL AND w.status = 'pending' AND w.parked
-         LIMIT $1)
-        UNION ALL
-        (SELECT p.id FROM outbox_messages p
-         WHERE p.destination = o.destination AND p.status = 'pending' AND NOT p.parked
-         LIMIT $1)
-    ) u
-    LIMIT $1
-)
-AND m.status IN ('failed', 'pending')
-`
-
-// Discards up to @batch_size pending or failed messages whose endpoint no
-// longer exists: what a deletion left to the relay (more than it could
-// settle while its request waits), and rows an order transaction wrote
-// while their endpoint was being deleted, which the deletion's own discard
-// could not see. Skip scans find the destinations with messages left, one
-// index probe each: on the pending index; on the ordering index (its own
-// predicate, so any entry answers) for those parked behind an earlier
-// message of their key, which a deleted endpoint may have alone when its
-// deletion discarded the failed heads of their keys and ran out of time;
-// and on the failed-by-destination index for failed ones, which would
-// otherwise count as failed, and alert, until their retention ends. The
-// caller loops.
-// Again outside the subquery: a row a deletion's batch discarded while
-// this statement waited for its lock is re-read here, and left alone.
-func (q *Queries) MessagesDiscardOrphans(ctx context.Context, batchSize int32) (int64, error) {
-	result, err := q.db.Exec(ctx, messagesDiscardOrphans, batchSize)
 	if err != nil {
 		return 0, err
 	}
@@ -1156,366 +790,4 @@ func (q *Queries) MessagesParkedBehind(ctx context.Context, destination uuid.UUI
 	var count int64
 	err := row.Scan(&count)
 	return count, err
-}
-
-const messagesPromoteKeys = `-- name: MessagesPromoteKeys :execrows
-UPDATE outbox_messages m
-SET parked = false
-WHERE m.id IN (
-    SELECT f.id
-    FROM unnest($1::text[]) AS k (key)
-    CROSS JOIN LATERAL (
-        SELECT w.id FROM outbox_messages w
-        WHERE w.destination = $2::uuid AND w.ordering_key = k.key
-          AND w.status = 'pending' AND w.parked
-        ORDER BY w.id
-        LIMIT 1
-    ) f
-)
-AND NOT EXISTS (
-    SELECT 1 FROM outbox_messages b
-    WHERE b.destination = m.destination AND b.ordering_key = m.ordering_key
-      AND (b.status IN ('claimed', 'failed')
-           OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked)))
-      AND (b.status = 'claimed' OR b.id < m.id))
-`
-
-// MessagesPromoteStranded for some keys only, at once: run by a deliver job
-// after a recording that ran beside one of its claims. The claim may have
-// parked a message behind one the recording settled, and the recording's
-// promotion, which could not see the park yet, let nothing go: the message
-// would wait for the job's end. One probe of outbox_messages_ordering_idx
-// per key.
-func (q *Queries) MessagesPromoteKeys(ctx context.Context, keys []string, destination uuid.UUID) (int64, error) {
-	result, err := q.db.Exec(ctx, messagesPromoteKeys, keys, destination)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const messagesPromoteStranded = `-- name: MessagesPromoteStranded :execrows
-UPDATE outbox_messages m
-SET parked = false
-WHERE m.id IN (
-    SELECT DISTINCT ON (w.ordering_key) w.id
-    FROM outbox_messages w
-    WHERE w.destination = $1::uuid AND w.ordering_key IS NOT NULL
-      AND w.status = 'pending' AND w.parked
-    ORDER BY w.ordering_key, w.id
-)
-AND NOT EXISTS (
-    SELECT 1 FROM outbox_messages b
-    WHERE b.destination = m.destination AND b.ordering_key = m.ordering_key
-      AND (b.status IN ('claimed', 'failed')
-           OR (b.status = 'pending' AND (b.attempts > 0 OR b.attempts_before > 0 OR b.parked)))
-      AND (b.status = 'claimed' OR b.id < m.id))
-`
-
-// The safety net of per-key order, for one destination: promotes parked
-// messages (see MessageClaim) that nothing earlier of their key holds back
-// any more, such as one a claim parked while a person skipped the message
-// ahead of it (the skip's promotion could not see it yet). Promoting one
-// that still has to wait is harmless: the next claim parks it again. A
-// deliver job runs it as it ends, at most once every 10 s per destination
-// and process (it reads every parked message of the destination), and the
-// prune job for every endpoint; with nothing parked it is one probe of
-// outbox_messages_ordering_idx.
-func (q *Queries) MessagesPromoteStranded(ctx context.Context, destination uuid.UUID) (int64, error) {
-	result, err := q.db.Exec(ctx, messagesPromoteStranded, destination)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const messagesPrune = `-- name: MessagesPrune :execrows
-DELETE FROM outbox_messages
-WHERE id IN (
-    (SELECT p.id FROM outbox_messages p
-     WHERE p.status = 'delivered' AND p.delivered_at < $1::timestamptz
-     ORDER BY p.delivered_at
-     LIMIT $2)
-    UNION ALL
-    (SELECT p.id FROM outbox_messages p
-     WHERE p.status = 'discarded' AND p.discarded_at < $1::timestamptz
-     ORDER BY p.discarded_at
-     LIMIT $2)
-)
-`
-
-// Deletes one bounded batch of settled rows (delivered or discarded) older
-// than the retention; the caller loops. Pending, claimed and failed rows are
-// never touched. Each status is walked by age on its own partial index.
-func (q *Queries) MessagesPrune(ctx context.Context, settledBefore time.Time, batchSize int32) (int64, error) {
-	result, err := q.db.Exec(ctx, messagesPrune, settledBefore, batchSize)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const messagesPruneFailed = `-- name: MessagesPruneFailed :execrows
-DELETE FROM outbox_messages
-WHERE id IN (
-    SELECT p.id FROM outbox_messages p
-    WHERE p.status = 'failed' AND p.failed_at < $1::timestamptz
-    ORDER BY p.failed_at
-    LIMIT $2
-)
-AND status = 'failed' AND failed_at < $1::timestamptz
-`
-
-// Deletes one bounded batch of failed rows that gave up before
-// @failed_before (the failed retention), with their attempts (ON DELETE
-// CASCADE); the caller loops, then prunes the events left without a
-// delivery. Walked by age on the failed_at index. A failed message that held
-// back later messages of its ordering key is gone as if skipped:
-// MessagesPromoteStranded, in the same prune job, lets them go.
-// Again outside the subquery: a row requeued by a person while this
-// statement waited for its lock is re-read here, and kept.
-func (q *Queries) MessagesPruneFailed(ctx context.Context, failedBefore time.Time, batchSize int32) (int64, error) {
-	result, err := q.db.Exec(ctx, messagesPruneFailed, failedBefore, batchSize)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const messagesRecordOutcomes = `-- name: MessagesRecordOutcomes :execrows
-WITH o AS (
-    SELECT unnest($1::uuid[])                 AS id,
-           unnest($2::text[])            AS status,
-           unnest($3::float8[])    AS delay_seconds,
-           unnest($4::text[])         AS last_error,
-           unnest($5::integer[])         AS attempt,
-           unnest($6::text[])            AS outcome,
-           unnest($7::timestamptz[])  AS started_at,
-           unnest($8::timestamptz[]) AS finished_at,
-           unnest($9::integer[])     AS status_code
-), held AS (
-    UPDATE outbox_messages m
-    SET status = o.status,
-        attempts = o.attempt,
-        claim_token = NULL,
-        claimed_at = NULL,
-        claimed_by = NULL,
-        delivered_at = CASE WHEN o.status = 'delivered' THEN now() END,
-        failed_at = CASE WHEN o.status = 'failed' THEN now() END,
-        next_attempt_at = CASE WHEN o.status = 'pending'
-                               THEN now() + make_interval(secs => o.delay_seconds)
-                               ELSE m.next_attempt_at END,
-        last_error = COALESCE(NULLIF(o.last_error, ''), m.last_error)
-    FROM o
-    -- The attempt follows the row's count: an outcome recorded already
-    -- (its answer lost, so the job put it back) finds the count past it,
-    -- even on a later claim of the message by the same job.
-    WHERE m.id = o.id AND m.claim_token = $10::uuid AND m.attempts = o.attempt - 1
-    -- Its attempt too: the rest joins the outcomes on (id, attempt), so an
-    -- outcome recorded already, flushed again beside the message's next,
-    -- is neither summed again nor taken for the endpoint's latest.
-    RETURNING m.id, m.attempts, m.attempts_before, m.status, m.destination, m.ordering_key
-), promoted AS (
-    UPDATE outbox_messages n SET parked = false
-    FROM held h
-    WHERE h.status = 'delivered' AND h.ordering_key IS NOT NULL
-      AND n.id = (SELECT w.id FROM outbox_messages w
-                  WHERE w.destination = h.destination AND w.ordering_key = h.ordering_key
-                    AND w.status = 'pending' AND w.parked
-                  ORDER BY w.id LIMIT 1)
-), latest AS (
-    SELECT h.destination,
-           max(o.finished_at) AS attempt_at,
-           (array_agg(o.outcome ORDER BY o.finished_at DESC))[1] AS attempt_outcome,
-           max(o.finished_at) FILTER (WHERE o.outcome = 'delivered') AS success_at,
-           max(o.finished_at) FILTER (WHERE o.outcome <> 'delivered') AS error_at,
-           (array_agg(NULLIF(o.status_code, 0) ORDER BY o.finished_at DESC) FILTER (WHERE o.outcome <> 'delivered'))[1]
-               AS error_status_code,
-           (array_agg(NULLIF(o.last_error, '') ORDER BY o.finished_at DESC) FILTER (WHERE o.outcome <> 'delivered'))[1]
-               AS error
-    FROM held h JOIN o ON o.id = h.id AND o.attempt = h.attempts
-    GROUP BY h.destination
-), endpoint AS (
-    UPDATE webhook_endpoints e
-    SET last_attempt_at = GREATEST(e.last_attempt_at, l.attempt_at),
-        last_attempt_outcome = CASE WHEN e.last_attempt_at > l.attempt_at THEN e.last_attempt_outcome
-                                    ELSE l.attempt_outcome END,
-        last_success_at = GREATEST(e.last_success_at, l.success_at),
-        last_error_at = GREATEST(e.last_error_at, l.error_at),
-        last_error_status_code = CASE WHEN l.error_at IS NULL OR e.last_error_at > l.error_at THEN e.last_error_status_code
-                                      ELSE l.error_status_code END,
-        last_error = CASE WHEN l.error_at IS NULL OR e.last_error_at > l.error_at THEN e.last_error
-                          ELSE l.error END
-    FROM latest l
-    WHERE e.id = l.destination
-), summed AS (
-    INSERT INTO outbox_attempt_minutes AS t (destination, minute, outcome, le_ms, attempts, min_ms, max_ms)
-    SELECT h.destination, date_trunc('minute', o.finished_at), o.outcome,
-           CASE WHEN o.outcome = 'delivered' THEN outbox_latency_bucket_ms(x.ms) ELSE 0 END,
-           count(*), min(x.ms), max(x.ms)
-    FROM held h
-    JOIN o ON o.id = h.id AND o.attempt = h.attempts
-    CROSS JOIN LATERAL (SELECT GREATEST(EXTRACT(epoch FROM o.finished_at - o.started_at) * 1000, 0)::float8 AS ms) x
-    GROUP BY 1, 2, 3, 4
-    ORDER BY 1, 2, 3, 4
-    ON CONFLICT (destination, minute, outcome, le_ms) DO UPDATE
-    SET attempts = t.attempts + excluded.attempts,
-        min_ms = LEAST(t.min_ms, excluded.min_ms),
-        max_ms = GREATEST(t.max_ms, excluded.max_ms)
-)
-INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code, error)
-SELECT h.id, h.attempts_before + o.attempt, o.outcome, o.started_at, o.finished_at,
-       NULLIF(o.status_code, 0), NULLIF(o.last_error, '')
-FROM held h JOIN o ON o.id = h.id AND o.attempt = h.attempts
-ON CONFLICT DO NOTHING
-`
-
-type MessagesRecordOutcomesParams struct {
-	Ids           []uuid.UUID
-	Statuses      []string
-	DelaysSeconds []float64
-	LastErrors    []string
-	Attempts      []int32
-	Outcomes      []string
-	StartedAts    []time.Time
-	FinishedAts   []time.Time
-	StatusCodes   []int32
-	ClaimToken    uuid.UUID
-}
-
-// Records outcomes and their attempts in one statement, only on rows the
-// job's claim token still holds: a job whose claims were released (its relay
-// was declared dead) finds nothing to change, and rows claimed since keep
-// the newer claim's story. An empty error keeps the previous one, so a
-// delivered row still shows what failed before it succeeded. No status
-// filter: the token implies 'claimed' (a CHECK ties them), and the primary
-// key finds the rows. @attempts is each message's attempt number, counted
-// from its last requeue; the history numbers it after the attempts made
-// before that requeue (attempts_before). ON CONFLICT keeps a rare double
-// record harmless. A delivered message with an ordering key promotes the
-// first parked message of its key (see MessageClaim): due again at its own
-// time, so ahead of any newer one of the key. The first, not the first
-// after it: a replayed event parked while the delivered one was in flight
-// comes before it in the key. The endpoint keeps its latest
-// attempt, success and error (what the ops page shows), each replaced only
-// by a later one, and the attempts are added to their minute's sums
-// (outbox_attempt_minutes), in key order so that two recordings cannot
-// deadlock. The releases below repeat that upsert: a function shared by
-// the three cost the relay's small recordings more than the lines it saves
-// (docs/design.md).
-func (q *Queries) MessagesRecordOutcomes(ctx context.Context, arg MessagesRecordOutcomesParams) (int64, error) {
-	result, err := q.db.Exec(ctx, messagesRecordOutcomes,
-		arg.Ids,
-		arg.Statuses,
-		arg.DelaysSeconds,
-		arg.LastErrors,
-		arg.Attempts,
-		arg.Outcomes,
-		arg.StartedAts,
-		arg.FinishedAts,
-		arg.StatusCodes,
-		arg.ClaimToken,
-	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const messagesRelease = `-- name: MessagesRelease :execrows
-UPDATE outbox_messages
-SET status = 'pending', claim_token = NULL, claimed_at = NULL, claimed_by = NULL
-WHERE id = ANY ($1::uuid[]) AND claim_token = $2::uuid
-`
-
-// Returns claimed messages that were never sent (the job was stopped before
-// their request began) to pending as they were: no attempt is counted and
-// they are due again at once.
-func (q *Queries) MessagesRelease(ctx context.Context, ids []uuid.UUID, claimToken uuid.UUID) (int64, error) {
-	result, err := q.db.Exec(ctx, messagesRelease, ids, claimToken)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const messagesReleaseByToken = `-- name: MessagesReleaseByToken :execrows
-UPDATE outbox_messages
-SET status = 'pending', claim_token = NULL, claimed_at = NULL, claimed_by = NULL
-WHERE status = 'claimed' AND claim_token = $1::uuid
-`
-
-// MessagesRelease for a job that lost track of what it claimed: a claim
-// statement that failed on the way back (the connection dropped after it
-// committed) leaves rows claimed under the job's token that the job never
-// saw. Run at the job's end, after its outcomes are recorded, so whatever
-// is still claimed under its token had no request: it goes back to pending
-// as it was, rather than waiting out the claim timeout and being charged an
-// attempt it never made. Reads the claimed rows (as many as are in flight
-// everywhere), so it runs only after a claim failed.
-func (q *Queries) MessagesReleaseByToken(ctx context.Context, claimToken uuid.UUID) (int64, error) {
-	result, err := q.db.Exec(ctx, messagesReleaseByToken, claimToken)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const messagesReleaseLost = `-- name: MessagesReleaseLost :execrows
-WITH lost AS (
-    SELECT id, destination, attempts, attempts_before, claimed_at FROM outbox_messages
-    WHERE status = 'claimed' AND claimed_by = ANY ($2::uuid[])
-    FOR UPDATE SKIP LOCKED
-), released AS (
-    UPDATE outbox_messages m
-    SET status = CASE WHEN m.attempts + 1 >= $3::integer THEN 'failed' ELSE 'pending' END,
-        failed_at = CASE WHEN m.attempts + 1 >= $3::integer THEN now() END,
-        attempts = m.attempts + 1,
-        claim_token = NULL,
-        claimed_at = NULL,
-        claimed_by = NULL,
-        next_attempt_at = now(),
-        last_error = $1::text
-    FROM lost
-    WHERE m.id = lost.id
-    RETURNING m.id, CASE WHEN m.status = 'failed' THEN 'failed' ELSE 'interrupted' END AS outcome
-), endpoint AS (
-    UPDATE webhook_endpoints e
-    SET last_attempt_at = now(), last_attempt_outcome = 'interrupted',
-        last_error_at = now(), last_error_status_code = NULL, last_error = $1::text
-    WHERE e.id IN (SELECT l.destination FROM lost l JOIN released r ON r.id = l.id)
-), summed AS (
-    INSERT INTO outbox_attempt_minutes AS t (destination, minute, outcome, le_ms, attempts, min_ms, max_ms)
-    SELECT l.destination, date_trunc('minute', now()), r.outcome, 0, count(*),
-           min(x.ms), max(x.ms)
-    FROM lost l
-    JOIN released r ON r.id = l.id
-    CROSS JOIN LATERAL (SELECT GREATEST(EXTRACT(epoch FROM now() - l.claimed_at) * 1000, 0)::float8 AS ms) x
-    GROUP BY 1, 3
-    ORDER BY 1, 3
-    ON CONFLICT (destination, minute, outcome, le_ms) DO UPDATE
-    SET attempts = t.attempts + excluded.attempts,
-        min_ms = LEAST(t.min_ms, excluded.min_ms),
-        max_ms = GREATEST(t.max_ms, excluded.max_ms)
-)
-INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, error)
-SELECT l.id, l.attempts_before + l.attempts + 1, r.outcome, l.claimed_at, now(), $1::text
-FROM lost l JOIN released r ON r.id = l.id
-ON CONFLICT DO NOTHING
-`
-
-// Settles the claims of relays declared dead: their requests were in flight
-// and may have reached the receiver, so each counts as an attempt
-// ("interrupted") and the message is due again at once; at the attempt cap
-// it fails instead (its attempt recorded as 'failed', as any attempt that
-// reaches the cap is), so a message whose delivery kills its relay every time
-// cannot kill relays forever. This is the at-least-once window, by design.
-// Their endpoints' latest attempt and error say so, and their minute's sums
-// count them.
-func (q *Queries) MessagesReleaseLost(ctx context.Context, reason string, relayIds []uuid.UUID, maxAttempts int32) (int64, error) {
-	result, err := q.db.Exec(ctx, messagesReleaseLost, reason, relayIds, maxAttempts)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
 }

@@ -112,4 +112,5 @@ type WebhookEndpoint struct {
 	LastErrorStatusCode     *int32
 	LastError               *string
 	DisabledAt              *time.Time
+	Pace                    *int32
 }

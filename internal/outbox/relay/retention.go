@@ -1,8 +1,8 @@
 package relay
 
-// The relay's housekeeping, run by River's leader as periodic jobs: the
-// prune of settled rows past their retention, the discard of messages
-// whose endpoint is gone, and the chores a service adds (Config.Chores).
+// Retention, run by River's leader as periodic jobs: the prune of settled
+// rows past their retention, the discard of messages whose endpoint is
+// gone, and the chores a service adds (Config.Chores).
 
 import (
 	"context"
@@ -65,17 +65,6 @@ func (w *pruneWorker) Work(ctx context.Context, job *river.Job[pruneArgs]) error
 		}
 		if n < pruneBatch {
 			break
-		}
-	}
-	// Deliver jobs promote their destination's stranded messages as they
-	// end; this reaches the destinations no job has served since.
-	endpoints, err := outboxdb.New(r.pool).EndpointList(ctx)
-	if err != nil {
-		return fmt.Errorf("listing endpoints: %w", err)
-	}
-	for _, e := range endpoints {
-		if _, err := outboxdb.New(r.pool).MessagesPromoteStranded(ctx, e.ID); err != nil {
-			return fmt.Errorf("promoting stranded messages: %w", err)
 		}
 	}
 	return nil
@@ -151,15 +140,16 @@ func (r *Relay) prune(ctx context.Context, cutoff, failedCutoff time.Time) (sett
 			break
 		}
 	}
-	for {
-		n, err := q.MessagesPruneFailed(ctx, failedCutoff, pruneBatch)
+	dests, err := q.FailedExpiredDestinations(ctx, failedCutoff)
+	if err != nil {
+		return settled, failed, fmt.Errorf("finding failed messages to prune: %w", err)
+	}
+	for _, dest := range dests {
+		n, err := r.pruneFailed(ctx, dest, failedCutoff)
 		failed += n
 		r.metrics.pruned.Add(float64(n))
 		if err != nil {
-			return settled, failed, fmt.Errorf("pruning failed messages: %w", err)
-		}
-		if n == 0 {
-			break
+			return settled, failed, err
 		}
 	}
 	for after := uuid.Nil; ; {
@@ -180,6 +170,34 @@ func (r *Relay) prune(ctx context.Context, cutoff, failedCutoff time.Time) (sett
 			return settled, failed, nil
 		}
 		after = row.LastID
+	}
+}
+
+// pruneFailed deletes one destination's failed messages that failed before
+// cutoff, a batch per transaction, each under the destination's lock and
+// followed by the promotion of their keys: a failed message pruned lets
+// its key go on, as a skipped one does.
+func (r *Relay) pruneFailed(ctx context.Context, dest uuid.UUID, cutoff time.Time) (int64, error) {
+	var total int64
+	for {
+		var keys []*string
+		err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) (err error) {
+			q := outboxdb.New(tx)
+			if err := q.DestinationLock(ctx, dest); err != nil {
+				return fmt.Errorf("locking destination: %w", err)
+			}
+			if keys, err = q.MessagesPruneFailed(ctx, dest, cutoff, pruneBatch); err != nil {
+				return err
+			}
+			return promote(ctx, q, dest, keys)
+		})
+		if err != nil {
+			return total, fmt.Errorf("pruning failed messages: %w", err)
+		}
+		total += int64(len(keys))
+		if len(keys) < pruneBatch {
+			return total, nil
+		}
 	}
 }
 

@@ -1,0 +1,549 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/destination"
+	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
+	"github.com/outboxkit/orders/internal/webhook"
+)
+
+// The destination session: one deliver job's turn at serving one
+// destination. It takes the destination's lease, then loops: it claims
+// what is due into the room its pace allows (pace.go), sends each message
+// at once, judges each answer (outcome.go) and hands it to its recorder
+// (record.go), until its slice is over, the relay stops, nothing has been
+// due for a while, or the pace says to stop sending. Its end (settle)
+// writes what is left, the destination's health and pace, and frees the
+// lease, in one transaction.
+//
+// So a slow, hanging or failing destination holds at most one River
+// worker and its window of requests, never another destination's share,
+// and a message's attempts count only requests that were made.
+
+// deliverArgs is one deliver job: a turn at serving one destination.
+type deliverArgs struct {
+	Destination uuid.UUID `json:"destination"`
+}
+
+// Kind implements river.JobArgs.
+func (deliverArgs) Kind() string { return "outbox_deliver" }
+
+// InsertOpts implements river.JobArgsWithInsertOpts. River retries a job
+// only when it failed to reach the database; a retry takes the lease again,
+// or finds it held and does nothing.
+func (deliverArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{Queue: queueDeliver, MaxAttempts: 3}
+}
+
+// Tuning of a deliver job that is not worth a setting.
+const (
+	// deliverSlice is how long one job serves its destination before making
+	// way: it queues the next job for it behind those already waiting, so
+	// when destinations outnumber workers each gets its turn.
+	deliverSlice = 5 * time.Second
+	// idlePolls is how many polls in a row may find nothing due before the
+	// job ends: a destination with steady traffic keeps its job, an idle
+	// one frees the worker within a fraction of a second.
+	idlePolls = 4
+	// flushSize is how many outcomes are recorded in one statement at most;
+	// fewer are recorded at every poll interval, so none waits longer.
+	flushSize = 64
+	// settleTimeout bounds a job's final writes, which run even after its
+	// context was cancelled.
+	settleTimeout = 10 * time.Second
+)
+
+// jobTimeout is how long a deliver job may run: its slice, a last request,
+// and its final writes.
+func (c Config) jobTimeout() time.Duration {
+	return deliverSlice + c.DeliveryTimeout + settleTimeout + 5*time.Second
+}
+
+type deliverWorker struct {
+	river.WorkerDefaults[deliverArgs]
+	relay *Relay
+}
+
+func (w *deliverWorker) Timeout(*river.Job[deliverArgs]) time.Duration {
+	return w.relay.cfg.jobTimeout()
+}
+
+func (w *deliverWorker) Work(ctx context.Context, job *river.Job[deliverArgs]) error {
+	r := w.relay
+	dest := job.Args.Destination
+	q := outboxdb.New(r.pool)
+	if r.draining() {
+		// Stopping: hand the destination back to the other relays now rather
+		// than after the redispatch delay.
+		if err := q.DestinationUndispatch(ctx, dest); err != nil {
+			return fmt.Errorf("handing back destination: %w", err)
+		}
+		return nil
+	}
+	if !r.alive() {
+		// Leave it to a relay whose liveness is certain.
+		return nil
+	}
+	token := uuid.New()
+	lease, err := q.DestinationLease(ctx, token, r.id, dest)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Served by a live job already, paused, backing off or deleted.
+		return nil
+	}
+	if err != nil {
+		// The lease may be taken all the same (committed, the answer lost):
+		// held by this live relay, it would keep every other job away.
+		release := func(ctx context.Context) error { return outboxdb.New(r.pool).DestinationLeaseRelease(ctx, dest, token) }
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+		defer cancel()
+		if release(rctx) != nil {
+			r.deferSettle(release)
+		}
+		return fmt.Errorf("leasing destination: %w", err)
+	}
+	r.metrics.deliverJobs.Inc()
+	s := &session{
+		r: r, job: job, dest: dest, token: token, ep: lease,
+		pace:    newPace(r.cfg, lease),
+		rec:     newRecorder(r, dest, token),
+		results: make(chan sent, r.cfg.DestinationConcurrency),
+		woken:   make(chan struct{}, 1),
+	}
+	defer r.serving(dest, s.woken)()
+	return s.run(ctx)
+}
+
+// mode is where a session is in its turn.
+type mode int
+
+const (
+	// serving: claiming what is due, as the pace allows.
+	serving mode = iota
+	// draining: the slice is over or the relay is stopping: nothing more is
+	// claimed, the requests in flight finish.
+	draining
+	// cancelled: the job's context is done, or the relay's liveness lapsed
+	// (liveness.go): the requests in flight are cut off.
+	cancelled
+)
+
+// session is one deliver job's turn at its destination. Every field is
+// read and written by the session's goroutine only; requests and the
+// recorder's writes report back on channels.
+type session struct {
+	r     *Relay
+	job   *river.Job[deliverArgs]
+	dest  uuid.UUID
+	token uuid.UUID
+	ep    outboxdb.DestinationLeaseRow
+
+	mode mode
+	pace *pace
+	rec  *recorder
+	// health is the destination's health as last stored or announced.
+	health string
+
+	results  chan sent
+	woken    chan struct{} // a commit for the destination (listen.go)
+	inFlight int
+	// claimFailed: a claim statement failed, and may have committed rows
+	// the job never saw; the settle releases them too.
+	claimFailed bool
+	// opened caches the endpoint's secrets decrypted, by stored value.
+	opened map[string]string
+}
+
+// sent is one request's end.
+type sent struct {
+	row      outboxdb.MessageClaimRow
+	res      Result
+	span     trace.Span
+	started  time.Time
+	finished time.Time
+	// seq numbers the request and concurrent is how many were in flight to
+	// the destination, itself included, when it started (pace.answer).
+	seq        uint64
+	concurrent int
+	// notSent: the job was cancelled before the request began.
+	notSent bool
+	// interrupted: the job was cancelled while the request was in flight.
+	interrupted bool
+}
+
+func (s *session) run(ctx context.Context) error {
+	r := s.r
+	s.health = s.ep.Health
+	// Requests run on their own context: a hard stop, or a lapse of the
+	// relay's liveness, cancels them, and their outcomes are still recorded
+	// on the job's.
+	sendCtx, cancelSends := context.WithCancel(ctx)
+	defer cancelSends()
+	poll := time.NewTicker(r.cfg.PollInterval)
+	defer poll.Stop()
+	sliceEnds := time.Now().Add(deliverSlice)
+
+	var (
+		dueLeft    = true
+		idle       int
+		lastClaim  time.Time
+		claimFails int
+		// Closed channels fire at every select: each is waited on once.
+		drain, done = r.drain, ctx.Done()
+	)
+	for {
+		switch {
+		case s.mode != cancelled && !r.alive():
+			// Others may soon declare this relay dead and send its claims
+			// again: its own requests end first.
+			s.mode = cancelled
+			cancelSends()
+		case s.mode == serving && (r.draining() || time.Now().After(sliceEnds)):
+			s.mode = draining
+		}
+		if s.mode == serving && dueLeft && s.pace.sending() {
+			room := min(s.pace.room(s.inFlight), r.cfg.BatchSize)
+			// Claim when nothing is in flight, when the whole window is
+			// free, or when a poll interval has passed since the last
+			// claim: a fast receiver's slots come back together and are
+			// refilled by one full claim (a claim costs about as much for
+			// one message as for thirty), a slow or uneven one's within a
+			// poll interval.
+			if room > 0 && (s.inFlight == 0 || s.pace.room(0) == room || time.Since(lastClaim) >= r.cfg.PollInterval) {
+				rows, err := s.claim(ctx, room)
+				lastClaim = time.Now()
+				switch {
+				case err != nil:
+					// Try again at the next poll; after three failures in a
+					// row, leave the destination to the next job.
+					claimFails++
+					s.claimFailed = true
+					dueLeft = false
+					if claimFails >= 3 && ctx.Err() == nil {
+						r.logger.WarnContext(ctx, "claiming messages", slog.String("destination", s.dest.String()), slog.Any("error", err))
+						s.mode = draining
+					}
+				case len(rows) < room:
+					dueLeft = false // nothing more is due now; look again at the next poll
+					claimFails = 0
+				default:
+					claimFails = 0
+				}
+				if len(rows) > 0 {
+					idle = 0
+				}
+				for _, row := range rows {
+					s.start(sendCtx, row)
+				}
+			}
+		}
+		if s.inFlight == 0 && s.rec.idle() && (s.mode != serving || !s.pace.sending() || idle >= idlePolls) {
+			break
+		}
+		select {
+		case res := <-s.results:
+			s.handle(ctx, res)
+			// Take every other result already waiting before deciding
+			// whether to claim: fewer, fuller claims.
+			for more := true; more; {
+				select {
+				case res := <-s.results:
+					s.handle(ctx, res)
+				default:
+					more = false
+				}
+			}
+			if s.rec.waiting() >= flushSize {
+				s.rec.flush(ctx)
+			}
+		case w := <-s.rec.done:
+			recorded := s.rec.finished(ctx, w)
+			r.counted(ctx, s.dest, recorded)
+			// After a failure the next try waits for the poll: a database
+			// that is away would be retried in a tight loop.
+			if w.err == nil && s.rec.waiting() >= flushSize {
+				s.rec.flush(ctx)
+			}
+		case <-poll.C:
+			s.rec.flush(ctx)
+			if !dueLeft && s.inFlight == 0 {
+				idle++
+			}
+			dueLeft = true
+		case <-s.woken:
+			// A commit for this destination (OUTBOX_NOTIFY): look now
+			// rather than at the next poll.
+			dueLeft, lastClaim = true, time.Time{}
+		case <-drain:
+			drain = nil
+			if s.mode == serving {
+				s.mode = draining
+			}
+		case <-done:
+			done, s.mode = nil, cancelled
+			cancelSends()
+		}
+	}
+	return s.settle(ctx)
+}
+
+// claim claims up to n of the destination's due messages (order.go).
+func (s *session) claim(ctx context.Context, n int) ([]outboxdb.MessageClaimRow, error) {
+	rows, err := claimMessages(ctx, s.r.pool, outboxdb.MessageClaimParams{
+		ClaimToken: s.token, RelayID: s.r.id, Destination: s.dest, BatchSize: int32(n),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claiming messages: %w", err)
+	}
+	if len(rows) > 0 {
+		s.r.metrics.claimed.Add(float64(len(rows)))
+		// progressAt measures idleness on this process's clock;
+		// claimedAt is written to the database (on its clock, by the
+		// heartbeat).
+		s.r.progressAt.Store(time.Now().UnixNano())
+		s.r.claimedAt.Store(s.r.now().UnixNano())
+	}
+	return rows, nil
+}
+
+// start sends one claimed message, in a goroutine of its own. The
+// destination is checked again (a row stored before a rule, such as a
+// broker's control surface, is not sent), and a broker destination signs
+// nothing: its secret is never opened, so one that does not decrypt holds
+// nothing up.
+func (s *session) start(ctx context.Context, row outboxdb.MessageClaimRow) {
+	dest, err := destination.Parse(row.EndpointUrl)
+	sign := signing{}
+	switch {
+	case err != nil:
+		sign.err = fmt.Errorf("not sent: %w", err)
+	case dest.Kind == destination.KindWebhook:
+		sign = s.signing(row)
+	}
+	s.inFlight++
+	seq := s.pace.send()
+	go s.send(ctx, row, dest, sign, seq, s.inFlight)
+}
+
+// send makes one request and reports its end on s.results.
+func (s *session) send(ctx context.Context, row outboxdb.MessageClaimRow, dest destination.Destination, sign signing, seq uint64, concurrent int) {
+	r := s.r
+	if ctx.Err() != nil {
+		s.results <- sent{row: row, notSent: true}
+		return
+	}
+	started := r.now()
+	spanCtx, span, header := r.startDeliverSpan(ctx, s.dest, row)
+	body := webhook.Body(row.EventID, row.Type, row.CreatedAt, row.Payload)
+	reqCtx, cancel := context.WithTimeout(spanCtx, r.cfg.DeliveryTimeout)
+	res := Result{Err: sign.err}
+	if res.Err == nil {
+		res = r.transport.Deliver(reqCtx, Delivery{
+			EventID: row.EventID, MessageID: row.ID, Type: row.Type, URL: row.EndpointUrl, Destination: dest, Secret: sign.secret,
+			PreviousSecret: sign.previous, Body: body, Header: header,
+			Data: row.Payload, CreatedAt: row.CreatedAt, OrderingKey: orEmpty(row.OrderingKey),
+		})
+	}
+	cancel()
+	s.results <- sent{row: row, res: res, span: span, started: started, finished: r.now(), seq: seq, concurrent: concurrent,
+		interrupted: res.Err != nil && ctx.Err() != nil}
+}
+
+// handle takes one request's end: what it says of the destination to the
+// pace, and what comes of the message to the recorder.
+func (s *session) handle(ctx context.Context, res sent) {
+	s.inFlight--
+	key := orEmpty(res.row.OrderingKey)
+	if res.notSent {
+		s.rec.release(res.row.ID, key)
+		return
+	}
+	o := s.r.cfg.judge(res.row.ID, key, int(res.row.Attempts), res.res, res.interrupted, res.started, res.finished)
+	wasProbing := s.pace.state == stateProbing
+	throttled := s.pace.answer(signalOf(res.res, res.interrupted), res.seq, res.concurrent,
+		s.r.dbTime(res.finished).Add(retryAfter(res.res)), o.err)
+	if throttled {
+		o.status, o.label = outbox.StatusPending, labelThrottled
+		endDeliverSpan(res.span, res.res, o)
+		s.r.counted(ctx, s.dest, []outcome{o})
+		s.rec.release(res.row.ID, key)
+		return
+	}
+	endDeliverSpan(res.span, res.res, o)
+	s.rec.record(o)
+	if wasProbing && s.pace.state == stateSending {
+		s.recovered(ctx)
+	}
+}
+
+// recovered marks a destination that was backing off healthy again, at
+// once, so the ops page and the other relays see it while this job goes on,
+// and makes due the retries the outage pushed back (MessagesBringForward). If
+// that write fails, the settle stores the health and says it; the retries
+// then keep their schedule.
+func (s *session) recovered(ctx context.Context) {
+	r := s.r
+	// Bounded: the session's loop waits on it, and holds the lease meanwhile.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	var forward int64
+	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		q := outboxdb.New(tx)
+		var err error
+		if forward, err = q.MessagesBringForward(ctx, s.dest, s.token); err != nil {
+			return fmt.Errorf("bringing retries forward: %w", err)
+		}
+		return q.DestinationHealthy(ctx, s.dest, s.token)
+	})
+	if err != nil {
+		r.logger.WarnContext(ctx, "recording destination recovered", slog.String("destination", s.dest.String()), slog.Any("error", err))
+		return
+	}
+	s.announceRecovered(ctx, slog.Int64("retries_brought_forward", forward))
+}
+
+// announceRecovered logs and counts a destination's recovery, once.
+func (s *session) announceRecovered(ctx context.Context, attrs ...any) {
+	s.health = outbox.HealthHealthy
+	s.r.metrics.stateChanges.WithLabelValues(outbox.HealthHealthy).Inc()
+	attrs = append([]any{slog.String("destination", s.dest.String()), slog.String("url", s.ep.Url)}, attrs...)
+	if s.ep.HealthChangedAt != nil {
+		attrs = append(attrs, slog.Duration("backed_off_for", s.r.dbNow().Sub(*s.ep.HealthChangedAt).Round(time.Second)))
+	}
+	s.r.logger.InfoContext(ctx, "destination recovered", attrs...)
+}
+
+// settle ends the job: in one transaction it records what the recorder has
+// left, releases what was claimed and never sent, promotes their keys,
+// stores the destination's health and pace and frees its lease, queues the
+// next job when due work remains, and completes this River job. It runs
+// even when the job's context was cancelled. If the database cannot be
+// reached, the relay retries the same writes at its next heartbeats
+// (deferSettle); until then the destination stays leased by this live
+// relay, and its claims wait, recorded late rather than sent twice.
+func (s *session) settle(ctx context.Context) error {
+	r := s.r
+	ctx = context.WithoutCancel(ctx)
+	health, backoffUntil, reason, failures := s.pace.verdict(r.dbNow(), r.cfg)
+	left := s.rec.pending
+	var recorded []outcome
+	write := func(ctx context.Context, tx pgx.Tx) error {
+		return s.settleWrite(ctx, tx, left, &recorded, health, backoffUntil, reason, failures)
+	}
+	settleCtx, cancel := context.WithTimeout(ctx, settleTimeout)
+	defer cancel()
+	err := pgx.BeginFunc(settleCtx, r.pool, func(tx pgx.Tx) error {
+		if err := write(settleCtx, tx); err != nil {
+			return err
+		}
+		if _, err := river.JobCompleteTx[*riverpgxv5.Driver](settleCtx, tx, s.job); err != nil {
+			return fmt.Errorf("completing deliver job: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		// Retried by the heartbeat loop until it succeeds; the River job is
+		// left to River's retry, which finds the lease and does nothing.
+		r.deferSettle(func(ctx context.Context) error {
+			if err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error { return write(ctx, tx) }); err != nil {
+				return err
+			}
+			// Counted and said once recorded, as on time.
+			r.counted(ctx, s.dest, recorded)
+			s.announce(ctx, health, backoffUntil)
+			return nil
+		})
+		return fmt.Errorf("settling deliver job for %s: %w", s.dest, err)
+	}
+	r.counted(ctx, s.dest, recorded)
+	s.announce(ctx, health, backoffUntil)
+	return nil
+}
+
+// settleWrite is the settle's writes but the River job's completion: the
+// destination's lock, the last outcomes recorded and the unsent released
+// with their keys promoted (the recorder's batch), the claims of a failed
+// claim statement released and promoted, the destination's health and
+// pace stored and its lease freed, and the next deliver job queued when
+// due work remains.
+func (s *session) settleWrite(ctx context.Context, tx pgx.Tx, left batch, recorded *[]outcome,
+	health string, backoffUntil *time.Time, reason *string, failures int,
+) error {
+	q := outboxdb.New(tx)
+	if err := q.DestinationLock(ctx, s.dest); err != nil {
+		return fmt.Errorf("locking destination: %w", err)
+	}
+	if err := s.r.sendBatch(ctx, tx, func(b *pgx.Batch) func() error {
+		return s.rec.queue(b, left, recorded)
+	}); err != nil {
+		return err
+	}
+	if s.claimFailed {
+		keys, err := q.MessagesReleaseByToken(ctx, s.token)
+		if err != nil {
+			return fmt.Errorf("releasing messages of failed claims: %w", err)
+		}
+		if err := promote(ctx, q, s.dest, keys); err != nil {
+			return err
+		}
+	}
+	redispatch, err := q.DestinationSettle(ctx, outboxdb.DestinationSettleParams{
+		ID: s.dest, LeaseToken: s.token, Health: health, HealthReason: reason,
+		ConsecutiveFailures: int32(failures), BackoffUntil: backoffUntil, Gone: s.pace.state == stateGone,
+		Pace: s.pace.remembered(),
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		// The lease is no longer ours (this relay was declared dead,
+		// or the endpoint deleted): whoever holds it now decides.
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("settling destination: %w", err)
+	}
+	if redispatch {
+		if _, err := s.r.client.InsertTx(ctx, tx, deliverArgs{Destination: s.dest}, nil); err != nil {
+			return fmt.Errorf("queueing the next deliver job: %w", err)
+		}
+	}
+	return nil
+}
+
+// announce logs and counts the destination's state changes as the job
+// leaves it, once each: starting to back off, recovering (when recovered
+// could not record it), being paused by a 410.
+func (s *session) announce(ctx context.Context, health string, backoffUntil *time.Time) {
+	r := s.r
+	dest := slog.String("destination", s.dest.String())
+	switch {
+	case health == outbox.HealthBackingOff && s.health != outbox.HealthBackingOff:
+		r.metrics.stateChanges.WithLabelValues(outbox.HealthBackingOff).Inc()
+		r.logger.WarnContext(ctx, "destination failing: backing off as a whole", dest, slog.String("url", s.ep.Url),
+			slog.String("error", s.pace.lastFailure), slog.Int("consecutive_failures", s.pace.failures),
+			slog.Time("next_probe_at", *backoffUntil))
+	case health == outbox.HealthHealthy && s.health == outbox.HealthBackingOff:
+		s.announceRecovered(ctx)
+	}
+	if s.pace.state == stateGone {
+		r.metrics.stateChanges.WithLabelValues(outbox.HealthPaused).Inc()
+		r.logger.WarnContext(ctx, "destination paused: the receiver answered 410 Gone; its messages wait until it is enabled again",
+			dest, slog.String("url", s.ep.Url))
+	}
+}
+
+func orEmpty(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
