@@ -11,9 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -55,7 +53,10 @@ type config struct {
 	// relay stalled.
 	stallThreshold time.Duration
 	tracing        telemetry.Config
-	secretKeys     *secretbox.Keyring
+	// allowedHosts are the names, beyond IP addresses and localhost, that
+	// requests may carry in Host (process.CheckHost).
+	allowedHosts process.Hosts
+	secretKeys   *secretbox.Keyring
 	// misspelt are warnings about variables set but never read.
 	misspelt []string
 }
@@ -69,6 +70,7 @@ func parseConfig(getenv func(string) string, environ []string) (config, error) {
 		addr:            env.Addr("API_ADDR", "127.0.0.1:8080"),
 		adminAddr:       env.Addr("ADMIN_ADDR", ""),
 		adminToken:      env.String("ADMIN_TOKEN", ""),
+		allowedHosts:    env.Hosts("API_ALLOWED_HOSTS"),
 		logFormat:       env.OneOf("LOG_FORMAT", "", "", "text", "json"),
 		allowPrivate:    env.Bool("OUTBOX_ALLOW_PRIVATE_TARGETS", false),
 		notify:          env.Bool("OUTBOX_NOTIFY", false),
@@ -85,7 +87,7 @@ func parseConfig(getenv func(string) string, environ []string) (config, error) {
 	if c.adminAddr != "" && c.adminAddr == c.addr {
 		env.Fail("ADMIN_ADDR", fmt.Errorf("must differ from API_ADDR (%s): unset it to serve everything there", c.addr))
 	}
-	if c.adminToken != "" && len(c.adminToken) < minAdminToken && !loopbackOnly(c.adminListener()) {
+	if c.adminToken != "" && len(c.adminToken) < minAdminToken && !process.LoopbackOnly(c.adminListener()) {
 		env.Fail("ADMIN_TOKEN", fmt.Errorf("must be at least %d characters when the admin routes listen beyond loopback (%s); generate one with `openssl rand -base64 32`, or put them on a loopback ADMIN_ADDR",
 			minAdminToken, c.adminListener()))
 	}
@@ -96,21 +98,6 @@ func parseConfig(getenv func(string) string, environ []string) (config, error) {
 // adminListener is the address the ops page, the admin routes and /metrics
 // are served on.
 func (c config) adminListener() string { return cmp.Or(c.adminAddr, c.addr) }
-
-// loopbackOnly reports whether addr (host:port) listens on loopback alone.
-// An empty host, a host name other than localhost, or anything unparsable
-// counts as beyond loopback: the check must fail safe.
-func loopbackOnly(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip, err := netip.ParseAddr(host)
-	return err == nil && ip.IsLoopback()
-}
 
 // Run runs the api process: `args` empty serves, `migrate` migrates and
 // exits, `reencrypt-secrets` migrates, seals every endpoint's signing
@@ -226,11 +213,11 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		return process.Serve(gctx, logger, "api", cfg.addr, tracing.Handler(edge(public, httpMetrics)), 10*time.Second, nil)
+		return process.Serve(gctx, logger, "api", cfg.addr, tracing.Handler(edge(public, httpMetrics, cfg.allowedHosts)), 10*time.Second, nil)
 	})
 	if cfg.adminAddr != "" {
 		g.Go(func() error {
-			return process.Serve(gctx, logger, "admin", cfg.adminAddr, tracing.Handler(edge(adminMux, httpMetrics)), 10*time.Second, nil)
+			return process.Serve(gctx, logger, "admin", cfg.adminAddr, tracing.Handler(edge(adminMux, httpMetrics, cfg.allowedHosts)), 10*time.Second, nil)
 		})
 	}
 	if err := g.Wait(); err != nil {
@@ -240,23 +227,26 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 	return nil
 }
 
-// edge is what every request to a listener passes first. Cross-origin
-// browser requests that change state are refused before any route sees
-// them: the JSON routes have no other defence against a page on another
-// site, and the ops page's forms are same-origin. Errors the router itself
-// writes (404, 405) become problem details like every other error.
-func edge(mux *http.ServeMux, metrics *process.HTTPMetrics) http.Handler {
+// edge is what every request to a listener passes first. A request for a
+// host the api does not answer to (a DNS rebinding's) is refused before
+// anything else: to the browser that sends it, it is same-origin, so
+// nothing after this check would tell it apart. Cross-origin browser
+// requests that change state are refused before any route sees them: the
+// JSON routes have no other defence against a page on another site, and
+// the ops page's forms are same-origin. Errors the router itself writes
+// (404, 405) become problem details like every other error.
+func edge(mux *http.ServeMux, metrics *process.HTTPMetrics, hosts process.Hosts) http.Handler {
 	cop := http.NewCrossOriginProtection()
 	// Measured outermost, refusals included; the route is the pattern the
 	// mux matched (unmatched for a refusal before routing).
-	return metrics.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return metrics.Wrap(process.CheckHost(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := cop.Check(r); err != nil {
 			httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusForbidden,
 				"cross-origin request refused (%v): state-changing requests must come from this origin or from a client that is not a browser", err))
 			return
 		}
 		mux.ServeHTTP(&routerErrorWriter{ResponseWriter: w, r: r}, r)
-	}))
+	}), "API_ALLOWED_HOSTS", hosts))
 }
 
 // routerErrorWriter turns the plain-text 404 and 405 that http.ServeMux

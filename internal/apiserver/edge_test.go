@@ -19,13 +19,17 @@ import (
 
 const orderBody = `{"customer_id":"c-1","lines":[{"sku":"sku-1","quantity":1,"unit_price_cents":100}]}`
 
-// send sends a request with exactly the given headers and returns the
-// response with its body read.
+// send sends a request with exactly the given headers (Host among them,
+// in place of the target's) and returns the response with its body read.
 func send(t *testing.T, method, target string, headers map[string]string, body string) (*http.Response, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(method, target, strings.NewReader(body))
 	require.NoError(t, err)
 	for k, v := range headers {
+		if k == "Host" {
+			req.Host = v
+			continue
+		}
 		req.Header.Set(k, v)
 	}
 	client := &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error {

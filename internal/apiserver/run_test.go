@@ -137,6 +137,8 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"admin addr same as api addr", map[string]string{"ADMIN_ADDR": "127.0.0.1:0"}, []string{"ADMIN_ADDR"}},
 		// A token read from a file with its newline: no request could present it.
 		{"token with a newline", map[string]string{"ADMIN_TOKEN": strings.Repeat("k", 32) + "\n"}, []string{"ADMIN_TOKEN", "whitespace"}},
+		// A URL where a host name belongs would match no Host header.
+		{"allowed host with a scheme", map[string]string{"API_ALLOWED_HOSTS": "https://api.example.com"}, []string{"API_ALLOWED_HOSTS"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
