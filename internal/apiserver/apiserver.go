@@ -197,7 +197,17 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 	adminMux.Handle("/outbox/", adminH)
 	adminMux.Handle("/ops", opsH)
 	adminMux.Handle("/ops/", opsH)
-	process.Metrics(adminMux, reg)
+	metricsH := process.MetricsHandler(reg)
+	if cfg.adminAddr == "" {
+		// On the listener the orders API shares, /metrics is behind the
+		// admin token like the rest of the admin surface: it tells anyone
+		// who can place an order the backlog, the endpoints' states, and
+		// how often each admin route and login answered what. Prometheus
+		// sends the token (authorization: credentials_file); ADMIN_ADDR's
+		// listener, on a private network, serves it without.
+		metricsH = opsH.RequireToken(metricsH)
+	}
+	adminMux.Handle("GET /metrics", metricsH)
 
 	switch {
 	case cfg.adminToken == "":

@@ -287,7 +287,7 @@ func TestServe(t *testing.T) {
 	t.Run("ops", func(t *testing.T) {
 		code, _ := s.do(t, http.MethodGet, "/healthz", "", "")
 		require.Equal(t, http.StatusOK, code)
-		code, body := s.do(t, http.MethodGet, "/metrics", "", "")
+		code, body := s.do(t, http.MethodGet, "/metrics", bearer, "")
 		require.Equal(t, http.StatusOK, code)
 		require.Contains(t, string(body), "outbox_messages")
 		require.Contains(t, string(body), "outbox_oldest_pending_age_seconds")
