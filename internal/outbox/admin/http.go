@@ -167,12 +167,15 @@ func (a *Service) handleReplay(w http.ResponseWriter, r *http.Request) {
 	}
 	rp := Replay{From: req.From, To: req.To, EventTypes: req.EventTypes, After: req.After, Limit: req.Limit}
 	if req.DryRun {
-		n, err := a.ReplayCount(r.Context(), id, rp)
+		d, err := a.ReplayCount(r.Context(), id, rp)
 		if err != nil {
 			a.writeError(w, r, err)
 			return
 		}
-		httpjson.Write(w, http.StatusOK, map[string]any{"dry_run": true, "events": n})
+		httpjson.Write(w, http.StatusOK, struct {
+			Dry bool `json:"dry_run"`
+			DryRun
+		}{true, d})
 		return
 	}
 	res, err := a.ReplayEvents(r.Context(), id, rp)
