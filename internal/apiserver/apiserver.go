@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -31,6 +32,11 @@ import (
 	"github.com/outboxkit/orders/internal/secretbox"
 	"github.com/outboxkit/orders/internal/telemetry"
 )
+
+// adminPoolSize is the admin surface's connections: enough for an
+// operator's page and a script beside it; more admin requests at once wait
+// for one (within their deadline) instead of taking the orders'.
+const adminPoolSize = 2
 
 // minAdminToken is the shortest ADMIN_TOKEN accepted when the admin surface
 // listens beyond loopback: 32 characters of a random token are out of reach
@@ -52,7 +58,10 @@ type config struct {
 	// stallThreshold is when the ops page and GET /outbox/relays call the
 	// relay stalled.
 	stallThreshold time.Duration
-	tracing        telemetry.Config
+	// adminTimeout cancels an admin surface's statement that runs
+	// longer (on the admin pool's connections).
+	adminTimeout time.Duration
+	tracing      telemetry.Config
 	// allowedHosts are the names, beyond IP addresses and localhost, that
 	// requests may carry in Host (process.CheckHost).
 	allowedHosts process.Hosts
@@ -76,6 +85,7 @@ func parseConfig(getenv func(string) string, environ []string) (config, error) {
 		notify:          env.Bool("OUTBOX_NOTIFY", false),
 		opsCookieSecure: env.Bool("OPS_COOKIE_SECURE", false),
 		stallThreshold:  env.Duration("OUTBOX_STALL_THRESHOLD", admin.DefaultStallThreshold),
+		adminTimeout:    env.Duration("ADMIN_STATEMENT_TIMEOUT", 10*time.Second),
 		tracing:         telemetry.FromEnv(env, "orders-api"),
 		secretKeys:      parseSecretKeys(env),
 	}
@@ -151,9 +161,24 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 	}
 	defer tracing.Shutdown(context.WithoutCancel(ctx))
 
+	// The admin surface (the admin API, the ops page and its sessions,
+	// River UI) has a small pool of its own: however many admin requests
+	// run at once, and however long their reads, they never hold a
+	// connection the orders need. Each statement is cancelled past
+	// ADMIN_STATEMENT_TIMEOUT, so one expensive read cannot keep even these.
+	adminPool, err := process.OpenPool(ctx, cfg.databaseURL, adminPoolSize, func(c *pgxpool.Config) {
+		// Whatever the URL's pool_max_conns: that sizes the orders' pool.
+		c.MaxConns = adminPoolSize
+		c.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(cfg.adminTimeout.Milliseconds(), 10)
+	})
+	if err != nil {
+		return err
+	}
+	defer adminPool.Close()
+
 	guard := netguard.Guard{AllowPrivate: cfg.allowPrivate}
 	ordersSvc := orders.NewService(pool, logger)
-	adminSvc := admin.New(pool, guard, logger, admin.WithSecretKeys(cfg.secretKeys),
+	adminSvc := admin.New(adminPool, guard, logger, admin.WithSecretKeys(cfg.secretKeys),
 		admin.WithStallThreshold(cfg.stallThreshold))
 	httpMetrics := process.NewHTTPMetrics()
 	backlog := admin.NewBacklogCollector(pool)
@@ -177,11 +202,11 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 		adminMux = http.NewServeMux()
 	}
 	opsOpts := ops.Options{Admin: adminSvc, Token: cfg.adminToken, Logger: logger, Warnings: slices.Concat(cfg.misspelt, cfg.warnings()),
-		Pool: pool, CookieSecure: cfg.opsCookieSecure, Lookups: []ops.Lookup{orderLookup(ordersSvc)}}
+		Pool: adminPool, CookieSecure: cfg.opsCookieSecure, Lookups: []ops.Lookup{orderLookup(ordersSvc)}}
 	// River UI counts River's jobs in the background: only when someone
 	// can sign in to look at it.
 	if cfg.adminToken != "" {
-		riverUI, stopRiverUI, err := newRiverUI(ctx, pool, logger)
+		riverUI, stopRiverUI, err := newRiverUI(ctx, adminPool, logger)
 		if err != nil {
 			return err
 		}

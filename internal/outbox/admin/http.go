@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/outboxkit/orders/db"
 	"github.com/outboxkit/orders/internal/httpjson"
 	"github.com/outboxkit/orders/internal/outbox/destination"
 )
@@ -362,11 +363,11 @@ func (a *Service) writeError(w http.ResponseWriter, r *http.Request, err error) 
 	case errors.Is(err, ErrInvalidEndpoint), errors.Is(err, ErrInvalidStatus), errors.Is(err, ErrInvalidReplay),
 		errors.Is(err, ErrInvalidFilter):
 		status = http.StatusUnprocessableEntity
-	case errors.Is(err, context.DeadlineExceeded):
-		// The request's deadline (process.HandlerTimeout): a slow
-		// database, not a defect; WriteError answers 503.
+	case errors.Is(err, context.DeadlineExceeded), db.StatementCanceled(err):
+		// The request's deadline (process.HandlerTimeout) or the admin
+		// pool's statement timeout: a slow database, not a defect.
 		a.logger.WarnContext(r.Context(), "admin request took too long", slog.String("path", r.URL.Path), slog.Any("error", err))
-		httpjson.WriteError(w, err)
+		httpjson.WriteError(w, context.DeadlineExceeded)
 		return
 	default:
 		a.logger.ErrorContext(r.Context(), "admin request failed", slog.String("path", r.URL.Path), slog.Any("error", err))
