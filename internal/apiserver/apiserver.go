@@ -184,7 +184,7 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 	backlog := admin.NewBacklogCollector(pool)
 	defer backlog.Close() // before pool.Close, which waits for its connection
 	reg, err := process.NewRegistry(append(httpMetrics.Collectors(),
-		backlog, process.NewPoolCollector(pool, "api"))...)
+		backlog, process.NewPoolCollector(pool, "api"), process.NewPoolCollector(adminPool, "api_admin"))...)
 	if err != nil {
 		return err
 	}

@@ -295,6 +295,7 @@ func TestServe(t *testing.T) {
 		// api's pool reports its connections.
 		require.Contains(t, string(body), `http_requests_total{code="200",method="GET",route="GET /healthz"} 1`)
 		require.Contains(t, string(body), `pgxpool_connections{pool="api",state="idle"}`)
+		require.Contains(t, string(body), `pgxpool_max_connections{pool="api_admin"} 2`, "the admin surface's own pool")
 	})
 
 	t.Run("admin auth", func(t *testing.T) {
