@@ -295,7 +295,7 @@ func (h *Handler) confirmReplay(w http.ResponseWriter, r *http.Request, ep admin
 	events, inRange := plural(num(n), "event", "events"), num(n)
 	button := "Replay " + events
 	if count.Next != nil {
-		// A count reads as much of the range as a replay's batch does: a
+		// A count reads as much of the range as one replay call scans: a
 		// range wider than that is counted as far as the count went.
 		sec, nsec := count.Next.Time().UnixTime()
 		events = "the chosen types' events (at least " + num(n) + ")"
