@@ -2,8 +2,10 @@ package db
 
 import (
 	"context"
+	"errors"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -53,4 +55,13 @@ func ConfigurePool(cfg *pgxpool.Config) {
 		}
 		return nil
 	}
+}
+
+// StatementCanceled reports whether err is PostgreSQL's cancellation of a
+// statement (SQLSTATE 57014): it ran past statement_timeout, or its client
+// asked, as pgx does when a request's context ends. Either way it is a
+// statement that took too long, not a defect.
+func StatementCanceled(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "57014" // query_canceled
 }

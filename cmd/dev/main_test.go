@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -60,6 +61,22 @@ func TestDevRunsTheWholeService(t *testing.T) {
 		return strings.Contains(logs.String(), `"msg":"webhook received"`) &&
 			strings.Contains(logs.String(), `"signature_valid":true`)
 	}, 20*time.Second, 20*time.Millisecond, "the demo receiver logged the verified webhook")
+
+	// The README's addresses, by number and by localhost, pass the Host
+	// check of the api's and the worker's listeners as they are.
+	for _, addr := range []string{apiAddr, workerAddr} {
+		_, port, err := net.SplitHostPort(addr)
+		require.NoError(t, err)
+		for _, base := range []string{"http://" + addr, "http://localhost:" + port} {
+			req, err := http.NewRequest(http.MethodGet, base+"/metrics", nil)
+			require.NoError(t, err)
+			req.Header.Set("Authorization", "Bearer s3cret-admin-token")
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			resp.Body.Close()
+			require.Equal(t, http.StatusOK, resp.StatusCode, base)
+		}
+	}
 
 	require.NotContains(t, logs.String(), "s3cret-admin-token", "a chosen admin token is never logged")
 	require.Contains(t, logs.String(), `"admin_token":"(from ADMIN_TOKEN)"`)

@@ -11,10 +11,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -33,6 +32,11 @@ import (
 	"github.com/outboxkit/orders/internal/secretbox"
 	"github.com/outboxkit/orders/internal/telemetry"
 )
+
+// adminPoolSize is the admin surface's connections: enough for an
+// operator's page and a script beside it; more admin requests at once wait
+// for one (within their deadline) instead of taking the orders'.
+const adminPoolSize = 2
 
 // minAdminToken is the shortest ADMIN_TOKEN accepted when the admin surface
 // listens beyond loopback: 32 characters of a random token are out of reach
@@ -54,8 +58,14 @@ type config struct {
 	// stallThreshold is when the ops page and GET /outbox/relays call the
 	// relay stalled.
 	stallThreshold time.Duration
-	tracing        telemetry.Config
-	secretKeys     *secretbox.Keyring
+	// adminTimeout cancels an admin surface's statement that runs
+	// longer (on the admin pool's connections).
+	adminTimeout time.Duration
+	tracing      telemetry.Config
+	// allowedHosts are the names, beyond IP addresses and localhost, that
+	// requests may carry in Host (process.CheckHost).
+	allowedHosts process.Hosts
+	secretKeys   *secretbox.Keyring
 	// misspelt are warnings about variables set but never read.
 	misspelt []string
 }
@@ -69,11 +79,13 @@ func parseConfig(getenv func(string) string, environ []string) (config, error) {
 		addr:            env.Addr("API_ADDR", "127.0.0.1:8080"),
 		adminAddr:       env.Addr("ADMIN_ADDR", ""),
 		adminToken:      env.String("ADMIN_TOKEN", ""),
+		allowedHosts:    env.Hosts("API_ALLOWED_HOSTS"),
 		logFormat:       env.OneOf("LOG_FORMAT", "", "", "text", "json"),
 		allowPrivate:    env.Bool("OUTBOX_ALLOW_PRIVATE_TARGETS", false),
 		notify:          env.Bool("OUTBOX_NOTIFY", false),
 		opsCookieSecure: env.Bool("OPS_COOKIE_SECURE", false),
 		stallThreshold:  env.Duration("OUTBOX_STALL_THRESHOLD", admin.DefaultStallThreshold),
+		adminTimeout:    env.Duration("ADMIN_STATEMENT_TIMEOUT", 10*time.Second),
 		tracing:         telemetry.FromEnv(env, "orders-api"),
 		secretKeys:      parseSecretKeys(env),
 	}
@@ -85,7 +97,7 @@ func parseConfig(getenv func(string) string, environ []string) (config, error) {
 	if c.adminAddr != "" && c.adminAddr == c.addr {
 		env.Fail("ADMIN_ADDR", fmt.Errorf("must differ from API_ADDR (%s): unset it to serve everything there", c.addr))
 	}
-	if c.adminToken != "" && len(c.adminToken) < minAdminToken && !loopbackOnly(c.adminListener()) {
+	if c.adminToken != "" && len(c.adminToken) < minAdminToken && !process.LoopbackOnly(c.adminListener()) {
 		env.Fail("ADMIN_TOKEN", fmt.Errorf("must be at least %d characters when the admin routes listen beyond loopback (%s); generate one with `openssl rand -base64 32`, or put them on a loopback ADMIN_ADDR",
 			minAdminToken, c.adminListener()))
 	}
@@ -96,21 +108,6 @@ func parseConfig(getenv func(string) string, environ []string) (config, error) {
 // adminListener is the address the ops page, the admin routes and /metrics
 // are served on.
 func (c config) adminListener() string { return cmp.Or(c.adminAddr, c.addr) }
-
-// loopbackOnly reports whether addr (host:port) listens on loopback alone.
-// An empty host, a host name other than localhost, or anything unparsable
-// counts as beyond loopback: the check must fail safe.
-func loopbackOnly(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip, err := netip.ParseAddr(host)
-	return err == nil && ip.IsLoopback()
-}
 
 // Run runs the api process: `args` empty serves, `migrate` migrates and
 // exits, `reencrypt-secrets` migrates, seals every endpoint's signing
@@ -164,15 +161,30 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 	}
 	defer tracing.Shutdown(context.WithoutCancel(ctx))
 
+	// The admin surface (the admin API, the ops page and its sessions,
+	// River UI) has a small pool of its own: however many admin requests
+	// run at once, and however long their reads, they never hold a
+	// connection the orders need. Each statement is cancelled past
+	// ADMIN_STATEMENT_TIMEOUT, so one expensive read cannot keep even these.
+	adminPool, err := process.OpenPool(ctx, cfg.databaseURL, adminPoolSize, func(c *pgxpool.Config) {
+		// Whatever the URL's pool_max_conns: that sizes the orders' pool.
+		c.MaxConns = adminPoolSize
+		c.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(cfg.adminTimeout.Milliseconds(), 10)
+	})
+	if err != nil {
+		return err
+	}
+	defer adminPool.Close()
+
 	guard := netguard.Guard{AllowPrivate: cfg.allowPrivate}
 	ordersSvc := orders.NewService(pool, logger)
-	adminSvc := admin.New(pool, guard, logger, admin.WithSecretKeys(cfg.secretKeys),
+	adminSvc := admin.New(adminPool, guard, logger, admin.WithSecretKeys(cfg.secretKeys),
 		admin.WithStallThreshold(cfg.stallThreshold))
 	httpMetrics := process.NewHTTPMetrics()
 	backlog := admin.NewBacklogCollector(pool)
 	defer backlog.Close() // before pool.Close, which waits for its connection
 	reg, err := process.NewRegistry(append(httpMetrics.Collectors(),
-		backlog, process.NewPoolCollector(pool, "api"))...)
+		backlog, process.NewPoolCollector(pool, "api"), process.NewPoolCollector(adminPool, "api_admin"))...)
 	if err != nil {
 		return err
 	}
@@ -190,11 +202,11 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 		adminMux = http.NewServeMux()
 	}
 	opsOpts := ops.Options{Admin: adminSvc, Token: cfg.adminToken, Logger: logger, Warnings: slices.Concat(cfg.misspelt, cfg.warnings()),
-		Pool: pool, CookieSecure: cfg.opsCookieSecure, Lookups: []ops.Lookup{orderLookup(ordersSvc)}}
+		Pool: adminPool, CookieSecure: cfg.opsCookieSecure, Lookups: []ops.Lookup{orderLookup(ordersSvc)}}
 	// River UI counts River's jobs in the background: only when someone
 	// can sign in to look at it.
 	if cfg.adminToken != "" {
-		riverUI, stopRiverUI, err := newRiverUI(ctx, pool, logger)
+		riverUI, stopRiverUI, err := newRiverUI(ctx, adminPool, logger)
 		if err != nil {
 			return err
 		}
@@ -210,7 +222,17 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 	adminMux.Handle("/outbox/", adminH)
 	adminMux.Handle("/ops", opsH)
 	adminMux.Handle("/ops/", opsH)
-	process.Metrics(adminMux, reg)
+	metricsH := process.MetricsHandler(reg)
+	if cfg.adminAddr == "" {
+		// On the listener the orders API shares, /metrics is behind the
+		// admin token like the rest of the admin surface: it tells anyone
+		// who can place an order the backlog, the endpoints' states, and
+		// how often each admin route and login answered what. Prometheus
+		// sends the token (authorization: credentials_file); ADMIN_ADDR's
+		// listener, on a private network, serves it without.
+		metricsH = opsH.RequireToken(metricsH)
+	}
+	adminMux.Handle("GET /metrics", metricsH)
 
 	switch {
 	case cfg.adminToken == "":
@@ -226,11 +248,11 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		return process.Serve(gctx, logger, "api", cfg.addr, tracing.Handler(edge(public, httpMetrics)), 10*time.Second, nil)
+		return process.Serve(gctx, logger, "api", cfg.addr, tracing.Handler(edge(public, httpMetrics, cfg.allowedHosts)), 10*time.Second, nil)
 	})
 	if cfg.adminAddr != "" {
 		g.Go(func() error {
-			return process.Serve(gctx, logger, "admin", cfg.adminAddr, tracing.Handler(edge(adminMux, httpMetrics)), 10*time.Second, nil)
+			return process.Serve(gctx, logger, "admin", cfg.adminAddr, tracing.Handler(edge(adminMux, httpMetrics, cfg.allowedHosts)), 10*time.Second, nil)
 		})
 	}
 	if err := g.Wait(); err != nil {
@@ -240,23 +262,26 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 	return nil
 }
 
-// edge is what every request to a listener passes first. Cross-origin
-// browser requests that change state are refused before any route sees
-// them: the JSON routes have no other defence against a page on another
-// site, and the ops page's forms are same-origin. Errors the router itself
-// writes (404, 405) become problem details like every other error.
-func edge(mux *http.ServeMux, metrics *process.HTTPMetrics) http.Handler {
+// edge is what every request to a listener passes first. A request for a
+// host the api does not answer to (a DNS rebinding's) is refused before
+// anything else: to the browser that sends it, it is same-origin, so
+// nothing after this check would tell it apart. Cross-origin browser
+// requests that change state are refused before any route sees them: the
+// JSON routes have no other defence against a page on another site, and
+// the ops page's forms are same-origin. Errors the router itself writes
+// (404, 405) become problem details like every other error.
+func edge(mux *http.ServeMux, metrics *process.HTTPMetrics, hosts process.Hosts) http.Handler {
 	cop := http.NewCrossOriginProtection()
 	// Measured outermost, refusals included; the route is the pattern the
 	// mux matched (unmatched for a refusal before routing).
-	return metrics.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return metrics.Wrap(process.CheckHost(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := cop.Check(r); err != nil {
 			httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusForbidden,
 				"cross-origin request refused (%v): state-changing requests must come from this origin or from a client that is not a browser", err))
 			return
 		}
 		mux.ServeHTTP(&routerErrorWriter{ResponseWriter: w, r: r}, r)
-	}))
+	}), "API_ALLOWED_HOSTS", hosts))
 }
 
 // routerErrorWriter turns the plain-text 404 and 405 that http.ServeMux

@@ -19,13 +19,17 @@ import (
 
 const orderBody = `{"customer_id":"c-1","lines":[{"sku":"sku-1","quantity":1,"unit_price_cents":100}]}`
 
-// send sends a request with exactly the given headers and returns the
-// response with its body read.
+// send sends a request with exactly the given headers (Host among them,
+// in place of the target's) and returns the response with its body read.
 func send(t *testing.T, method, target string, headers map[string]string, body string) (*http.Response, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(method, target, strings.NewReader(body))
 	require.NoError(t, err)
 	for k, v := range headers {
+		if k == "Host" {
+			req.Host = v
+			continue
+		}
 		req.Header.Set(k, v)
 	}
 	client := &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error {
@@ -220,6 +224,37 @@ func TestAdminAddrSplitsTheRoutes(t *testing.T) {
 	require.NoError(t, s.stop(), "both listeners shut down")
 	_, err := http.Get(admin + "/metrics")
 	require.Error(t, err, "the admin listener is closed after Run returns")
+}
+
+// /metrics on the listener the orders API shares (no ADMIN_ADDR) is admin
+// surface like the rest: without the token it tells nothing (it told
+// anyone who could place an order the backlog, the endpoints' states and
+// how each admin route and login answered), without ADMIN_TOKEN it is
+// closed; on ADMIN_ADDR's private listener Prometheus scrapes it as before.
+func TestMetricsOnThePublicListenerNeedTheAdminToken(t *testing.T) {
+	t.Parallel()
+	tok := strings.Repeat("m", 32)
+	auth := map[string]string{"Authorization": "Bearer " + tok}
+
+	shared := setup(t, map[string]string{"ADMIN_TOKEN": tok})
+	resp, body := send(t, http.MethodGet, shared.url+"/metrics", nil, "")
+	requireProblem(t, resp, body, http.StatusUnauthorized, "admin bearer token")
+	require.NotContains(t, string(body), "outbox_", "nothing of the metrics without the token")
+	resp, body = send(t, http.MethodGet, shared.url+"/metrics", map[string]string{"Authorization": "Bearer wrong"}, "")
+	requireProblem(t, resp, body, http.StatusUnauthorized, "admin bearer token")
+	resp, body = send(t, http.MethodGet, shared.url+"/metrics", auth, "")
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
+	require.Contains(t, string(body), "outbox_backlog_scrape_success", "the token reads them")
+
+	closed := setup(t, nil)
+	resp, body = send(t, http.MethodGet, closed.url+"/metrics", nil, "")
+	requireProblem(t, resp, body, http.StatusForbidden, "ADMIN_TOKEN")
+
+	adminAddr := proctest.FreeAddr(t)
+	setup(t, map[string]string{"ADMIN_TOKEN": tok, "ADMIN_ADDR": adminAddr})
+	resp, body = send(t, http.MethodGet, "http://"+adminAddr+"/metrics", nil, "")
+	require.Equal(t, http.StatusOK, resp.StatusCode, "the private listener's /metrics needs no token: %s", body)
+	require.Contains(t, string(body), "outbox_backlog_scrape_success")
 }
 
 // A short ADMIN_TOKEN is accepted, with a warning, only while the admin

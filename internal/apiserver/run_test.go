@@ -137,6 +137,8 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"admin addr same as api addr", map[string]string{"ADMIN_ADDR": "127.0.0.1:0"}, []string{"ADMIN_ADDR"}},
 		// A token read from a file with its newline: no request could present it.
 		{"token with a newline", map[string]string{"ADMIN_TOKEN": strings.Repeat("k", 32) + "\n"}, []string{"ADMIN_TOKEN", "whitespace"}},
+		// A URL where a host name belongs would match no Host header.
+		{"allowed host with a scheme", map[string]string{"API_ALLOWED_HOSTS": "https://api.example.com"}, []string{"API_ALLOWED_HOSTS"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -285,7 +287,7 @@ func TestServe(t *testing.T) {
 	t.Run("ops", func(t *testing.T) {
 		code, _ := s.do(t, http.MethodGet, "/healthz", "", "")
 		require.Equal(t, http.StatusOK, code)
-		code, body := s.do(t, http.MethodGet, "/metrics", "", "")
+		code, body := s.do(t, http.MethodGet, "/metrics", bearer, "")
 		require.Equal(t, http.StatusOK, code)
 		require.Contains(t, string(body), "outbox_messages")
 		require.Contains(t, string(body), "outbox_oldest_pending_age_seconds")
@@ -293,6 +295,7 @@ func TestServe(t *testing.T) {
 		// api's pool reports its connections.
 		require.Contains(t, string(body), `http_requests_total{code="200",method="GET",route="GET /healthz"} 1`)
 		require.Contains(t, string(body), `pgxpool_connections{pool="api",state="idle"}`)
+		require.Contains(t, string(body), `pgxpool_max_connections{pool="api_admin"} 2`, "the admin surface's own pool")
 	})
 
 	t.Run("admin auth", func(t *testing.T) {

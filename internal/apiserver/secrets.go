@@ -34,12 +34,18 @@ func (c config) warnings() []string {
 	if c.secretKeys == nil {
 		w = append(w, secretsInClear)
 	}
-	if c.adminToken != "" && !c.opsCookieSecure && !loopbackOnly(c.adminListener()) {
+	if c.adminToken != "" && !c.opsCookieSecure && !process.LoopbackOnly(c.adminListener()) {
 		// The api serves no TLS itself, so without the setting the session
 		// cookie is never Secure: a browser would send it over plain HTTP
 		// to whoever can make it ask.
 		w = append(w, "OPS_COOKIE_SECURE is not set and the ops page listens on "+c.adminListener()+
 			": its session cookie is not marked Secure; behind a proxy that terminates TLS set OPS_COOKIE_SECURE=true (docs/operations.md)")
+	}
+	if len(c.allowedHosts) == 0 && (!process.LoopbackOnly(c.addr) || c.adminAddr != "" && !process.LoopbackOnly(c.adminAddr)) {
+		// Beyond loopback clients usually reach the api by a name, which
+		// is refused until it is listed: say so before the first 421.
+		w = append(w, "API_ALLOWED_HOSTS is not set: requests that reach the api by a name (Host: api.example.com) are answered 421, "+
+			"only its IP addresses and localhost are accepted; list the names clients use (docs/operations.md)")
 	}
 	return w
 }

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -86,18 +88,38 @@ func (s *Statements) Explain(t *testing.T, pool *pgxpool.Pool, run func(tx pgx.T
 
 // ExplainGeneric explains the statement Explain explained last as the
 // relay runs it, under a generic plan: prepared, with its arguments as
-// literals (given, or each argument's %v quoted).
+// literals (given, or each argument written as one: see literal).
 func (s *Statements) ExplainGeneric(t *testing.T, pool *pgxpool.Pool, literals ...string) string {
 	t.Helper()
-	ctx := context.Background()
 	s.mu.Lock()
 	sql, args := s.explained, s.explainedArgs
 	s.mu.Unlock()
 	if literals == nil {
 		for _, a := range args {
-			literals = append(literals, fmt.Sprintf("'%v'", a))
+			literals = append(literals, literal(a))
 		}
 	}
+	return explainGeneric(t, pool, sql, literals)
+}
+
+// ExplainGenericStatement explains sql under a generic plan, as
+// ExplainGeneric does, with args written as literals: for statements a
+// test recorded itself (every one a page load ran, say).
+func ExplainGenericStatement(t *testing.T, pool *pgxpool.Pool, sql string, args []any) string {
+	t.Helper()
+	literals := make([]string, len(args))
+	for i, a := range args {
+		literals[i] = literal(a)
+	}
+	return explainGeneric(t, pool, sql, literals)
+}
+
+// explainGeneric runs EXPLAIN (ANALYZE, BUFFERS) of sql, prepared and
+// forced to its generic plan, executed with literals, in a transaction
+// rolled back afterwards.
+func explainGeneric(t *testing.T, pool *pgxpool.Pool, sql string, literals []string) string {
+	t.Helper()
+	ctx := context.Background()
 	conn, err := pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer conn.Release()
@@ -108,8 +130,11 @@ func (s *Statements) ExplainGeneric(t *testing.T, pool *pgxpool.Pool, literals .
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan")
 		require.NoError(t, err)
-		plan = PlanLines(t, tx, "EXPLAIN (ANALYZE, BUFFERS) EXECUTE generic_check("+strings.Join(literals, ", ")+")",
-			pgx.QueryExecModeSimpleProtocol)
+		execute := "EXECUTE generic_check"
+		if len(literals) > 0 {
+			execute += "(" + strings.Join(literals, ", ") + ")"
+		}
+		plan = PlanLines(t, tx, "EXPLAIN (ANALYZE, BUFFERS) "+execute, pgx.QueryExecModeSimpleProtocol)
 		return ErrRollback
 	})
 	require.ErrorIs(t, err, ErrRollback)
@@ -147,4 +172,36 @@ func (s *Statements) One(t *testing.T, run func() error) (sql string, args []any
 	}
 	s.last = nil
 	return sql, args
+}
+
+// literal writes a statement's argument as an SQL literal: NULL for a nil
+// (or a nil pointer or slice), what a pointer points at, a slice as an
+// array, a time in RFC 3339 (%v's form is not one PostgreSQL reads),
+// anything else as its %v, quoted.
+func literal(a any) string {
+	v := reflect.ValueOf(a)
+	for v.IsValid() && v.Kind() == reflect.Pointer {
+		if v.IsNil() {
+			return "NULL"
+		}
+		v = v.Elem()
+	}
+	if !v.IsValid() || v.Kind() == reflect.Slice && v.IsNil() {
+		return "NULL"
+	}
+	text := func(a any) string {
+		if tm, ok := a.(time.Time); ok {
+			return tm.Format(time.RFC3339Nano)
+		}
+		return fmt.Sprintf("%v", a)
+	}
+	s := text(v.Interface())
+	if v.Kind() == reflect.Slice && v.Type().Elem().Kind() != reflect.Uint8 {
+		elems := make([]string, v.Len())
+		for i := range elems {
+			elems[i] = `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(text(v.Index(i).Interface())) + `"`
+		}
+		s = "{" + strings.Join(elems, ",") + "}"
+	}
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
 }

@@ -33,22 +33,38 @@ var ErrForbiddenAddress = errors.New("netguard: forbidden address")
 // deliver to, so APIs can report it as a client error.
 var ErrInvalidURL = errors.New("netguard: invalid webhook url")
 
+// ErrUnresolvable is the kind of a *RefusedError from CheckURL for a host
+// name that does not resolve, or resolves to no address: not a policy
+// refusal, and not a malformed URL, but nothing a delivery could reach.
+var ErrUnresolvable = errors.New("netguard: unresolvable host")
+
 // RefusedError is a URL or an address the guard refuses. Its Error is for a
 // log; its Reason says why in words for the person who gave the URL, without
-// the package's prefix. errors.Is matches its kind: ErrInvalidURL or
-// ErrForbiddenAddress.
+// the package's prefix. errors.Is matches its kind: ErrInvalidURL,
+// ErrForbiddenAddress or ErrUnresolvable.
 type RefusedError struct {
 	kind   error
 	reason string
+	// detail is what the log is told and the person who gave the URL is
+	// not: the addresses a name resolved to, or the resolver's error, which
+	// names the DNS server. Either maps the network the service runs in
+	// for whoever can register names.
+	detail string
 }
 
 func refused(kind error, format string, args ...any) *RefusedError {
 	return &RefusedError{kind: kind, reason: fmt.Sprintf(format, args...)}
 }
 
-// Error is the kind and the reason: "netguard: invalid webhook url: scheme
-// "ftp" is not http or https".
-func (e *RefusedError) Error() string { return e.kind.Error() + ": " + e.reason }
+// Error is the kind, the reason and, in parentheses, the detail the reason
+// leaves out: "netguard: invalid webhook url: scheme "ftp" is not http or
+// https".
+func (e *RefusedError) Error() string {
+	if e.detail != "" {
+		return e.kind.Error() + ": " + e.reason + " (" + e.detail + ")"
+	}
+	return e.kind.Error() + ": " + e.reason
+}
 
 // Unwrap is the kind, for errors.Is.
 func (e *RefusedError) Unwrap() error { return e.kind }
@@ -137,17 +153,47 @@ func (g Guard) CheckURL(ctx context.Context, rawURL string) error {
 
 	addrs, err := g.resolver().LookupNetIP(ctx, "ip", host)
 	if err != nil {
-		return fmt.Errorf("resolving webhook url host %q: %w", host, err)
+		if ctx.Err() != nil {
+			return fmt.Errorf("resolving webhook url host %q: %w", host, err)
+		}
+		return fmt.Errorf("resolving webhook url host: %w", unresolvable(host, err))
 	}
 	if len(addrs) == 0 {
-		return fmt.Errorf("resolving webhook url host %q: no addresses", host)
+		return fmt.Errorf("resolving webhook url host: %w", refused(ErrUnresolvable, "host %q has no addresses", host))
 	}
 	for _, addr := range addrs {
 		if err := g.CheckAddr(addr); err != nil {
-			return fmt.Errorf("checking webhook url host %q: %w", host, err)
+			// The reason names the host the sender gave, not the address it
+			// resolved to: that is the internal network's, for the log.
+			r := refused(ErrForbiddenAddress, "host %q resolves to an address that is not public, which webhooks may not reach", host)
+			r.detail = addrReason(err)
+			return fmt.Errorf("checking webhook url host: %w", r)
 		}
 	}
 	return nil
+}
+
+// addrReason is CheckAddr's refusal without its kind: "10.0.0.1 is
+// private, which webhooks may not reach".
+func addrReason(err error) string {
+	var r *RefusedError
+	if errors.As(err, &r) {
+		return r.reason
+	}
+	return err.Error()
+}
+
+// unresolvable is the refusal of a host name whose lookup failed. The
+// resolver's error names the DNS server it asked ("lookup x on
+// 10.0.0.2:53: no such host"): it goes to the log, and the reason says only
+// whether the name does not exist or the lookup failed.
+func unresolvable(host string, err error) *RefusedError {
+	r := refused(ErrUnresolvable, "host %q could not be resolved (the DNS lookup failed; try again)", host)
+	if dnsErr := (*net.DNSError)(nil); errors.As(err, &dnsErr) && dnsErr.IsNotFound {
+		r = refused(ErrUnresolvable, "host %q does not resolve", host)
+	}
+	r.detail = err.Error()
+	return r
 }
 
 // urlReason is a url.Parse error without the URL, which the person

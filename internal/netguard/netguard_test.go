@@ -184,8 +184,8 @@ func TestCheckURL(t *testing.T) {
 		{name: "any resolved address forbidden", url: "https://mixed.test/", wantErr: netguard.ErrForbiddenAddress, wantMsg: `"mixed.test"`},
 		{name: "name resolving to metadata", url: "https://metadata.test/", wantErr: netguard.ErrForbiddenAddress, wantMsg: "metadata"},
 		{name: "name resolving to mapped loopback", url: "https://mapped.test/", wantErr: netguard.ErrForbiddenAddress, wantMsg: "loopback"},
-		{name: "unresolvable name", url: "https://nxdomain.test/", wantMsg: "resolving"},
-		{name: "name without addresses", url: "https://empty.test/", wantMsg: "resolving"},
+		{name: "unresolvable name", url: "https://nxdomain.test/", wantErr: netguard.ErrUnresolvable, wantMsg: "does not resolve"},
+		{name: "name without addresses", url: "https://empty.test/", wantErr: netguard.ErrUnresolvable, wantMsg: "does not resolve"},
 
 		{name: "allow private: localhost", url: "http://localhost:1/", allowPrivate: true},
 		{name: "allow private: loopback", url: "http://127.0.0.1:8080/", allowPrivate: true},
@@ -403,5 +403,46 @@ func TestRefusalReasons(t *testing.T) {
 		require.ErrorAs(t, err, &refused, rawURL)
 		require.Equal(t, want.reason, refused.Reason(), rawURL)
 		require.Contains(t, err.Error(), want.kind.Error()+": "+want.reason, "the log's text has both")
+	}
+}
+
+// A refused host name's Reason says what was wrong with the name (it does
+// not resolve, or resolves to an address webhooks may not reach) and
+// nothing of the network the api runs in: not the DNS server it asked,
+// which the resolver's error names, nor the addresses the name resolved
+// to, which map the internal network for whoever registers names. Error,
+// for the log, keeps both.
+func TestRefusedNamesDoNotTellTheNetwork(t *testing.T) {
+	t.Parallel()
+	resolver := fakeResolver(t, map[string][]netip.Addr{
+		"internal.test": {netip.MustParseAddr("10.20.30.40")},
+		"mixed.test":    {netip.MustParseAddr("8.8.8.8"), netip.MustParseAddr("fd12:3456::7")},
+		"mapped.test":   {netip.MustParseAddr("64:ff9b::a14:1e28")},
+		"metadata.test": {netip.MustParseAddr("169.254.169.254")},
+		"empty.test":    {},
+	})
+	for rawURL, want := range map[string]struct {
+		kind   error
+		reason string
+		logged string
+	}{
+		"https://internal.test/hooks": {netguard.ErrForbiddenAddress,
+			`host "internal.test" resolves to an address that is not public, which webhooks may not reach`, "10.20.30.40"},
+		"https://mixed.test/hooks": {netguard.ErrForbiddenAddress,
+			`host "mixed.test" resolves to an address that is not public, which webhooks may not reach`, "fd12:3456::7"},
+		"https://mapped.test/hooks": {netguard.ErrForbiddenAddress,
+			`host "mapped.test" resolves to an address that is not public, which webhooks may not reach`, "10.20.30.40"},
+		"https://metadata.test/hooks": {netguard.ErrForbiddenAddress,
+			`host "metadata.test" resolves to an address that is not public, which webhooks may not reach`, "169.254.169.254"},
+		"https://nxdomain.test/hooks": {netguard.ErrUnresolvable, `host "nxdomain.test" does not resolve`, "no such host"},
+		// A name without records is a name that does not exist, to the resolver.
+		"https://empty.test/hooks": {netguard.ErrUnresolvable, `host "empty.test" does not resolve`, "empty.test"},
+	} {
+		err := netguard.Guard{Resolver: resolver}.CheckURL(t.Context(), rawURL)
+		require.ErrorIs(t, err, want.kind, rawURL)
+		var refused *netguard.RefusedError
+		require.ErrorAs(t, err, &refused, rawURL)
+		require.Equal(t, want.reason, refused.Reason(), "%s: what was wrong with the name, and nothing of the network", rawURL)
+		require.Contains(t, err.Error(), want.logged, "%s: the log's text keeps what the reason leaves out", rawURL)
 	}
 }

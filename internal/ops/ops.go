@@ -50,6 +50,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxkit/orders/db"
 	"github.com/outboxkit/orders/internal/httpjson"
 	"github.com/outboxkit/orders/internal/ops/internal/opsdb"
 	"github.com/outboxkit/orders/internal/outbox/admin"
@@ -597,7 +598,9 @@ func (h *Handler) actionError(w http.ResponseWriter, r *http.Request, err error)
 			"Only failed messages can be retried or skipped, and this one is not failed (any more), or its endpoint was deleted. Reload the page to see its status.")
 	case errors.Is(err, admin.ErrInvalidReplay):
 		h.renderError(w, r, http.StatusBadRequest, "Cannot replay that", replayRefusal(err))
-	case errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, context.DeadlineExceeded), db.StatementCanceled(err):
+		// The request's deadline, or the api's statement timeout for the
+		// admin surface (ADMIN_STATEMENT_TIMEOUT).
 		h.logger.WarnContext(r.Context(), "ops request took too long", slog.String("path", r.URL.Path), slog.Any("error", err))
 		h.renderError(w, r, http.StatusServiceUnavailable, "Took too long",
 			"The request ran out of time and was abandoned: the database may be slow. Reload the page to see what was done, and try again.")

@@ -451,3 +451,64 @@ func TestOverviewCountsArrivalsOnce(t *testing.T) {
 	require.Equal(t, created, shown, "the second load shows the same arrivals")
 	require.Less(t, read, created/10, "the second load counted the last minutes only")
 }
+
+// Whatever UUID an operator pastes into the search box, the search (and
+// the page it lands on) reads a few index pages, under the plans the
+// statements start with and under the generic plans PostgreSQL switches
+// them to: a message, an event and an endpoint are each found on their
+// primary key, and a UUID that is none of them is not then looked for as
+// an ordering key among the last day's events. With 200,000 events of the
+// last day, the search for an event id read every message under a generic
+// plan, and a UUID of nothing read every event of the day.
+func TestSearchForAnIDReadsAFewPagesWhateverTheHistory(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, rec := recordedPool(t)
+	_, err := pool.Exec(ctx, `
+		INSERT INTO webhook_endpoints (url, secret, event_types) VALUES ('http://127.0.0.1:9/hook', 'whsec_AAAA', '{order.placed}');
+		WITH ev AS (
+			INSERT INTO outbox_events (id, type, payload, ordering_key, created_at)
+			SELECT outbox_uuid_v7_at(s.at), 'order.placed', '{"total":1}', 'order-' || s.g, s.at
+			FROM (SELECT g, now() - g * interval '400 milliseconds' AS at FROM generate_series(1, 200000) g) s
+			RETURNING id, type, ordering_key, created_at
+		)
+		INSERT INTO outbox_messages (id, event_id, type, destination, ordering_key, status, attempts, delivered_at, next_attempt_at, created_at)
+		SELECT outbox_uuid_sibling(ev.id), ev.id, ev.type, e.id, ev.ordering_key, 'delivered', 1, ev.created_at, ev.created_at, ev.created_at
+		FROM ev CROSS JOIN webhook_endpoints e;
+		ANALYZE outbox_events, outbox_messages;`)
+	require.NoError(t, err)
+	var event, message, endpoint uuid.UUID
+	require.NoError(t, pool.QueryRow(ctx, `SELECT event_id, id, destination FROM outbox_messages ORDER BY id OFFSET 100000 LIMIT 1`).
+		Scan(&event, &message, &endpoint))
+	adm := admin.New(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	srv := httptest.NewServer(ops.New(ops.Options{Admin: adm, Pool: pool, Token: token, Logger: slog.New(slog.DiscardHandler)}))
+	t.Cleanup(srv.Close)
+
+	for name, q := range map[string]uuid.UUID{"an event": event, "a message": message, "an endpoint": endpoint, "nothing": uuid.New()} {
+		rec.mu.Lock()
+		rec.on, rec.stmts, rec.runs = true, map[string][]any{}, map[string]int{}
+		rec.mu.Unlock()
+		res, _ := get(t, http.DefaultClient, srv.URL+"/ops/search?q="+q.String(), "Authorization", "Bearer "+token)
+		rec.mu.Lock()
+		rec.on = false
+		stmts := rec.stmts
+		rec.mu.Unlock()
+		require.Equal(t, http.StatusOK, res.StatusCode, name)
+		require.NotEmpty(t, stmts)
+		for sql, args := range stmts {
+			for kind, plan := range map[string]string{
+				"custom":  strings.Join(explain(t, pool, sql, args), "\n"),
+				"generic": dbtest.ExplainGenericStatement(t, pool, sql, args),
+			} {
+				var pages int
+				if m := buffersRe.FindStringSubmatch(plan); m != nil {
+					hit, _ := strconv.Atoi(m[1])
+					read, _ := strconv.Atoi(m[2])
+					pages = hit + read
+				}
+				require.Less(t, pages, 200, "searching for %s, a statement's %s plan reads %d pages, as many as the history:\n%s\n%s",
+					name, kind, pages, sql, plan)
+			}
+		}
+	}
+}

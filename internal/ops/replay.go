@@ -275,7 +275,7 @@ func replayRefusal(err error) string { return "Not replayed: " + admin.Reason(er
 
 // confirmReplay asks before a replay, saying how many events it sends.
 func (h *Handler) confirmReplay(w http.ResponseWriter, r *http.Request, ep admin.Endpoint, in replayInput, form replayForm) {
-	n, err := h.admin.ReplayCount(r.Context(), ep.ID, in.replay())
+	count, err := h.admin.ReplayCount(r.Context(), ep.ID, in.replay())
 	if errors.Is(err, admin.ErrInvalidReplay) {
 		form.Error = replayRefusal(err)
 		h.renderReplayForm(w, r, http.StatusBadRequest, ep, form)
@@ -285,15 +285,26 @@ func (h *Handler) confirmReplay(w http.ResponseWriter, r *http.Request, ep admin
 		h.actionError(w, r, err)
 		return
 	}
-	if n == 0 {
+	n := count.Events
+	if n == 0 && count.Next == nil {
 		form.Error = fmt.Sprintf("No event of the chosen types was written from %s to %s: there is nothing to replay. "+
 			"Events are kept for the relay's retention (OUTBOX_RETENTION); older ones are gone.", stamp(in.From), stamp(in.To))
 		h.renderReplayForm(w, r, http.StatusOK, ep, form)
 		return
 	}
-	events := plural(num(n), "event", "events")
+	events, inRange := plural(num(n), "event", "events"), num(n)
+	button := "Replay " + events
+	if count.Next != nil {
+		// A count reads as much of the range as one replay call scans: a
+		// range wider than that is counted as far as the count went.
+		sec, nsec := count.Next.Time().UnixTime()
+		events = "the chosen types' events (at least " + num(n) + ")"
+		inRange = fmt.Sprintf("at least %s: counted up to the events written at %s; the range goes on, and the replay reads it to its end",
+			num(n), stamp(time.Unix(sec, nsec)))
+		button = "Replay the range"
+	}
 	details := append(in.facts(ep),
-		fact{"Events in the range", num(n)},
+		fact{"Events in the range", inRange},
 		fact{"Already waiting", "Events with a message still waiting for this endpoint (pending, in flight or failed) are skipped, not sent twice."},
 		fact{"webhook-id", "Each goes under its original event id: a receiver that still remembers it treats it as a duplicate."})
 	if !ep.Enabled {
@@ -307,6 +318,6 @@ func (h *Handler) confirmReplay(w http.ResponseWriter, r *http.Request, ep admin
 		Question: fmt.Sprintf("Re-send %s to this endpoint? Each becomes a new message, due now, oldest first, "+
 			"and the relay delivers them like any other; those already waiting for it are skipped.", events),
 		Details: details, Action: r.URL.Path, Return: returnPath(r), Hidden: in.hidden(),
-		Button: "Replay " + events,
+		Button: button,
 	})
 }

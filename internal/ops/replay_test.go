@@ -257,6 +257,22 @@ func TestReplayNotDoneInOneRequestContinuesFromTheCursor(t *testing.T) {
 		"no event was given two messages")
 }
 
+// The confirmation counts as much of the range as a replay's batch scans
+// (ten batches' worth of events), not the whole range, which could be
+// millions: a wider range says how many it counted so far, and until when.
+func TestReplayOfAWideRangeConfirmsWhatItCounted(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, token)
+	a := e.endpoint(t, "http://127.0.0.1:9/a", "order.placed")
+	e.seedEvents(t, 10*admin.MaxReplayBatch+5)
+	_, _, page := e.askReplay(t, a.ID)
+	require.Contains(t, page, "Re-send the chosen types&#39; events (at least 10,000) to this endpoint?")
+	require.Contains(t, page, "<dt>Events in the range</dt><dd>at least 10,000: counted up to the events written at")
+	require.Contains(t, page, "the range goes on, and the replay reads it to its end")
+	require.Contains(t, page, ">Replay the range<")
+	require.Zero(t, e.count(t, `SELECT count(*) FROM outbox_messages`), "a confirmation writes nothing")
+}
+
 // A replay that fails after some batches keeps what they replayed and
 // offers to continue from the last one, instead of an error page that loses
 // the cursor; continuing, once the failure is gone, finishes the range

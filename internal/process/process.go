@@ -395,7 +395,13 @@ func Health(mux *http.ServeMux, logger *slog.Logger, ready func(context.Context)
 
 // Metrics adds /metrics, serving reg, to mux.
 func Metrics(mux *http.ServeMux, reg *prometheus.Registry) {
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("GET /metrics", MetricsHandler(reg))
+}
+
+// MetricsHandler serves reg in Prometheus' text format, for a mux that
+// puts it behind something (the api's admin token).
+func MetricsHandler(reg *prometheus.Registry) http.Handler {
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
 }
 
 // PingReady is a readiness check: the database answers.

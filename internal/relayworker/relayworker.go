@@ -45,6 +45,9 @@ type config struct {
 	// endpointMetrics reports deliveries by endpoint id too.
 	endpointMetrics bool
 	tracing         telemetry.Config
+	// allowedHosts are the names, beyond IP addresses and localhost, that
+	// requests may carry in Host (process.CheckHost).
+	allowedHosts process.Hosts
 	// warnings are said once the logger exists: settings no longer read.
 	warnings []string
 }
@@ -65,6 +68,10 @@ func parseConfig(getenv func(string) string, environ []string) (config, error) {
 		if getenv(name) != "" {
 			c.warnings = append(c.warnings, name+" is no longer read: "+retired[name])
 		}
+	}
+	if len(c.allowedHosts) == 0 && !process.LoopbackOnly(c.addr) {
+		c.warnings = append(c.warnings, "WORKER_ALLOWED_HOSTS is not set: requests that reach the worker by a name "+
+			"(Host: worker-0.orders.svc) are answered 421, only its IP addresses and localhost are accepted; list the names scrapers use")
 	}
 	if c.relay.SecretKeys == nil {
 		c.warnings = append(c.warnings, "OUTBOX_SECRET_KEYS is not set: webhook signing secrets are stored in the clear, "+
@@ -168,7 +175,11 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 	if err := relay.Start(ctx); err != nil {
 		return err
 	}
-	serveErr := process.Serve(ctx, logger, "worker", cfg.addr, httpMetrics.Wrap(mux), 5*time.Second, nil)
+	// The same Host check as the api's listeners: a page that rebinds its
+	// name to a loopback worker (cmd/dev's) would otherwise read its
+	// metrics, endpoint ids and all.
+	serveErr := process.Serve(ctx, logger, "worker", cfg.addr,
+		httpMetrics.Wrap(process.CheckHost(mux, "WORKER_ALLOWED_HOSTS", cfg.allowedHosts)), 5*time.Second, nil)
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.shutdownGrace)
 	defer cancel()
 	return errors.Join(serveErr, relay.Stop(stopCtx))

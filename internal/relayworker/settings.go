@@ -116,6 +116,9 @@ var settings = []setting{
 	{"OUTBOX_STALL_THRESHOLD", "",
 		"`/readyz` fails when a deliverable message has waited this long and this worker claimed nothing meanwhile",
 		func(c *config) any { return &c.stallThreshold }},
+	{"WORKER_ALLOWED_HOSTS", "",
+		"comma-separated host names `WORKER_ADDR` answers to besides its IP addresses and `localhost` (what scrapers put in `Host`, such as `worker-0.orders.svc`); any other `Host` is answered `421`, as a DNS rebinding's would be",
+		func(c *config) any { return &c.allowedHosts }},
 	{"WORKER_SHUTDOWN_GRACE", "",
 		"on SIGTERM, time for requests in flight to finish before they are cut off (either way outcomes are recorded and the rest released)",
 		func(c *config) any { return &c.shutdownGrace }},
@@ -160,6 +163,8 @@ func parseSettings(env *process.Env, c *config) {
 					*p = append(*p, v)
 				}
 			}
+		case *process.Hosts:
+			*p = env.Hosts(s.env)
 		case **secretbox.Keyring:
 			keys, err := secretbox.Parse(env.String(s.env, ""))
 			if err != nil {
@@ -241,6 +246,11 @@ func formatDefault(p any) string {
 		}
 		return "`" + *p + "`"
 	case *[]string:
+		if len(*p) == 0 {
+			return "unset"
+		}
+		return "`" + strings.Join(*p, ",") + "`"
+	case *process.Hosts:
 		if len(*p) == 0 {
 			return "unset"
 		}

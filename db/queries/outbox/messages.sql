@@ -79,6 +79,15 @@ SELECT
 -- pagination cursor, and a window of event time, [@events_from,
 -- @events_to), is a range of it: always given (the caller widens a missing
 -- bound), so that even a generic plan reads only the window.
+--
+-- The deliveries of @event_id share its first 64 bits: they are the range
+-- of the primary key from its floor to its ceiling, and without an event
+-- the range is every id; the page older than the cursor @before_id is the
+-- range below it. Their bounds are never NULL, so a generic plan, too,
+-- reads them as the index's bounds (the tightest of them and the window's
+-- wins when the scan starts); behind "@event_id IS NULL OR", where they
+-- were, a generic plan filtered every message of the window, or every one
+-- newer than the cursor.
 SELECT m.id, m.event_id, m.type, m.destination, m.status, m.attempts,
        m.parked, m.next_attempt_at,
        m.claimed_at, m.delivered_at, m.discarded_at, m.last_error, m.created_at, m.ordering_key,
@@ -88,10 +97,11 @@ JOIN outbox_events ev ON ev.id = m.event_id
 WHERE (sqlc.narg(status)::text IS NULL OR m.status = sqlc.narg(status))
   AND (sqlc.narg(type)::text IS NULL OR m.type = sqlc.narg(type))
   AND (sqlc.narg(destination)::uuid IS NULL OR m.destination = sqlc.narg(destination))
-  AND (sqlc.narg(event_id)::uuid IS NULL OR (m.id BETWEEN outbox_uuid_floor(sqlc.narg(event_id)) AND outbox_uuid_ceil(sqlc.narg(event_id))
-                                             AND m.event_id = sqlc.narg(event_id)))
+  AND (sqlc.narg(event_id)::uuid IS NULL OR m.event_id = sqlc.narg(event_id))
+  AND m.id BETWEEN outbox_uuid_floor(COALESCE(sqlc.narg(event_id)::uuid, '00000000-0000-0000-0000-000000000000'))
+               AND outbox_uuid_ceil(COALESCE(sqlc.narg(event_id)::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
   AND m.id >= outbox_uuid_at(@events_from::timestamptz) AND m.id < outbox_uuid_at(@events_to::timestamptz)
-  AND (sqlc.narg(before_id)::uuid IS NULL OR m.id < sqlc.narg(before_id))
+  AND m.id < COALESCE(sqlc.narg(before_id)::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff')
 ORDER BY m.id DESC
 LIMIT @max_rows;
 
@@ -232,7 +242,8 @@ WHERE w.destination = @destination::uuid AND w.ordering_key = @ordering_key::tex
 -- name: MessageListNewer :many
 -- The page of MessageList just newer than @after_id (the list's previous
 -- page): the @max_rows messages above it, read oldest first from the
--- cursor up the primary key; the caller shows them newest first.
+-- cursor up the primary key; the caller shows them newest first. An
+-- event's range bounds it as it bounds MessageList.
 SELECT m.id, m.event_id, m.type, m.destination, m.status, m.attempts,
        m.parked, m.next_attempt_at,
        m.claimed_at, m.delivered_at, m.discarded_at, m.last_error, m.created_at, m.ordering_key,
@@ -242,8 +253,9 @@ JOIN outbox_events ev ON ev.id = m.event_id
 WHERE (sqlc.narg(status)::text IS NULL OR m.status = sqlc.narg(status))
   AND (sqlc.narg(type)::text IS NULL OR m.type = sqlc.narg(type))
   AND (sqlc.narg(destination)::uuid IS NULL OR m.destination = sqlc.narg(destination))
-  AND (sqlc.narg(event_id)::uuid IS NULL OR (m.id BETWEEN outbox_uuid_floor(sqlc.narg(event_id)) AND outbox_uuid_ceil(sqlc.narg(event_id))
-                                             AND m.event_id = sqlc.narg(event_id)))
+  AND (sqlc.narg(event_id)::uuid IS NULL OR m.event_id = sqlc.narg(event_id))
+  AND m.id BETWEEN outbox_uuid_floor(COALESCE(sqlc.narg(event_id)::uuid, '00000000-0000-0000-0000-000000000000'))
+               AND outbox_uuid_ceil(COALESCE(sqlc.narg(event_id)::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
   AND m.id >= outbox_uuid_at(@events_from::timestamptz) AND m.id < outbox_uuid_at(@events_to::timestamptz)
   AND m.id > @after_id
 ORDER BY m.id

@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/outboxkit/orders/db"
 	"github.com/outboxkit/orders/internal/httpjson"
 	"github.com/outboxkit/orders/internal/outbox/destination"
 )
@@ -167,12 +168,15 @@ func (a *Service) handleReplay(w http.ResponseWriter, r *http.Request) {
 	}
 	rp := Replay{From: req.From, To: req.To, EventTypes: req.EventTypes, After: req.After, Limit: req.Limit}
 	if req.DryRun {
-		n, err := a.ReplayCount(r.Context(), id, rp)
+		d, err := a.ReplayCount(r.Context(), id, rp)
 		if err != nil {
 			a.writeError(w, r, err)
 			return
 		}
-		httpjson.Write(w, http.StatusOK, map[string]any{"dry_run": true, "events": n})
+		httpjson.Write(w, http.StatusOK, struct {
+			Dry bool `json:"dry_run"`
+			DryRun
+		}{true, d})
 		return
 	}
 	res, err := a.ReplayEvents(r.Context(), id, rp)
@@ -359,11 +363,11 @@ func (a *Service) writeError(w http.ResponseWriter, r *http.Request, err error) 
 	case errors.Is(err, ErrInvalidEndpoint), errors.Is(err, ErrInvalidStatus), errors.Is(err, ErrInvalidReplay),
 		errors.Is(err, ErrInvalidFilter):
 		status = http.StatusUnprocessableEntity
-	case errors.Is(err, context.DeadlineExceeded):
-		// The request's deadline (process.HandlerTimeout): a slow
-		// database, not a defect; WriteError answers 503.
+	case errors.Is(err, context.DeadlineExceeded), db.StatementCanceled(err):
+		// The request's deadline (process.HandlerTimeout) or the admin
+		// pool's statement timeout: a slow database, not a defect.
 		a.logger.WarnContext(r.Context(), "admin request took too long", slog.String("path", r.URL.Path), slog.Any("error", err))
-		httpjson.WriteError(w, err)
+		httpjson.WriteError(w, context.DeadlineExceeded)
 		return
 	default:
 		a.logger.ErrorContext(r.Context(), "admin request failed", slog.String("path", r.URL.Path), slog.Any("error", err))

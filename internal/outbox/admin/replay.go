@@ -162,22 +162,43 @@ func replayBatch(ctx context.Context, tx pgx.Tx, endpoint uuid.UUID, r Replay) (
 	return res, nil
 }
 
+// DryRun is what one ReplayCount call found.
+type DryRun struct {
+	// Events counts the events the replay would read among those the call
+	// looked at: every one of the range after Replay.After when Next is
+	// nil.
+	Events int64 `json:"events"`
+	// Next, when the call looked at as many of the range's events as a
+	// replay's call scans (ten times Replay.Limit, of any type) before the
+	// range's end, is the cursor to count on from (Replay.After), as a
+	// replay goes on; nil when the range is done.
+	Next *uuid.UUID `json:"next,omitempty"`
+}
+
 // ReplayCount says how many events a replay of r would read for the
-// endpoint (ignoring its cursor): what to confirm before starting one.
-func (a *Service) ReplayCount(ctx context.Context, endpoint uuid.UUID, r Replay) (int64, error) {
+// endpoint, from r's cursor on: what to confirm before starting one. Like
+// the replay's own calls, one call reads a bounded part of the range, so a
+// dry run of years costs what one of a minute does; a wider range is
+// counted on from DryRun.Next.
+func (a *Service) ReplayCount(ctx context.Context, endpoint uuid.UUID, r Replay) (DryRun, error) {
 	if err := r.check(); err != nil {
-		return 0, err
+		return DryRun{}, err
 	}
 	q := outboxdb.New(a.pool)
 	if _, err := q.EndpointGet(ctx, endpoint); err != nil {
-		return 0, notFound("getting endpoint", err)
+		return DryRun{}, notFound("getting endpoint", err)
 	}
 	from, to := r.idRange()
-	n, err := q.EndpointReplayCount(ctx, outboxdb.EndpointReplayCountParams{
-		Endpoint: endpoint, FromTime: from, ToTime: to, Types: r.EventTypes,
+	row, err := q.EndpointReplayCount(ctx, outboxdb.EndpointReplayCountParams{
+		Endpoint: endpoint, FromTime: from, ToTime: to, Types: r.EventTypes, After: r.After,
+		ScanLimit: int32(replayScan * cmp.Or(r.Limit, MaxReplayBatch)),
 	})
 	if err != nil {
-		return 0, fmt.Errorf("counting events to replay: %w", err)
+		return DryRun{}, fmt.Errorf("counting events to replay: %w", err)
 	}
-	return n, nil
+	d := DryRun{Events: row.Events}
+	if row.Next != uuid.Nil {
+		d.Next = &row.Next
+	}
+	return d, nil
 }

@@ -254,7 +254,10 @@ WITH ep AS (
     FROM outbox_events ev
     WHERE ev.id >= outbox_uuid_at($4::timestamptz) AND ev.id < outbox_uuid_at($5::timestamptz)
       AND ev.created_at >= $4::timestamptz AND ev.created_at < $5::timestamptz
-      AND ($6::uuid IS NULL OR ev.id > $6::uuid)
+      -- Never NULL, so even a generic plan starts the index scan at the
+      -- cursor: "@after IS NULL OR" made it a filter, and each batch read
+      -- the range from its start to the cursor again.
+      AND ev.id > COALESCE($6::uuid, '00000000-0000-0000-0000-000000000000')
     ORDER BY ev.id
     LIMIT $2::integer
 ), batch AS (
@@ -340,34 +343,59 @@ func (q *Queries) EndpointReplay(ctx context.Context, arg EndpointReplayParams) 
 }
 
 const endpointReplayCount = `-- name: EndpointReplayCount :one
-SELECT count(*)
-FROM outbox_events ev, webhook_endpoints e
-WHERE e.id = $1::uuid
-  AND ev.id >= outbox_uuid_at($2::timestamptz) AND ev.id < outbox_uuid_at($3::timestamptz)
-  AND ev.created_at >= $2::timestamptz AND ev.created_at < $3::timestamptz
-  AND ev.type = ANY (e.event_types)
-  AND (COALESCE(cardinality($4::text[]), 0) = 0 OR ev.type = ANY ($4::text[]))
+WITH scanned AS (
+    SELECT ev.id, ev.type
+    FROM outbox_events ev
+    WHERE ev.id >= outbox_uuid_at($4::timestamptz) AND ev.id < outbox_uuid_at($5::timestamptz)
+      AND ev.created_at >= $4::timestamptz AND ev.created_at < $5::timestamptz
+      AND ev.id > COALESCE($6::uuid, '00000000-0000-0000-0000-000000000000')
+    ORDER BY ev.id
+    LIMIT $3::integer
+)
+SELECT (SELECT count(*) FROM scanned s
+        -- The endpoint's types, read once (an InitPlan), not joined to
+        -- each event scanned.
+        WHERE s.type = ANY ((SELECT e.event_types FROM webhook_endpoints e WHERE e.id = $1::uuid)::text[])
+          AND (COALESCE(cardinality($2::text[]), 0) = 0 OR s.type = ANY ($2::text[]))) AS events,
+       COALESCE(CASE WHEN (SELECT count(*) FROM scanned) = $3::integer
+                     THEN (SELECT s.id FROM scanned s ORDER BY s.id DESC LIMIT 1) END,
+                '00000000-0000-0000-0000-000000000000')::uuid AS next
 `
 
 type EndpointReplayCountParams struct {
-	Endpoint uuid.UUID
-	FromTime time.Time
-	ToTime   time.Time
-	Types    []string
+	Endpoint  uuid.UUID
+	Types     []string
+	ScanLimit int32
+	FromTime  time.Time
+	ToTime    time.Time
+	After     *uuid.UUID
 }
 
-// How many events a replay of [@from, @to) would read for the endpoint:
-// what the confirmation says before it starts.
-func (q *Queries) EndpointReplayCount(ctx context.Context, arg EndpointReplayCountParams) (int64, error) {
+type EndpointReplayCountRow struct {
+	Events int64
+	Next   uuid.UUID
+}
+
+// How many events a replay of [@from, @to) after the cursor @after would
+// read for the endpoint (what a dry run and the ops page's confirmation
+// say), among at most @scan_limit events of the range, of any type: as
+// much as a replay's batch scans, so a dry run costs what the call it
+// previews does, however wide the range (counting all of it read every
+// event of the range: 0.4 s at 2,000,000, and forty at once slowed the
+// orders beside them). next is the last event scanned when the scan was
+// full, to count on from; the nil uuid when the range is done.
+func (q *Queries) EndpointReplayCount(ctx context.Context, arg EndpointReplayCountParams) (EndpointReplayCountRow, error) {
 	row := q.db.QueryRow(ctx, endpointReplayCount,
 		arg.Endpoint,
+		arg.Types,
+		arg.ScanLimit,
 		arg.FromTime,
 		arg.ToTime,
-		arg.Types,
+		arg.After,
 	)
-	var count int64
-	err := row.Scan(&count)
-	return count, err
+	var i EndpointReplayCountRow
+	err := row.Scan(&i.Events, &i.Next)
+	return i, err
 }
 
 const endpointRotateSecret = `-- name: EndpointRotateSecret :one

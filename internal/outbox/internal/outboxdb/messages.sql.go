@@ -222,10 +222,11 @@ JOIN outbox_events ev ON ev.id = m.event_id
 WHERE ($1::text IS NULL OR m.status = $1)
   AND ($2::text IS NULL OR m.type = $2)
   AND ($3::uuid IS NULL OR m.destination = $3)
-  AND ($4::uuid IS NULL OR (m.id BETWEEN outbox_uuid_floor($4) AND outbox_uuid_ceil($4)
-                                             AND m.event_id = $4))
+  AND ($4::uuid IS NULL OR m.event_id = $4)
+  AND m.id BETWEEN outbox_uuid_floor(COALESCE($4::uuid, '00000000-0000-0000-0000-000000000000'))
+               AND outbox_uuid_ceil(COALESCE($4::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
   AND m.id >= outbox_uuid_at($5::timestamptz) AND m.id < outbox_uuid_at($6::timestamptz)
-  AND ($7::uuid IS NULL OR m.id < $7)
+  AND m.id < COALESCE($7::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff')
 ORDER BY m.id DESC
 LIMIT $8
 `
@@ -265,6 +266,15 @@ type MessageListRow struct {
 // pagination cursor, and a window of event time, [@events_from,
 // @events_to), is a range of it: always given (the caller widens a missing
 // bound), so that even a generic plan reads only the window.
+//
+// The deliveries of @event_id share its first 64 bits: they are the range
+// of the primary key from its floor to its ceiling, and without an event
+// the range is every id; the page older than the cursor @before_id is the
+// range below it. Their bounds are never NULL, so a generic plan, too,
+// reads them as the index's bounds (the tightest of them and the window's
+// wins when the scan starts); behind "@event_id IS NULL OR", where they
+// were, a generic plan filtered every message of the window, or every one
+// newer than the cursor.
 func (q *Queries) MessageList(ctx context.Context, arg MessageListParams) ([]MessageListRow, error) {
 	rows, err := q.db.Query(ctx, messageList,
 		arg.Status,
@@ -526,8 +536,9 @@ JOIN outbox_events ev ON ev.id = m.event_id
 WHERE ($1::text IS NULL OR m.status = $1)
   AND ($2::text IS NULL OR m.type = $2)
   AND ($3::uuid IS NULL OR m.destination = $3)
-  AND ($4::uuid IS NULL OR (m.id BETWEEN outbox_uuid_floor($4) AND outbox_uuid_ceil($4)
-                                             AND m.event_id = $4))
+  AND ($4::uuid IS NULL OR m.event_id = $4)
+  AND m.id BETWEEN outbox_uuid_floor(COALESCE($4::uuid, '00000000-0000-0000-0000-000000000000'))
+               AND outbox_uuid_ceil(COALESCE($4::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
   AND m.id >= outbox_uuid_at($5::timestamptz) AND m.id < outbox_uuid_at($6::timestamptz)
   AND m.id > $7
 ORDER BY m.id
@@ -566,7 +577,8 @@ type MessageListNewerRow struct {
 
 // The page of MessageList just newer than @after_id (the list's previous
 // page): the @max_rows messages above it, read oldest first from the
-// cursor up the primary key; the caller shows them newest first.
+// cursor up the primary key; the caller shows them newest first. An
+// event's range bounds it as it bounds MessageList.
 func (q *Queries) MessageListNewer(ctx context.Context, arg MessageListNewerParams) ([]MessageListNewerRow, error) {
 	rows, err := q.db.Query(ctx, messageListNewer,
 		arg.Status,
