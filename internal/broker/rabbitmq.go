@@ -277,7 +277,13 @@ func (t *RabbitMQ) Deliver(ctx context.Context, d relay.Delivery) relay.Result {
 			reason = errors.New("the connection was dropped before the broker confirmed it")
 		}
 		discard(c.ch)
-		return relay.Result{Err: fmt.Errorf("publishing to RabbitMQ exchange %q: %w", dest.Exchange, reason)}
+		// 406 PRECONDITION_FAILED closes the channel for something about
+		// this message alone: over the broker's max_message_size (the
+		// only one a publish of the relay's properties can meet). It is
+		// this message's fault, as NATS's and Kafka's too-large answers.
+		var amqpErr *amqp.Error
+		tooLarge := errors.As(reason, &amqpErr) && amqpErr.Code == amqp.PreconditionFailed
+		return relay.Result{Err: fmt.Errorf("publishing to RabbitMQ exchange %q: %w", dest.Exchange, reason), MessageFault: tooLarge}
 	}
 	t.release(c)
 	return relay.Result{Acked: true}
