@@ -2,9 +2,11 @@ package broker_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -158,6 +160,49 @@ func TestRabbitMQThatStopsAnsweringHoldsNoPublishPastItsDeadline(t *testing.T) {
 	require.True(t, within(t, 4*time.Second, "Close", tr.Close))
 	res := tr.Deliver(ctxT(t), delivery(t, dest, ""))
 	require.ErrorContains(t, res.Err, "closed", "a closed transport publishes nothing, and dials nothing")
+}
+
+// A publish returns by its deadline even when the broker stops reading
+// mid-message (RabbitMQ under a memory or disk alarm blocks a publishing
+// connection): amqp091-go checks the context only before it writes, and a
+// message larger than the socket buffers blocks in the write itself. A
+// small message fits the buffers and waits for its confirm instead; both
+// end at the deadline, and the next publish, once the broker reads again,
+// goes through on a new connection.
+func TestRabbitMQPublishReturnsByItsDeadlineWhenTheBrokerStopsReading(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		size int
+	}{{"small", 100}, {"16 MiB", 16 << 20}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, exchange, key, _ := queue(t)
+			u, err := url.Parse(amqpURL())
+			require.NoError(t, err)
+			f := newFreezer(t, u.Host)
+			u.Host = f.ln.Addr().String()
+			tr := broker.NewRabbitMQ(u.String(), source)
+			t.Cleanup(tr.Close)
+			dest := "rabbitmq:" + exchange + "/" + key
+			require.True(t, tr.Deliver(ctxT(t), delivery(t, dest, "")).Acked, "through the proxy while it passes bytes on")
+
+			f.freeze(true)
+			d := delivery(t, dest, "")
+			d.Data = json.RawMessage(`"` + strings.Repeat("x", tc.size) + `"`)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			var res relay.Result
+			require.True(t, within(t, 3*time.Second, "a publish to a broker that stopped reading", func() {
+				res = tr.Deliver(ctx, d)
+			}), "the publish returned by its deadline (1 s), not when the broker reads again")
+			require.False(t, res.Acked)
+			require.Error(t, res.Err)
+
+			f.freeze(false)
+			require.True(t, tr.Deliver(ctxT(t), delivery(t, dest, "")).Acked, "once the broker reads again, the next publish goes")
+		})
+	}
 }
 
 // A Kafka broker that takes a produce and never answers holds it no longer

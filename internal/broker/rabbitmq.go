@@ -225,7 +225,20 @@ func (t *RabbitMQ) Deliver(ctx context.Context, d relay.Delivery) relay.Result {
 		MessageId: d.EventID.String(), Type: d.Type, Timestamp: d.CreatedAt, AppId: t.source,
 		ContentType: contentType, DeliveryMode: amqp.Persistent, Headers: headers, Body: d.Data,
 	}
+	// amqp091-go heeds ctx only before it writes, and its writes have no
+	// deadline: a broker that stops reading (a memory or disk alarm
+	// blocks a publishing connection) holds a message larger than the
+	// socket buffers in the write itself. At the deadline the connection
+	// is dropped, which ends the write; it would carry nothing more
+	// anyway until the broker reads again.
+	stop := context.AfterFunc(ctx, func() { t.abandon(c.conn) })
 	dc, err := c.ch.PublishWithDeferredConfirmWithContext(ctx, dest.Exchange, dest.RoutingKey, true, false, pub)
+	if !stop() {
+		// The deadline came first: whatever the write did, the
+		// connection is being dropped, and the confirm will not come.
+		discard(c.ch)
+		return relay.Result{Err: fmt.Errorf("publishing to RabbitMQ: the broker did not take the message in time: %w", ctx.Err())}
+	}
 	if err != nil {
 		discard(c.ch)
 		return relay.Result{Err: fmt.Errorf("publishing to RabbitMQ: %w", err)}
