@@ -31,7 +31,7 @@ var (
 
 const source = "urn:test:orders"
 
-func delivery(t *testing.T, url, key string) relay.Delivery {
+func delivery(t testing.TB, url, key string) relay.Delivery {
 	t.Helper()
 	return relay.Delivery{
 		EventID: uuid.Must(uuid.NewV7()), MessageID: uuid.Must(uuid.NewV7()), Type: "order.placed", URL: url,
@@ -41,7 +41,7 @@ func delivery(t *testing.T, url, key string) relay.Delivery {
 	}
 }
 
-func ctxT(t *testing.T) context.Context {
+func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
 	return ctx
@@ -167,7 +167,7 @@ func TestNATSFailuresAreClearErrors(t *testing.T) {
 // queue declares a fresh exchange and a queue bound to it by key. The broker
 // deletes both after the test (brokertest.QueueExpiry; the exchange goes
 // with its last binding).
-func queue(t *testing.T) (ch *amqp.Channel, exchange, key, q string) {
+func queue(t testing.TB) (ch *amqp.Channel, exchange, key, q string) {
 	t.Helper()
 	ch, err := brokertest.RabbitMQ(t).Channel()
 	require.NoError(t, err)

@@ -30,8 +30,12 @@ type freezer struct {
 	accepted atomic.Int32 // connections made through it
 	mu       sync.Mutex
 	frozen   bool
-	thawed   *sync.Cond
-	conns    []net.Conn
+	// holds, when set, says which bytes to hold besides: those of the
+	// nth connection made (from 1), one way (toClient: the broker's
+	// answers) or the other.
+	holds  func(n int, toClient bool) bool
+	thawed *sync.Cond
+	conns  []net.Conn
 }
 
 func newFreezer(t *testing.T, target string) *freezer {
@@ -46,7 +50,7 @@ func newFreezer(t *testing.T, target string) *freezer {
 			if err != nil {
 				return
 			}
-			f.accepted.Add(1)
+			n := int(f.accepted.Add(1))
 			up, err := net.Dial("tcp", target)
 			if err != nil {
 				c.Close()
@@ -55,11 +59,12 @@ func newFreezer(t *testing.T, target string) *freezer {
 			f.mu.Lock()
 			f.conns = append(f.conns, c, up)
 			f.mu.Unlock()
-			go f.pipe(c, up)
-			go f.pipe(up, c)
+			go f.pipe(c, up, n, false)
+			go f.pipe(up, c, n, true)
 		}
 	}()
 	t.Cleanup(func() {
+		f.hold(nil)
 		f.freeze(false)
 		ln.Close()
 		f.mu.Lock()
@@ -71,13 +76,14 @@ func newFreezer(t *testing.T, target string) *freezer {
 	return f
 }
 
-// pipe copies from src to dst, holding what it read while frozen.
-func (f *freezer) pipe(src, dst net.Conn) {
+// pipe copies from src to dst, the nth connection's bytes one way, holding
+// what it read while frozen or held.
+func (f *freezer) pipe(src, dst net.Conn, conn int, toClient bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		f.mu.Lock()
-		for f.frozen {
+		for f.frozen || f.holds != nil && f.holds(conn, toClient) {
 			f.thawed.Wait()
 		}
 		f.mu.Unlock()
@@ -96,6 +102,14 @@ func (f *freezer) pipe(src, dst net.Conn) {
 func (f *freezer) freeze(on bool) {
 	f.mu.Lock()
 	f.frozen = on
+	f.mu.Unlock()
+	f.thawed.Broadcast()
+}
+
+// hold holds the bytes holds names from now on (nil: none).
+func (f *freezer) hold(holds func(conn int, toClient bool) bool) {
+	f.mu.Lock()
+	f.holds = holds
 	f.mu.Unlock()
 	f.thawed.Broadcast()
 }
