@@ -57,19 +57,46 @@ WHERE m.id = (SELECT p.id FROM outbox_messages p
 
 -- name: EndpointRotateSecret :one
 -- Replaces the signing secret, keeping the old one valid for @overlap_seconds:
--- until then every delivery carries a signature with each. When @guarded,
--- only if the last rotation is still the one the caller saw
+-- until then every delivery carries a signature with each. Refused (no row)
+-- while an earlier rotation's overlap still runs, unless @overlap_seconds
+-- is 0: the relay signs with two secrets at most, so a second rotation
+-- would drop the previous one while receivers may still use it (a client
+-- retrying a rotation whose answer was lost, two operators), whereas one
+-- with no overlap means to end every earlier secret now (a leaked one).
+-- Refused too when @idempotency_key (NULL for none) is the key of the
+-- rotation already made: its repeat is answered with that rotation. When
+-- @guarded, only if the last rotation is still the one the caller saw
 -- (@seen_previous_expires_at, NULL for none): a second submission of one
 -- confirmation would otherwise make the secret it just showed the
 -- "previous" one and drop the one the receiver still uses.
+-- EndpointRotation says which refused it.
 UPDATE webhook_endpoints
 SET previous_secret = secret,
     previous_secret_expires_at = now() + make_interval(secs => @overlap_seconds::float8),
     secret = @secret,
+    secret_rotated_at = now(),
+    secret_rotation_overlap = make_interval(secs => @overlap_seconds::float8),
+    secret_rotation_key = sqlc.narg(idempotency_key)::text,
     updated_at = now()
 WHERE id = @id
+  AND (@overlap_seconds::float8 = 0 OR previous_secret_expires_at IS NULL OR previous_secret_expires_at <= now())
+  AND (sqlc.narg(idempotency_key)::text IS NULL OR secret_rotation_key IS DISTINCT FROM sqlc.narg(idempotency_key)::text)
   AND (NOT @guarded::boolean OR previous_secret_expires_at IS NOT DISTINCT FROM sqlc.narg(seen_previous_expires_at)::timestamptz)
 RETURNING *;
+
+-- name: EndpointRotation :one
+-- An endpoint's last rotation as a refused EndpointRotateSecret asked for
+-- it, read in its transaction: same_key, it was made under
+-- @idempotency_key; same_overlap, with @overlap_seconds; recent, less than
+-- @shown_for_seconds ago (its secret is shown again only then);
+-- overlapping, its previous secret still signs.
+SELECT sqlc.embed(webhook_endpoints),
+       COALESCE(secret_rotation_key = sqlc.narg(idempotency_key)::text, false)::boolean AS same_key,
+       COALESCE(secret_rotation_overlap = make_interval(secs => @overlap_seconds::float8), false)::boolean AS same_overlap,
+       COALESCE(secret_rotated_at > now() - make_interval(secs => @shown_for_seconds::float8), false)::boolean AS recent,
+       COALESCE(previous_secret_expires_at > now(), false)::boolean AS overlapping
+FROM webhook_endpoints
+WHERE id = @id;
 
 -- name: EndpointSecretsBatch :many
 -- One batch of a re-encryption: the endpoints after @after in id order,

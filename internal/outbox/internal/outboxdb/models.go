@@ -112,4 +112,7 @@ type WebhookEndpoint struct {
 	LastErrorStatusCode     *int32
 	LastError               *string
 	DisabledAt              *time.Time
+	SecretRotatedAt         *time.Time
+	SecretRotationOverlap   pgtype.Interval
+	SecretRotationKey       *string
 }
