@@ -206,7 +206,7 @@ func (h *Handler) handleEditEndpoint(w http.ResponseWriter, r *http.Request) {
 		h.render(w, r, http.StatusOK, "confirm", confirmPage{
 			Layout: h.layout(r, "Change endpoint?"),
 			Question: "Change this endpoint in place? It keeps its id, secret and messages: what already waits goes to the new URL, " +
-				"and the new event types apply to events committed from now on.",
+				"and the new event types apply to events committed from now on. A new URL starts healthy, and is tried at once.",
 			Details: []fact{{"URL now", ep.URL}, {"URL after", f.URL},
 				{"Event types now", strings.Join(ep.EventTypes, ", ")}, {"Event types after", strings.Join(types, ", ")}},
 			Action: r.URL.Path, Return: Prefix + "/endpoints/" + ep.ID.String(), Button: "Change endpoint",

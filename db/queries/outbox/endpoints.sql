@@ -136,10 +136,20 @@ SELECT id FROM webhook_endpoints WHERE id = ANY (@ids::uuid[]);
 -- name: EndpointUpdate :one
 -- Changes an endpoint's URL and event types in place (NULL keeps one as it
 -- is). Its messages already written stay and are sent to the new URL; the
--- new types apply to events written from now on.
+-- new types apply to events written from now on. A new URL is a new
+-- destination, and the old one's health says nothing of it: its circuit,
+-- its failures in a row and a Retry-After's wait are reset, so it is tried
+-- at once instead of at the old destination's next probe (with
+-- MessageProbeNow before it, in its transaction, for a message whose own
+-- retry is later).
 UPDATE webhook_endpoints
 SET url = COALESCE(sqlc.narg(url), url),
     event_types = COALESCE(sqlc.narg(event_types)::text[], event_types),
+    health = CASE WHEN sqlc.narg(url)::text <> url THEN 'healthy' ELSE health END,
+    health_reason = CASE WHEN sqlc.narg(url)::text <> url THEN NULL ELSE health_reason END,
+    health_changed_at = CASE WHEN sqlc.narg(url)::text <> url AND health <> 'healthy' THEN now() ELSE health_changed_at END,
+    consecutive_failures = CASE WHEN sqlc.narg(url)::text <> url THEN 0 ELSE consecutive_failures END,
+    backoff_until = CASE WHEN sqlc.narg(url)::text <> url THEN NULL ELSE backoff_until END,
     updated_at = now()
 WHERE id = @id
 RETURNING *;

@@ -287,14 +287,31 @@ type EndpointChange struct {
 }
 
 // UpdateEndpoint changes an endpoint's URL or event types in place, keeping
-// its id, secret, state and messages: what is already waiting is sent to the
-// new URL, and the new types apply to events written from now on.
+// its id, secret, pause and messages: what is already waiting is sent to the
+// new URL, and the new types apply to events written from now on. A new URL
+// starts healthy, and is tried at once: the old destination's circuit and
+// backoff said nothing of it.
 func (a *Service) UpdateEndpoint(ctx context.Context, id uuid.UUID, c EndpointChange) (Endpoint, error) {
 	types, err := a.checkChange(ctx, c)
 	if err != nil {
 		return Endpoint{}, err
 	}
-	row, err := outboxdb.New(a.pool).EndpointUpdate(ctx, c.URL, types, id)
+	var row outboxdb.WebhookEndpoint
+	err = pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+		q := outboxdb.New(tx)
+		before, err := q.EndpointGet(ctx, id)
+		if err != nil {
+			return err
+		}
+		if c.URL != nil && *c.URL != before.Url {
+			// Messages before the endpoint, as everywhere else.
+			if _, err := q.MessageProbeNow(ctx, id); err != nil {
+				return fmt.Errorf("making a message due for the new destination: %w", err)
+			}
+		}
+		row, err = q.EndpointUpdate(ctx, c.URL, types, id)
+		return err
+	})
 	if err != nil {
 		return Endpoint{}, notFound("updating endpoint", err)
 	}

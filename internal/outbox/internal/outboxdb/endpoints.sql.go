@@ -662,6 +662,11 @@ const endpointUpdate = `-- name: EndpointUpdate :one
 UPDATE webhook_endpoints
 SET url = COALESCE($1, url),
     event_types = COALESCE($2::text[], event_types),
+    health = CASE WHEN $1::text <> url THEN 'healthy' ELSE health END,
+    health_reason = CASE WHEN $1::text <> url THEN NULL ELSE health_reason END,
+    health_changed_at = CASE WHEN $1::text <> url AND health <> 'healthy' THEN now() ELSE health_changed_at END,
+    consecutive_failures = CASE WHEN $1::text <> url THEN 0 ELSE consecutive_failures END,
+    backoff_until = CASE WHEN $1::text <> url THEN NULL ELSE backoff_until END,
     updated_at = now()
 WHERE id = $3
 RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at, secret_rotated_at, secret_rotation_overlap, secret_rotation_key
@@ -669,7 +674,12 @@ RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, up
 
 // Changes an endpoint's URL and event types in place (NULL keeps one as it
 // is). Its messages already written stay and are sent to the new URL; the
-// new types apply to events written from now on.
+// new types apply to events written from now on. A new URL is a new
+// destination, and the old one's health says nothing of it: its circuit,
+// its failures in a row and a Retry-After's wait are reset, so it is tried
+// at once instead of at the old destination's next probe (with
+// MessageProbeNow before it, in its transaction, for a message whose own
+// retry is later).
 func (q *Queries) EndpointUpdate(ctx context.Context, url *string, eventTypes []string, iD uuid.UUID) (WebhookEndpoint, error) {
 	row := q.db.QueryRow(ctx, endpointUpdate, url, eventTypes, iD)
 	var i WebhookEndpoint
