@@ -33,7 +33,10 @@ type RabbitMQ struct {
 
 // rabbitConn is one destination's connection, and its channels.
 type rabbitConn struct {
-	url string
+	// name is the connection's name on the broker (rabbitmqctl
+	// list_connections client_properties): the relay's and the
+	// destination's.
+	url, name string
 
 	mu   sync.Mutex
 	conn *amqp.Connection
@@ -61,7 +64,13 @@ type confirmChannel struct {
 // NewRabbitMQ returns a transport to the RabbitMQ server at url. A
 // destination's connection is made at its first publish.
 func NewRabbitMQ(url, source string) *RabbitMQ {
-	open := func(string) *rabbitConn { return &rabbitConn{url: url} }
+	open := func(key string) *rabbitConn {
+		name := "outbox-relay " + key
+		if key == sharedKey {
+			name = "outbox-relay (shared by the destinations beyond the bound)"
+		}
+		return &rabbitConn{url: url, name: name}
+	}
 	return &RabbitMQ{source: source, conns: newDestinations(open, (*rabbitConn).close)}
 }
 
@@ -173,7 +182,7 @@ func (t *rabbitConn) idleOrConnLocked() (*confirmChannel, *amqp.Connection, <-ch
 // done.
 func (t *rabbitConn) dial(done chan struct{}) {
 	conn, err := amqp.DialConfig(t.url, amqp.Config{Dial: amqp.DefaultDial(dialTimeout),
-		Properties: amqp.Table{"connection_name": "outbox-relay"}})
+		Properties: amqp.Table{"connection_name": t.name}})
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	defer close(done)
