@@ -23,7 +23,11 @@
 //	                  jitter; at least 31h is required), its pauses (a
 //	                  paused or backing-off endpoint's messages wait) and
 //	                  OUTBOX_RETENTION (its replays re-send retained events
-//	                  under their ids)
+//	                  under their ids). An event written longer ago than it,
+//	                  and not in the inbox, is refused (422 too_old; a
+//	                  JetStream message is terminated) and logged as an
+//	                  error: its id may have been forgotten after it was
+//	                  applied
 //
 // For example, with the secret POST /webhook-endpoints returned:
 //
@@ -33,8 +37,9 @@
 // acknowledged 200 and changes nothing; unknown event types are acknowledged
 // once and ignored; authentic but unreadable ones get 400; a database failure
 // gets 500 and the relay retries. GET /stats reports applied, duplicates,
-// ignored, bad_signature, stale_timestamp, bad_request and errors (since
-// start) and inbox_total, ledger_total (from its database).
+// ignored, bad_signature, stale_timestamp, bad_request, out_of_order,
+// too_old and errors (since start) and inbox_total, ledger_total (from its
+// database).
 package main
 
 import (
@@ -160,7 +165,7 @@ func run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 		return err
 	}
 
-	c := consumer.New(pool, cfg.verifier, logger)
+	c := consumer.New(pool, cfg.verifier, logger, consumer.WithInboxRetention(cfg.retention))
 	reg, err := process.NewRegistry(c.Collectors()...)
 	if err != nil {
 		return err

@@ -31,7 +31,7 @@ var (
 
 const source = "urn:test:orders"
 
-func delivery(t *testing.T, url, key string) relay.Delivery {
+func delivery(t testing.TB, url, key string) relay.Delivery {
 	t.Helper()
 	return relay.Delivery{
 		EventID: uuid.Must(uuid.NewV7()), MessageID: uuid.Must(uuid.NewV7()), Type: "order.placed", URL: url,
@@ -41,7 +41,7 @@ func delivery(t *testing.T, url, key string) relay.Delivery {
 	}
 }
 
-func ctxT(t *testing.T) context.Context {
+func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
 	return ctx
@@ -167,7 +167,7 @@ func TestNATSFailuresAreClearErrors(t *testing.T) {
 // queue declares a fresh exchange and a queue bound to it by key. The broker
 // deletes both after the test (brokertest.QueueExpiry; the exchange goes
 // with its last binding).
-func queue(t *testing.T) (ch *amqp.Channel, exchange, key, q string) {
+func queue(t testing.TB) (ch *amqp.Channel, exchange, key, q string) {
 	t.Helper()
 	ch, err := brokertest.RabbitMQ(t).Channel()
 	require.NoError(t, err)
@@ -337,7 +337,31 @@ func TestBrokersSayAMessageTooLargeIsItsOwnFault(t *testing.T) {
 		require.True(t, res.MessageFault, "too large for the producer: %v", res.Err)
 		require.True(t, tr.Deliver(ctxT(t), delivery(t, "kafka:orders", "")).Acked, "the next message goes")
 	})
+	t.Run("rabbitmq", func(t *testing.T) {
+		t.Parallel()
+		_, exchange, key, _ := queue(t)
+		tr := broker.NewRabbitMQ(amqpURL(), source)
+		t.Cleanup(tr.Close)
+		dest := "rabbitmq:" + exchange + "/" + key
+		// One byte over RabbitMQ's max_message_size at its default (128
+		// MiB), which a test cannot lower on a shared server: the broker
+		// closes the channel with 406 PRECONDITION_FAILED.
+		over := delivery(t, dest, "")
+		over.Data = json.RawMessage(`"` + strings.Repeat("x", rabbitMQMaxMessageSize-1) + `"`)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		res := tr.Deliver(ctx, over)
+		require.ErrorContains(t, res.Err, "PRECONDITION_FAILED")
+		require.True(t, res.MessageFault, "406 for a message over max_message_size is this message's fault: %v", res.Err)
+		require.True(t, tr.Deliver(ctxT(t), delivery(t, dest, "")).Acked, "the next message goes")
+		res = tr.Deliver(ctxT(t), delivery(t, "rabbitmq:"+exchange+"/no.queue.bound", ""))
+		require.False(t, res.MessageFault, "an unroutable message is the destination's trouble: %v", res.Err)
+	})
 }
+
+// rabbitMQMaxMessageSize is RabbitMQ's max_message_size at its default
+// (128 MiB, since 3.8).
+const rabbitMQMaxMessageSize = 128 << 20
 
 // A work-queue stream deletes a message once its consumer acks it: a
 // republish of the event within the duplicate window (the relay's retry

@@ -2,9 +2,11 @@ package broker_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -28,8 +30,12 @@ type freezer struct {
 	accepted atomic.Int32 // connections made through it
 	mu       sync.Mutex
 	frozen   bool
-	thawed   *sync.Cond
-	conns    []net.Conn
+	// holds, when set, says which bytes to hold besides: those of the
+	// nth connection made (from 1), one way (toClient: the broker's
+	// answers) or the other.
+	holds  func(n int, toClient bool) bool
+	thawed *sync.Cond
+	conns  []net.Conn
 }
 
 func newFreezer(t *testing.T, target string) *freezer {
@@ -44,7 +50,7 @@ func newFreezer(t *testing.T, target string) *freezer {
 			if err != nil {
 				return
 			}
-			f.accepted.Add(1)
+			n := int(f.accepted.Add(1))
 			up, err := net.Dial("tcp", target)
 			if err != nil {
 				c.Close()
@@ -53,11 +59,12 @@ func newFreezer(t *testing.T, target string) *freezer {
 			f.mu.Lock()
 			f.conns = append(f.conns, c, up)
 			f.mu.Unlock()
-			go f.pipe(c, up)
-			go f.pipe(up, c)
+			go f.pipe(c, up, n, false)
+			go f.pipe(up, c, n, true)
 		}
 	}()
 	t.Cleanup(func() {
+		f.hold(nil)
 		f.freeze(false)
 		ln.Close()
 		f.mu.Lock()
@@ -69,13 +76,14 @@ func newFreezer(t *testing.T, target string) *freezer {
 	return f
 }
 
-// pipe copies from src to dst, holding what it read while frozen.
-func (f *freezer) pipe(src, dst net.Conn) {
+// pipe copies from src to dst, the nth connection's bytes one way, holding
+// what it read while frozen or held.
+func (f *freezer) pipe(src, dst net.Conn, conn int, toClient bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		f.mu.Lock()
-		for f.frozen {
+		for f.frozen || f.holds != nil && f.holds(conn, toClient) {
 			f.thawed.Wait()
 		}
 		f.mu.Unlock()
@@ -94,6 +102,14 @@ func (f *freezer) pipe(src, dst net.Conn) {
 func (f *freezer) freeze(on bool) {
 	f.mu.Lock()
 	f.frozen = on
+	f.mu.Unlock()
+	f.thawed.Broadcast()
+}
+
+// hold holds the bytes holds names from now on (nil: none).
+func (f *freezer) hold(holds func(conn int, toClient bool) bool) {
+	f.mu.Lock()
+	f.holds = holds
 	f.mu.Unlock()
 	f.thawed.Broadcast()
 }
@@ -158,6 +174,49 @@ func TestRabbitMQThatStopsAnsweringHoldsNoPublishPastItsDeadline(t *testing.T) {
 	require.True(t, within(t, 4*time.Second, "Close", tr.Close))
 	res := tr.Deliver(ctxT(t), delivery(t, dest, ""))
 	require.ErrorContains(t, res.Err, "closed", "a closed transport publishes nothing, and dials nothing")
+}
+
+// A publish returns by its deadline even when the broker stops reading
+// mid-message (RabbitMQ under a memory or disk alarm blocks a publishing
+// connection): amqp091-go checks the context only before it writes, and a
+// message larger than the socket buffers blocks in the write itself. A
+// small message fits the buffers and waits for its confirm instead; both
+// end at the deadline, and the next publish, once the broker reads again,
+// goes through on a new connection.
+func TestRabbitMQPublishReturnsByItsDeadlineWhenTheBrokerStopsReading(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		size int
+	}{{"small", 100}, {"16 MiB", 16 << 20}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, exchange, key, _ := queue(t)
+			u, err := url.Parse(amqpURL())
+			require.NoError(t, err)
+			f := newFreezer(t, u.Host)
+			u.Host = f.ln.Addr().String()
+			tr := broker.NewRabbitMQ(u.String(), source)
+			t.Cleanup(tr.Close)
+			dest := "rabbitmq:" + exchange + "/" + key
+			require.True(t, tr.Deliver(ctxT(t), delivery(t, dest, "")).Acked, "through the proxy while it passes bytes on")
+
+			f.freeze(true)
+			d := delivery(t, dest, "")
+			d.Data = json.RawMessage(`"` + strings.Repeat("x", tc.size) + `"`)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			var res relay.Result
+			require.True(t, within(t, 3*time.Second, "a publish to a broker that stopped reading", func() {
+				res = tr.Deliver(ctx, d)
+			}), "the publish returned by its deadline (1 s), not when the broker reads again")
+			require.False(t, res.Acked)
+			require.Error(t, res.Err)
+
+			f.freeze(false)
+			require.True(t, tr.Deliver(ctxT(t), delivery(t, dest, "")).Acked, "once the broker reads again, the next publish goes")
+		})
+	}
 }
 
 // A Kafka broker that takes a produce and never answers holds it no longer

@@ -19,13 +19,19 @@ import (
 // partition in order; the event id travels in the ce_id header for the
 // consumer's inbox, since a second produce of the event (a relay retry after
 // a lost ack) is a new record to Kafka.
+//
+// Each topic has a client of its own (destinations): a client sends one
+// produce request per broker at a time, in order, under the context of its
+// first record, so with one client for all a topic whose produce hangs (an
+// acks=all waiting on a slow replica) held every other topic's records
+// behind it, and a cancelled delivery could fail another topic's.
 type Kafka struct {
-	client *kgo.Client
-	source string
+	source  string
+	clients *destinations[*kgo.Client]
 }
 
-// NewKafka returns a transport to the brokers of cfg. The client connects
-// at the first produce.
+// NewKafka returns a transport to the brokers of cfg. A topic's client
+// connects at its first produce.
 func NewKafka(cfg Config, source string) (*Kafka, error) {
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.KafkaBrokers...),
@@ -48,11 +54,18 @@ func NewKafka(cfg Config, source string) (*Kafka, error) {
 	if cfg.KafkaUser != "" {
 		opts = append(opts, kgo.SASL(scram.Auth{User: cfg.KafkaUser, Pass: cfg.KafkaPassword}.AsSha512Mechanism()))
 	}
+	// Made once here so that options the client refuses fail the start,
+	// not every produce; it connects to nothing.
 	client, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("creating the Kafka client: %w", err)
 	}
-	return &Kafka{client: client, source: source}, nil
+	client.Close()
+	open := func(string) *kgo.Client {
+		c, _ := kgo.NewClient(opts...) // the options were checked above
+		return c
+	}
+	return &Kafka{source: source, clients: newDestinations(open, (*kgo.Client).Close)}, nil
 }
 
 // Deliver implements relay.Transport.
@@ -71,7 +84,12 @@ func (t *Kafka) Deliver(ctx context.Context, d relay.Delivery) relay.Result {
 		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: a.name, Value: []byte(a.value)})
 	}
 	rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: "content-type", Value: []byte(contentType)})
-	if err := t.client.ProduceSync(ctx, rec).FirstErr(); err != nil {
+	client, release, err := t.clients.acquire(dest.Name)
+	if err != nil {
+		return relay.Result{Err: fmt.Errorf("producing to Kafka: %w", err)}
+	}
+	defer release()
+	if err := client.ProduceSync(ctx, rec).FirstErr(); err != nil {
 		// Too large for the producer or the topic: this message's fault.
 		return relay.Result{Err: fmt.Errorf("producing to Kafka topic %q: %w", dest.Name, err),
 			MessageFault: errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge)}
@@ -79,5 +97,6 @@ func (t *Kafka) Deliver(ctx context.Context, d relay.Delivery) relay.Result {
 	return relay.Result{Acked: true}
 }
 
-// Close flushes nothing (every produce is synchronous) and closes the client.
-func (t *Kafka) Close() { t.client.Close() }
+// Close flushes nothing (every produce is synchronous) and closes the
+// clients.
+func (t *Kafka) Close() { t.clients.closeAll() }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -27,6 +29,8 @@ type NATS struct {
 	failed failedDial
 	// dialing is closed when the dial in progress ends; nil when none is.
 	dialing chan struct{}
+	// denials ends the requests a permission violation refused.
+	denials denials
 }
 
 // NewNATS returns a transport to the NATS servers at url. It connects at
@@ -81,7 +85,8 @@ func (t *NATS) conn(ctx context.Context) (jetstream.JetStream, error) {
 // them), so its timeout is a fixed one, not a publish's.
 func (t *NATS) dial(done chan struct{}) {
 	nc, err := nats.Connect(t.url, nats.Name("outbox-relay"), nats.Timeout(dialTimeout), nats.MaxReconnects(-1),
-		nats.PingInterval(natsPingInterval), nats.MaxPingsOutstanding(2))
+		nats.PingInterval(natsPingInterval), nats.MaxPingsOutstanding(2),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { t.denials.report(err) }))
 	var js jetstream.JetStream
 	if err != nil {
 		err = fmt.Errorf("connecting to NATS: %w", hideURL(err))
@@ -125,8 +130,11 @@ func (t *NATS) Deliver(ctx context.Context, d relay.Delivery) relay.Result {
 	// content-type is kept for consumers that read that.
 	msg.Header.Set("ce-datacontenttype", contentType)
 	msg.Header.Set("content-type", contentType)
-	ack, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(d.EventID.String()))
+	pctx, done := t.denials.watch(ctx, dest.Name)
+	ack, err := js.PublishMsg(pctx, msg, jetstream.WithMsgID(d.EventID.String()))
+	done()
 	if err != nil {
+		err = t.denials.cause(pctx, err)
 		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
 			err = fmt.Errorf("no JetStream stream captures subject %q: %w", dest.Name, err)
 		}
@@ -135,7 +143,16 @@ func (t *NATS) Deliver(ctx context.Context, d relay.Delivery) relay.Result {
 		return relay.Result{Err: fmt.Errorf("publishing to JetStream: %w", err), MessageFault: tooLarge}
 	}
 	if ack.Duplicate {
-		if err := sameSubject(ctx, js, ack, dest.Name); err != nil {
+		// The check reads the stream through the JetStream API, which the
+		// relay's user may be denied (docs/brokers.md lists what it needs).
+		cctx, done := t.denials.watch(ctx, "$JS.API.STREAM.INFO."+ack.Stream, "$JS.API.STREAM.MSG.GET."+ack.Stream,
+			"$JS.API.DIRECT.GET."+ack.Stream)
+		err := sameSubject(cctx, js, ack, dest.Name)
+		done()
+		if cause := t.denials.cause(cctx, err); cause != err {
+			return relay.Result{Err: fmt.Errorf("checking a duplicate publish: %w", cause)}
+		}
+		if err != nil {
 			return relay.Result{Err: err}
 		}
 	}
@@ -186,4 +203,71 @@ func (t *NATS) Close() {
 	if t.nc != nil {
 		t.nc.Close()
 	}
+}
+
+// denials ends at once the requests whose subject the server refused to
+// take from the relay's user. nats.go reports a permission violation only
+// to the connection's error handler, and the request it refused waits
+// for a reply that never comes until its deadline: every duplicate ack
+// of a relay user that may not read the stream took the whole delivery
+// timeout, and failed as a timeout that named no cause.
+type denials struct {
+	mu      sync.Mutex
+	waiting map[*denialWatch]struct{}
+}
+
+// denialWatch is one request waiting on subjects.
+type denialWatch struct {
+	subjects []string
+	cancel   context.CancelCauseFunc
+}
+
+// errDenied wraps a permission violation that ended a request.
+var errDenied = errors.New("the relay's NATS user is not allowed to publish to a subject it needs (see docs/brokers.md, Least privileges)")
+
+// watch returns ctx, ended with the violation if the server refuses one of
+// subjects meanwhile, and the function that stops watching.
+func (d *denials) watch(ctx context.Context, subjects ...string) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	w := &denialWatch{subjects: subjects, cancel: cancel}
+	d.mu.Lock()
+	if d.waiting == nil {
+		d.waiting = map[*denialWatch]struct{}{}
+	}
+	d.waiting[w] = struct{}{}
+	d.mu.Unlock()
+	return ctx, func() {
+		d.mu.Lock()
+		delete(d.waiting, w)
+		d.mu.Unlock()
+		cancel(nil)
+	}
+}
+
+// report ends the requests on the subject err, a permission violation,
+// names: the server's -ERR 'Permissions Violation for Publish to "…"'.
+func (d *denials) report(err error) {
+	if !errors.Is(err, nats.ErrPermissionViolation) {
+		return
+	}
+	_, subject, ok := strings.Cut(err.Error(), `Publish to "`)
+	if !ok {
+		return
+	}
+	subject, _, _ = strings.Cut(subject, `"`)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for w := range d.waiting {
+		if slices.Contains(w.subjects, subject) {
+			w.cancel(fmt.Errorf("%w: %w", errDenied, err))
+		}
+	}
+}
+
+// cause is err, or the permission violation that ended ctx in its stead.
+func (d *denials) cause(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); errors.Is(cause, errDenied) {
+		return cause
+	}
+	return err
 }

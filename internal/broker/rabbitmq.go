@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/outboxkit/orders/internal/outbox/destination"
 	"github.com/outboxkit/orders/internal/outbox/relay"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -18,8 +19,24 @@ import (
 // and counted as a failed attempt instead of silently dropped. message-id is
 // the event id; RabbitMQ itself does not deduplicate on it, the consumer's
 // inbox does.
+//
+// Each destination (exchange and routing key) has a connection of its own
+// (destinations): RabbitMQ's flow control and alarms block whole
+// connections, and a connection whose confirms stop coming is dropped with
+// every publish in flight on it, so on a shared one a destination that the
+// broker throttles, or whose queue holds its confirms, failed its
+// neighbours' publishes too.
 type RabbitMQ struct {
-	url, source string
+	source string
+	conns  *destinations[*rabbitConn]
+}
+
+// rabbitConn is one destination's connection, and its channels.
+type rabbitConn struct {
+	// name is the connection's name on the broker (rabbitmqctl
+	// list_connections client_properties): the relay's and the
+	// destination's.
+	url, name string
 
 	mu   sync.Mutex
 	conn *amqp.Connection
@@ -44,9 +61,18 @@ type confirmChannel struct {
 	closed  chan *amqp.Error
 }
 
-// NewRabbitMQ returns a transport to the RabbitMQ server at url. It
-// connects at the first publish.
-func NewRabbitMQ(url, source string) *RabbitMQ { return &RabbitMQ{url: url, source: source} }
+// NewRabbitMQ returns a transport to the RabbitMQ server at url. A
+// destination's connection is made at its first publish.
+func NewRabbitMQ(url, source string) *RabbitMQ {
+	open := func(key string) *rabbitConn {
+		name := "outbox-relay " + key
+		if key == sharedKey {
+			name = "outbox-relay (shared by the destinations beyond the bound)"
+		}
+		return &rabbitConn{url: url, name: name}
+	}
+	return &RabbitMQ{source: source, conns: newDestinations(open, (*rabbitConn).close)}
+}
 
 const (
 	// maxIdleChannels bounds the channels kept open between publishes.
@@ -57,15 +83,12 @@ const (
 	closeTimeout = 2 * time.Second
 )
 
-// errRabbitMQClosed is a publish after Close.
-var errRabbitMQClosed = errors.New("the RabbitMQ transport is closed")
-
 // channel returns an idle channel or opens one, dialing if the connection
 // is gone. Opening a channel is a round trip that a broker may never
 // answer (one under a memory or disk alarm stops reading a publishing
 // connection, and keeps sending heartbeats): it is waited for no longer
 // than ctx, and then the connection is dropped (abandon).
-func (t *RabbitMQ) channel(ctx context.Context) (*confirmChannel, error) {
+func (t *rabbitConn) channel(ctx context.Context) (*confirmChannel, error) {
 	c, conn, err := t.idleOrConn(ctx)
 	if c != nil || err != nil {
 		return c, err
@@ -95,7 +118,7 @@ func (t *RabbitMQ) channel(ctx context.Context) (*confirmChannel, error) {
 // at once: the next publish dials anew, and every call still waiting on it
 // (an open, a close) ends now rather than when the broker's heartbeats give
 // up, which under a memory alarm they never do.
-func (t *RabbitMQ) abandon(conn *amqp.Connection) {
+func (t *rabbitConn) abandon(conn *amqp.Connection) {
 	t.mu.Lock()
 	if t.conn == conn {
 		t.conn = nil
@@ -115,7 +138,7 @@ func (t *RabbitMQ) abandon(conn *amqp.Connection) {
 // on, dialing if there is none. The dial runs in the background and the
 // publishes that need it share it, each waiting no longer than its own
 // deadline; the dial itself is bounded by dialTimeout.
-func (t *RabbitMQ) idleOrConn(ctx context.Context) (*confirmChannel, *amqp.Connection, error) {
+func (t *rabbitConn) idleOrConn(ctx context.Context) (*confirmChannel, *amqp.Connection, error) {
 	for {
 		t.mu.Lock()
 		c, conn, dialing, err := t.idleOrConnLocked()
@@ -131,9 +154,9 @@ func (t *RabbitMQ) idleOrConn(ctx context.Context) (*confirmChannel, *amqp.Conne
 
 // idleOrConnLocked is idleOrConn under the lock: an idle channel, the
 // connection, an error, or the dial to wait for.
-func (t *RabbitMQ) idleOrConnLocked() (*confirmChannel, *amqp.Connection, <-chan struct{}, error) {
+func (t *rabbitConn) idleOrConnLocked() (*confirmChannel, *amqp.Connection, <-chan struct{}, error) {
 	if t.closed {
-		return nil, nil, nil, errRabbitMQClosed
+		return nil, nil, nil, errClosed
 	}
 	for len(t.idle) > 0 {
 		c := t.idle[len(t.idle)-1]
@@ -157,9 +180,9 @@ func (t *RabbitMQ) idleOrConnLocked() (*confirmChannel, *amqp.Connection, <-chan
 
 // dial connects and keeps the connection, or the failure, then closes
 // done.
-func (t *RabbitMQ) dial(done chan struct{}) {
+func (t *rabbitConn) dial(done chan struct{}) {
 	conn, err := amqp.DialConfig(t.url, amqp.Config{Dial: amqp.DefaultDial(dialTimeout),
-		Properties: amqp.Table{"connection_name": "outbox-relay"}})
+		Properties: amqp.Table{"connection_name": t.name}})
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	defer close(done)
@@ -189,7 +212,7 @@ func openChannel(conn *amqp.Connection) (*confirmChannel, error) {
 }
 
 // release keeps a healthy channel for the next publish.
-func (t *RabbitMQ) release(c *confirmChannel) {
+func (t *rabbitConn) release(c *confirmChannel) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed || c.ch.IsClosed() || len(t.idle) >= maxIdleChannels {
@@ -207,11 +230,22 @@ func discard(ch *amqp.Channel) { go ch.Close() } //nolint:errcheck
 // Deliver implements relay.Transport.
 func (t *RabbitMQ) Deliver(ctx context.Context, d relay.Delivery) relay.Result {
 	dest := d.Target()
+	rc, release, err := t.conns.acquire(dest.Exchange + "/" + dest.RoutingKey)
+	if err != nil {
+		return relay.Result{Err: fmt.Errorf("publishing to RabbitMQ: %w", err)}
+	}
+	defer release()
+	return rc.publish(ctx, dest, t.source, d)
+}
+
+// publish sends d on one of the connection's channels and waits for its
+// confirm.
+func (t *rabbitConn) publish(ctx context.Context, dest destination.Destination, source string, d relay.Delivery) relay.Result {
 	c, err := t.channel(ctx)
 	if err != nil {
 		return relay.Result{Err: err}
 	}
-	ce, trace := attributes(d, t.source)
+	ce, trace := attributes(d, source)
 	headers := amqp.Table{}
 	// The AMQP binding's binary mode: attributes as cloudEvents:
 	// application properties.
@@ -222,10 +256,23 @@ func (t *RabbitMQ) Deliver(ctx context.Context, d relay.Delivery) relay.Result {
 		headers[a.name] = a.value
 	}
 	pub := amqp.Publishing{
-		MessageId: d.EventID.String(), Type: d.Type, Timestamp: d.CreatedAt, AppId: t.source,
+		MessageId: d.EventID.String(), Type: d.Type, Timestamp: d.CreatedAt, AppId: source,
 		ContentType: contentType, DeliveryMode: amqp.Persistent, Headers: headers, Body: d.Data,
 	}
+	// amqp091-go heeds ctx only before it writes, and its writes have no
+	// deadline: a broker that stops reading (a memory or disk alarm
+	// blocks a publishing connection) holds a message larger than the
+	// socket buffers in the write itself. At the deadline the connection
+	// is dropped, which ends the write; it would carry nothing more
+	// anyway until the broker reads again.
+	stop := context.AfterFunc(ctx, func() { t.abandon(c.conn) })
 	dc, err := c.ch.PublishWithDeferredConfirmWithContext(ctx, dest.Exchange, dest.RoutingKey, true, false, pub)
+	if !stop() {
+		// The deadline came first: whatever the write did, the
+		// connection is being dropped, and the confirm will not come.
+		discard(c.ch)
+		return relay.Result{Err: fmt.Errorf("publishing to RabbitMQ: the broker did not take the message in time: %w", ctx.Err())}
+	}
 	if err != nil {
 		discard(c.ch)
 		return relay.Result{Err: fmt.Errorf("publishing to RabbitMQ: %w", err)}
@@ -277,7 +324,13 @@ func (t *RabbitMQ) Deliver(ctx context.Context, d relay.Delivery) relay.Result {
 			reason = errors.New("the connection was dropped before the broker confirmed it")
 		}
 		discard(c.ch)
-		return relay.Result{Err: fmt.Errorf("publishing to RabbitMQ exchange %q: %w", dest.Exchange, reason)}
+		// 406 PRECONDITION_FAILED closes the channel for something about
+		// this message alone: over the broker's max_message_size (the
+		// only one a publish of the relay's properties can meet). It is
+		// this message's fault, as NATS's and Kafka's too-large answers.
+		var amqpErr *amqp.Error
+		tooLarge := errors.As(reason, &amqpErr) && amqpErr.Code == amqp.PreconditionFailed
+		return relay.Result{Err: fmt.Errorf("publishing to RabbitMQ exchange %q: %w", dest.Exchange, reason), MessageFault: tooLarge}
 	}
 	t.release(c)
 	return relay.Result{Acked: true}
@@ -286,9 +339,13 @@ func (t *RabbitMQ) Deliver(ctx context.Context, d relay.Delivery) relay.Result {
 // errNack is a confirm that says the broker did not take the message.
 var errNack = errors.New("the broker refused it (nack)")
 
-// Close closes the connection and its channels, giving the broker
+// Close closes every destination's connection, giving the broker
 // closeTimeout to answer, and makes every later publish fail.
-func (t *RabbitMQ) Close() {
+func (t *RabbitMQ) Close() { t.conns.closeAll() }
+
+// close closes the connection and its channels, giving the broker
+// closeTimeout to answer, and makes every later publish on it fail.
+func (t *rabbitConn) close() {
 	t.mu.Lock()
 	conn := t.conn
 	t.conn, t.idle, t.closed = nil, nil, true

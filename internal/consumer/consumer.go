@@ -127,11 +127,18 @@ const (
 	// sender orders an order's events, so this is a defect somewhere: it is
 	// refused with 409 (nothing recorded) and the sender retries later.
 	OutOfOrder Outcome = "out_of_order"
+	// TooOld: authentic and not in the inbox, but written longer ago than
+	// the inbox remembers ids (WithInboxRetention): it may have been
+	// applied already and its id forgotten since, so applying it could
+	// apply it twice. It is refused with 422 (nothing recorded), and
+	// logged as an error: the sender's retention, a long pause or a late
+	// redelivery outlasted the inbox's.
+	TooOld Outcome = "too_old"
 	// Error: the database failed; the sender retries later.
 	Error Outcome = "error"
 )
 
-var outcomes = []Outcome{Applied, Duplicate, Ignored, BadSignature, StaleTimestamp, BadRequest, OutOfOrder, Error}
+var outcomes = []Outcome{Applied, Duplicate, Ignored, BadSignature, StaleTimestamp, BadRequest, OutOfOrder, TooOld, Error}
 
 // Consumer receives webhooks and applies them exactly once. It is an
 // http.Handler for the webhook endpoint; StatsHandler serves its counters.
@@ -147,17 +154,35 @@ type Consumer struct {
 	natsRetry, natsRetryMax time.Duration
 	natsOutOfOrder          uint64
 	outOfOrder              outOfOrderCounts
+
+	// retention is how long the inbox remembers an id (0: for ever).
+	retention time.Duration
+}
+
+// Option configures a Consumer beyond its required parts.
+type Option func(*Consumer)
+
+// WithInboxRetention tells the consumer how long its inbox remembers a
+// webhook-id: the retention PruneInbox is run with. An event written
+// longer ago than that and not in the inbox is refused (TooOld), since
+// its id may have been forgotten after it was applied. Without it, events
+// of any age are applied, which is right only for an inbox never pruned.
+func WithInboxRetention(d time.Duration) Option {
+	return func(c *Consumer) { c.retention = d }
 }
 
 // New returns a consumer that verifies deliveries with verifier and applies
 // them in pool's database (migrated with Migrate). A consumer that only
 // reads a broker (ConsumeNATS) verifies nothing: verifier may be nil.
-func New(pool *pgxpool.Pool, verifier *webhook.Verifier, logger *slog.Logger) *Consumer {
+func New(pool *pgxpool.Pool, verifier *webhook.Verifier, logger *slog.Logger, opts ...Option) *Consumer {
 	c := &Consumer{pool: pool, verifier: verifier, logger: logger,
 		counts: map[Outcome]*atomic.Int64{}, started: time.Now(),
 		natsRetry: natsRetryDelay, natsRetryMax: natsRetryMax, natsOutOfOrder: natsOutOfOrderDeliveries}
 	for _, o := range outcomes {
 		c.counts[o] = &atomic.Int64{}
+	}
+	for _, o := range opts {
+		o(c)
 	}
 	return c
 }
@@ -226,6 +251,11 @@ func (c *Consumer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			c.answer(w, http.StatusConflict, OutOfOrder, err.Error())
 			return
 		}
+		if errors.Is(err, errTooOld) {
+			c.logTooOld(r.Context(), id, env)
+			c.answer(w, http.StatusUnprocessableEntity, TooOld, err.Error())
+			return
+		}
 		c.logger.ErrorContext(r.Context(), "applying webhook", slog.String("webhook_id", id), slog.String("error", err.Error()))
 		c.answer(w, http.StatusInternalServerError, Error, "could not apply the event; retry later")
 		return
@@ -238,6 +268,18 @@ func (c *Consumer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // errOutOfOrder refuses an order.cancelled that came before its
 // order.placed.
 var errOutOfOrder = errors.New("order.cancelled before its order.placed; retry later")
+
+// errTooOld refuses an event older than the inbox's retention.
+var errTooOld = errors.New("event is older than the inbox's retention: its id may have been forgotten after it was applied, " +
+	"so it is not applied again")
+
+// logTooOld logs a refused TooOld event, as an error: an event lost to
+// the consumer unless someone looks (the sender's retention, or a pause,
+// outlasted the inbox's).
+func (c *Consumer) logTooOld(ctx context.Context, id string, env envelope) {
+	c.logger.ErrorContext(ctx, "event older than the inbox retention refused", slog.String("event_id", id),
+		slog.String("type", env.Type), slog.Time("created_at", env.CreatedAt), slog.Duration("inbox_retention", c.retention))
+}
 
 // badEvent is an authentic event the consumer cannot read.
 type badEvent struct{ msg string }
@@ -257,6 +299,11 @@ func (c *Consumer) apply(ctx context.Context, id string, env envelope) (Outcome,
 		if n == 0 {
 			outcome = Duplicate
 			return nil
+		}
+		if c.retention > 0 && env.CreatedAt.Before(time.Now().Add(-c.retention)) {
+			// Rolls back the inbox row. Checked after the inbox, so that
+			// an old event still remembered is the duplicate it is.
+			return errTooOld
 		}
 		var sign, placed, cancelled int64
 		switch env.Type {
@@ -331,6 +378,7 @@ type Stats struct {
 	StaleTimestamp int64 `json:"stale_timestamp"`
 	BadRequest     int64 `json:"bad_request"`
 	OutOfOrder     int64 `json:"out_of_order"`
+	TooOld         int64 `json:"too_old"`
 	Errors         int64 `json:"errors"`
 	// InboxTotal counts every webhook-id ever recorded, LedgerTotal every
 	// ledger entry: with only order events they are equal.
@@ -375,7 +423,8 @@ func (c *Consumer) Stats(ctx context.Context) (Stats, error) {
 	return Stats{
 		Applied: c.counts[Applied].Load(), Duplicates: c.counts[Duplicate].Load(), Ignored: c.counts[Ignored].Load(),
 		BadSignature: c.counts[BadSignature].Load(), StaleTimestamp: c.counts[StaleTimestamp].Load(),
-		BadRequest: c.counts[BadRequest].Load(), OutOfOrder: c.counts[OutOfOrder].Load(), Errors: c.counts[Error].Load(),
+		BadRequest: c.counts[BadRequest].Load(), OutOfOrder: c.counts[OutOfOrder].Load(), TooOld: c.counts[TooOld].Load(),
+		Errors:     c.counts[Error].Load(),
 		InboxTotal: t.Inbox, LedgerTotal: t.Ledger, UptimeSeconds: time.Since(c.started).Seconds(),
 	}, nil
 }

@@ -46,13 +46,19 @@ func newSecret(t *testing.T) string {
 
 func setup(t *testing.T, secrets ...string) *fixture {
 	t.Helper()
+	return setupWith(t, nil, secrets...)
+}
+
+// setupWith is setup with the consumer's options.
+func setupWith(t *testing.T, opts []consumer.Option, secrets ...string) *fixture {
+	t.Helper()
 	pool := dbtest.Pool(t)
 	logs, mu := &bytes.Buffer{}, &sync.Mutex{}
 	logger := slog.New(slog.NewJSONHandler(lockedWriter{logs, mu}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	require.NoError(t, consumer.Migrate(context.Background(), pool, logger))
 	v, err := webhook.NewVerifier(secrets...)
 	require.NoError(t, err)
-	c := consumer.New(pool, v, logger)
+	c := consumer.New(pool, v, logger, opts...)
 	srv := httptest.NewServer(c)
 	t.Cleanup(srv.Close)
 	t.Cleanup(func() {

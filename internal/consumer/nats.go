@@ -122,6 +122,12 @@ func (c *Consumer) handleNATS(ctx context.Context, msg jetstream.Msg) {
 		c.outOfOrder.forget(env.ID)
 		c.logger.WarnContext(ctx, "JetStream event unreadable", slog.String("event_id", env.ID), slog.String("error", err.Error()))
 		_ = msg.Term()
+	case errors.Is(err, errTooOld):
+		// Redelivering it cannot help: it only gets older.
+		outcome = TooOld
+		c.outOfOrder.forget(env.ID)
+		c.logTooOld(ctx, env.ID, env)
+		_ = msg.Term()
 	case errors.Is(err, errOutOfOrder):
 		outcome = OutOfOrder
 		// Counted here, not by JetStream's delivery count, which also

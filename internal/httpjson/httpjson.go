@@ -275,3 +275,27 @@ func BearerToken(r *http.Request) (token string, ok bool) {
 	}
 	return strings.TrimSpace(token), true
 }
+
+// Idempotency-Key: a client that sends a creating request again (its
+// answer was lost) with the same key gets the first request's answer,
+// marked with IdempotentReplayed, instead of a second creation.
+const (
+	HeaderIdempotencyKey     = "Idempotency-Key"
+	HeaderIdempotentReplayed = "Idempotent-Replayed"
+)
+
+// IdempotencyKey reads r's Idempotency-Key: "" when there is none. A key
+// sent more than once, or sent empty, is a 400 problem: which one the
+// client meant is anyone's guess (a proxy may have added one), and a
+// request taken without its key would make its retry a second creation.
+// The key's length and text are the service's to judge.
+func IdempotencyKey(r *http.Request) (string, error) {
+	keys := r.Header.Values(HeaderIdempotencyKey)
+	if len(keys) > 1 {
+		return "", NewProblem(http.StatusBadRequest, "%s must be given at most once, got %d", HeaderIdempotencyKey, len(keys))
+	}
+	if len(keys) == 1 && strings.TrimSpace(keys[0]) == "" {
+		return "", NewProblem(http.StatusBadRequest, "%s must not be empty", HeaderIdempotencyKey)
+	}
+	return r.Header.Get(HeaderIdempotencyKey), nil
+}

@@ -156,10 +156,9 @@ type secretPage struct {
 	Layout
 	Endpoint admin.Endpoint
 	Secret   string
-	// Rotated: a new secret for an existing endpoint; Overlap is how long
-	// the previous one still signs too.
+	// Rotated: a new secret for an existing endpoint, whose previous one
+	// still signs too until Endpoint.PreviousSecretExpiresAt.
 	Rotated bool
-	Overlap string
 }
 
 // handleCreateEndpoint registers an endpoint from the form. It needs no
@@ -207,7 +206,7 @@ func (h *Handler) handleEditEndpoint(w http.ResponseWriter, r *http.Request) {
 		h.render(w, r, http.StatusOK, "confirm", confirmPage{
 			Layout: h.layout(r, "Change endpoint?"),
 			Question: "Change this endpoint in place? It keeps its id, secret and messages: what already waits goes to the new URL, " +
-				"and the new event types apply to events committed from now on.",
+				"and the new event types apply to events committed from now on. A new URL starts healthy, and is tried at once.",
 			Details: []fact{{"URL now", ep.URL}, {"URL after", f.URL},
 				{"Event types now", strings.Join(ep.EventTypes, ", ")}, {"Event types after", strings.Join(types, ", ")}},
 			Action: r.URL.Path, Return: Prefix + "/endpoints/" + ep.ID.String(), Button: "Change endpoint",
@@ -230,10 +229,19 @@ func (h *Handler) handleRotateSecret(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	if until := ep.PreviousSecretExpiresAt; !confirmed(r) && until != nil && until.After(time.Now()) {
+		// Refused by the admin service too: said before the
+		// confirmation, with until when.
+		h.renderError(w, r, http.StatusConflict, "Rotation in progress",
+			"This endpoint's secret was rotated recently: its previous secret still signs until "+stamp(until)+
+				". The relay signs with two secrets at most, so a rotation now would drop that one while receivers may still use it. "+
+				"Rotate again after that time.")
+		return
+	}
 	if !confirmed(r) {
 		question := "Give this endpoint a new signing secret? The new one is shown once, on the next page. " +
-			"For the next 24 hours the relay signs every delivery with both the new and the previous secret, " +
-			"so the receiver can switch without rejecting one."
+			"For the next " + strconv.FormatFloat(rotationOverlap.Hours(), 'f', -1, 64) + " hours (until about " + stamp(time.Now().Add(rotationOverlap)) +
+			") the relay signs every delivery with both the new and the previous secret, so the receiver can switch without rejecting one."
 		if ep.Kind != destination.KindWebhook {
 			question = "This is a broker destination: its messages are not signed, so a new secret changes nothing it receives. Rotate it anyway?"
 		}
@@ -279,7 +287,7 @@ func (h *Handler) handleRotateSecret(w http.ResponseWriter, r *http.Request) {
 	}
 	h.logAction(r, "rotate_secret", slog.String("endpoint_id", ep.ID.String()), slog.Duration("overlap", rotationOverlap))
 	h.render(w, r, http.StatusOK, "secret", secretPage{Layout: h.layout(r, "Secret rotated"), Endpoint: rotated,
-		Secret: rotated.Secret, Rotated: true, Overlap: "24 hours"})
+		Secret: rotated.Secret, Rotated: true})
 }
 
 func (h *Handler) handleDiscardWaiting(w http.ResponseWriter, r *http.Request) {

@@ -169,30 +169,29 @@ func TestEndpointActionsFromThePage(t *testing.T) {
 	require.Equal(t, []string{"order.placed"}, got.EventTypes)
 
 	// Rotate: confirmed, then a new secret, shown once, the old one kept
-	// for the overlap.
+	// for the overlap, whose end the page states as stored.
+	var before string
+	require.NoError(t, e.pool.QueryRow(ctx, `SELECT secret FROM webhook_endpoints WHERE id = $1`, ep.ID).Scan(&before))
 	res, body = postPage(t, c, base+"/rotate-secret", url.Values{"csrf": {csrf}})
 	require.Equal(t, http.StatusOK, res.StatusCode)
 	require.Contains(t, body, "Rotate signing secret?")
-	res, body = postPage(t, c, base+"/rotate-secret", url.Values{"csrf": {csrf}, "confirm": {"yes"}})
-	require.Equal(t, http.StatusOK, res.StatusCode)
-	rotated := secretOn(body)
-	require.NotNil(t, rotated, body)
-	require.NotEqual(t, m[1], rotated[1])
-	require.Equal(t, int64(1), e.count(t, `SELECT count(*) FROM webhook_endpoints
-		WHERE id = $1 AND previous_secret IS NOT NULL AND previous_secret_expires_at > now() + interval '23 hours'`, ep.ID))
-
-	// The confirmation submitted twice (a double click, a reload of the
-	// page showing the secret) rotates once: the secret the first showed
-	// stays current, and the one before it keeps signing for the overlap.
-	var before string
-	require.NoError(t, e.pool.QueryRow(ctx, `SELECT secret FROM webhook_endpoints WHERE id = $1`, ep.ID).Scan(&before))
-	_, body = postPage(t, c, base+"/rotate-secret", url.Values{"csrf": {csrf}})
+	require.Contains(t, body, "For the next 24 hours (until about ", "the confirmation states the overlap")
 	confirm := hiddenFields(body)
 	require.Contains(t, confirm, "seen_rotation")
 	res, body = postPage(t, c, base+"/rotate-secret", confirm)
 	require.Equal(t, http.StatusOK, res.StatusCode)
-	shown := secretOn(body)
-	require.NotNil(t, shown, body)
+	rotated := secretOn(body)
+	require.NotNil(t, rotated, body)
+	require.NotEqual(t, m[1], rotated[1])
+	var overlapEnd time.Time
+	require.NoError(t, e.pool.QueryRow(ctx, `SELECT previous_secret_expires_at FROM webhook_endpoints
+		WHERE id = $1 AND previous_secret IS NOT NULL AND previous_secret_expires_at > now() + interval '23 hours'`, ep.ID).Scan(&overlapEnd))
+	require.Contains(t, body, "Until <time id=\"overlap-end\" datetime=\""+overlapEnd.UTC().Format(time.RFC3339Nano)+"\">",
+		"the secret page states the overlap's real end")
+
+	// The confirmation submitted twice (a double click, a reload of the
+	// page showing the secret) rotates once: the secret the first showed
+	// stays current, and the one before it keeps signing for the overlap.
 	res, body = postPage(t, c, base+"/rotate-secret", confirm)
 	require.Equal(t, http.StatusConflict, res.StatusCode)
 	require.Contains(t, body, "Already rotated")
@@ -200,6 +199,12 @@ func TestEndpointActionsFromThePage(t *testing.T) {
 	require.NoError(t, e.pool.QueryRow(ctx, `SELECT secret, previous_secret FROM webhook_endpoints WHERE id = $1`, ep.ID).Scan(&current, &previous))
 	require.Equal(t, before, previous, "the secret the receiver used still signs")
 	require.NotEqual(t, before, current)
+	// Another rotation while the overlap runs is refused before its
+	// confirmation, saying until when: it would drop the previous secret.
+	res, body = postPage(t, c, base+"/rotate-secret", url.Values{"csrf": {csrf}})
+	require.Equal(t, http.StatusConflict, res.StatusCode)
+	require.Contains(t, body, "Rotation in progress")
+	require.Contains(t, body, "still signs until "+overlapEnd.UTC().Format("2006-01-02 15:04:05 UTC"))
 
 	// Discard what waits: pending and parked go, the failed one and the
 	// one in flight stay.

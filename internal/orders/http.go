@@ -28,20 +28,12 @@ func (s *Service) handlePlace(w http.ResponseWriter, r *http.Request) {
 		httpjson.WriteError(w, err)
 		return
 	}
-	keys := r.Header.Values("Idempotency-Key")
-	if len(keys) > 1 {
-		// Which one the client meant is anyone's guess; a proxy that
-		// added one would make a retry a second order.
-		httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusBadRequest, "Idempotency-Key must be given at most once, got %d", len(keys)))
+	key, err := httpjson.IdempotencyKey(r)
+	if err != nil {
+		httpjson.WriteError(w, err)
 		return
 	}
-	if len(keys) == 1 && strings.TrimSpace(keys[0]) == "" {
-		// Sent, but empty: placed without a key, a retry would be a
-		// second order.
-		httpjson.WriteProblem(w, httpjson.NewProblem(http.StatusBadRequest, "Idempotency-Key must not be empty"))
-		return
-	}
-	req.IdempotencyKey = r.Header.Get("Idempotency-Key")
+	req.IdempotencyKey = key
 	order, replayed, err := s.Place(r.Context(), req)
 	if err != nil {
 		s.writeError(w, r, err)
@@ -49,7 +41,7 @@ func (s *Service) handlePlace(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Location", "/orders/"+order.ID.String())
 	if replayed {
-		w.Header().Set("Idempotent-Replayed", "true")
+		w.Header().Set(httpjson.HeaderIdempotentReplayed, "true")
 	}
 	httpjson.Write(w, http.StatusCreated, order)
 }

@@ -72,7 +72,7 @@ var settings = []setting{
 		"one webhook request",
 		func(c *config) any { return &c.relay.DeliveryTimeout }},
 	{"OUTBOX_RETENTION", "Retention",
-		"how long delivered and discarded rows are kept, and events (what a replay can re-send)",
+		"how long delivered and discarded rows are kept, and events (what a replay can re-send); keep it, plus the retries' 31 hours, within the receivers' inbox retention (`CONSUMER_INBOX_RETENTION`: see [operations.md](operations.md))",
 		func(c *config) any { return &c.relay.Retention }},
 	{"OUTBOX_FAILED_RETENTION", "FailedRetention",
 		"how long `failed` messages wait for a person to retry or skip them, with their attempt history; then the prune job deletes them (their events go once past `OUTBOX_RETENTION` too)",

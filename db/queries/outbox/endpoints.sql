@@ -63,19 +63,46 @@ WHERE m.id = (SELECT p.id FROM outbox_messages p
 
 -- name: EndpointRotateSecret :one
 -- Replaces the signing secret, keeping the old one valid for @overlap_seconds:
--- until then every delivery carries a signature with each. When @guarded,
--- only if the last rotation is still the one the caller saw
+-- until then every delivery carries a signature with each. Refused (no row)
+-- while an earlier rotation's overlap still runs, unless @overlap_seconds
+-- is 0: the relay signs with two secrets at most, so a second rotation
+-- would drop the previous one while receivers may still use it (a client
+-- retrying a rotation whose answer was lost, two operators), whereas one
+-- with no overlap means to end every earlier secret now (a leaked one).
+-- Refused too when @idempotency_key (NULL for none) is the key of the
+-- rotation already made: its repeat is answered with that rotation. When
+-- @guarded, only if the last rotation is still the one the caller saw
 -- (@seen_previous_expires_at, NULL for none): a second submission of one
 -- confirmation would otherwise make the secret it just showed the
 -- "previous" one and drop the one the receiver still uses.
+-- EndpointRotation says which refused it.
 UPDATE webhook_endpoints
 SET previous_secret = secret,
     previous_secret_expires_at = now() + make_interval(secs => @overlap_seconds::float8),
     secret = @secret,
+    secret_rotated_at = now(),
+    secret_rotation_overlap = make_interval(secs => @overlap_seconds::float8),
+    secret_rotation_key = sqlc.narg(idempotency_key)::text,
     updated_at = now()
 WHERE id = @id
+  AND (@overlap_seconds::float8 = 0 OR previous_secret_expires_at IS NULL OR previous_secret_expires_at <= now())
+  AND (sqlc.narg(idempotency_key)::text IS NULL OR secret_rotation_key IS DISTINCT FROM sqlc.narg(idempotency_key)::text)
   AND (NOT @guarded::boolean OR previous_secret_expires_at IS NOT DISTINCT FROM sqlc.narg(seen_previous_expires_at)::timestamptz)
 RETURNING *;
+
+-- name: EndpointRotation :one
+-- An endpoint's last rotation as a refused EndpointRotateSecret asked for
+-- it, read in its transaction: same_key, it was made under
+-- @idempotency_key; same_overlap, with @overlap_seconds; recent, less than
+-- @shown_for_seconds ago (its secret is shown again only then);
+-- overlapping, its previous secret still signs.
+SELECT sqlc.embed(webhook_endpoints),
+       COALESCE(secret_rotation_key = sqlc.narg(idempotency_key)::text, false)::boolean AS same_key,
+       COALESCE(secret_rotation_overlap = make_interval(secs => @overlap_seconds::float8), false)::boolean AS same_overlap,
+       COALESCE(secret_rotated_at > now() - make_interval(secs => @shown_for_seconds::float8), false)::boolean AS recent,
+       COALESCE(previous_secret_expires_at > now(), false)::boolean AS overlapping
+FROM webhook_endpoints
+WHERE id = @id;
 
 -- name: EndpointSecretsBatch :many
 -- One batch of a re-encryption: the endpoints after @after in id order,
@@ -115,10 +142,22 @@ SELECT id FROM webhook_endpoints WHERE id = ANY (@ids::uuid[]);
 -- name: EndpointUpdate :one
 -- Changes an endpoint's URL and event types in place (NULL keeps one as it
 -- is). Its messages already written stay and are sent to the new URL; the
--- new types apply to events written from now on.
+-- new types apply to events written from now on. A new URL is a new
+-- destination, and the old one's health says nothing of it: its circuit,
+-- its failures in a row, a Retry-After's wait and its pace are reset (and
+-- a deliver job serving the old one leaves them so: DestinationSettle), so
+-- it is tried at once instead of at the old destination's next probe (with
+-- MessageProbeNow before it, in its transaction, for a message whose own
+-- retry is later).
 UPDATE webhook_endpoints
 SET url = COALESCE(sqlc.narg(url), url),
     event_types = COALESCE(sqlc.narg(event_types)::text[], event_types),
+    health = CASE WHEN sqlc.narg(url)::text <> url THEN 'healthy' ELSE health END,
+    health_reason = CASE WHEN sqlc.narg(url)::text <> url THEN NULL ELSE health_reason END,
+    health_changed_at = CASE WHEN sqlc.narg(url)::text <> url AND health <> 'healthy' THEN now() ELSE health_changed_at END,
+    consecutive_failures = CASE WHEN sqlc.narg(url)::text <> url THEN 0 ELSE consecutive_failures END,
+    backoff_until = CASE WHEN sqlc.narg(url)::text <> url THEN NULL ELSE backoff_until END,
+    pace = CASE WHEN sqlc.narg(url)::text <> url THEN NULL ELSE pace END,
     updated_at = now()
 WHERE id = @id
 RETURNING *;

@@ -41,6 +41,12 @@ var (
 // accepted: a bad or forbidden URL, or no event types.
 var ErrInvalidEndpoint = errors.New("outbox: invalid webhook endpoint")
 
+// ErrIdempotencyConflict is returned, beside ErrConflict, when a request
+// repeats an earlier one's Idempotency-Key (or creation id) but asks for
+// something else: another destination or other event types, another
+// overlap.
+var ErrIdempotencyConflict = errors.New("outbox: idempotency key already used with a different request")
+
 // URLChecker vets a webhook URL before it is stored (the SSRF guard).
 type URLChecker interface {
 	CheckURL(ctx context.Context, rawURL string) error
@@ -167,38 +173,74 @@ func (a *Service) CreateEndpoint(ctx context.Context, rawURL string, eventTypes 
 // client retrying after its answer was lost). A second call with the id
 // creates nothing and returns the endpoint the first one made, with its
 // secret, so that whoever sees only the second answer can still verify
-// its webhooks; if it asks for another URL or other event types, if the
-// endpoint was changed since (its secret rotated, say), or if it comes more
-// than createdOnceFor after the first, it is ErrConflict.
+// its webhooks; if it asks for another URL or other event types
+// (ErrIdempotencyConflict too), if the endpoint was changed since (its
+// secret rotated, say), or if it comes more than createdOnceFor after the
+// first, it is ErrConflict.
 func (a *Service) CreateEndpointOnce(ctx context.Context, id uuid.UUID, rawURL string, eventTypes []string) (Endpoint, error) {
+	ep, _, err := a.createEndpoint(ctx, id, rawURL, eventTypes)
+	return ep, err
+}
+
+// CreateEndpointWithKey is CreateEndpointOnce for a request carrying an
+// Idempotency-Key, as POST /orders takes one: the key names the endpoint
+// (its id is derived from it), so the request sent again with the key gets
+// the first one's endpoint and secret, and replayed says so. A key is at
+// most maxIdempotencyKeyBytes of text.
+func (a *Service) CreateEndpointWithKey(ctx context.Context, key, rawURL string, eventTypes []string) (ep Endpoint, replayed bool, err error) {
+	if err := checkIdempotencyKey(key); err != nil {
+		return Endpoint{}, false, err
+	}
+	return a.createEndpoint(ctx, uuid.NewSHA1(keyedEndpoints, []byte(key)), rawURL, eventTypes)
+}
+
+// keyedEndpoints is the name space of the ids CreateEndpointWithKey
+// derives from Idempotency-Keys.
+var keyedEndpoints = uuid.MustParse("4f2f3c1e-6a43-4d55-9b1c-0e0c6d3a7e21")
+
+// maxIdempotencyKeyBytes bounds an Idempotency-Key, as the orders API does.
+const maxIdempotencyKeyBytes = 255
+
+// checkIdempotencyKey refuses a key that is too long or not text.
+func checkIdempotencyKey(key string) error {
+	if len(key) > maxIdempotencyKeyBytes || !isText(key) {
+		return invalid(ErrInvalidEndpoint, "Idempotency-Key must be UTF-8 text of at most %d bytes", maxIdempotencyKeyBytes)
+	}
+	return nil
+}
+
+// createEndpoint is CreateEndpointOnce, saying whether it answered a
+// repeat.
+func (a *Service) createEndpoint(ctx context.Context, id uuid.UUID, rawURL string, eventTypes []string) (Endpoint, bool, error) {
 	types, err := subscription(eventTypes)
 	if err != nil {
-		return Endpoint{}, err
+		return Endpoint{}, false, err
 	}
 	if err := a.checkDestination(ctx, rawURL); err != nil {
-		return Endpoint{}, err
+		return Endpoint{}, false, err
 	}
 	secret, err := webhook.NewSecret()
 	if err != nil {
-		return Endpoint{}, fmt.Errorf("generating secret: %w", err)
+		return Endpoint{}, false, fmt.Errorf("generating secret: %w", err)
 	}
 	stored, err := a.sealSecret(id, secret)
 	if err != nil {
-		return Endpoint{}, err
+		return Endpoint{}, false, err
 	}
 	row, err := outboxdb.New(a.pool).EndpointInsert(ctx, outboxdb.EndpointInsertParams{
 		ID: id, Url: rawURL, Secret: stored, EventTypes: types})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return a.createdBefore(ctx, id, rawURL, types)
+		ep, err := a.createdBefore(ctx, id, rawURL, types)
+		return ep, err == nil, err
 	}
 	if err != nil {
-		return Endpoint{}, fmt.Errorf("inserting endpoint: %w", err)
+		return Endpoint{}, false, fmt.Errorf("inserting endpoint: %w", err)
 	}
 	a.logger.InfoContext(ctx, "webhook endpoint created", slog.String("endpoint_id", row.ID.String()),
 		slog.String("url", row.Url), slog.Any("event_types", row.EventTypes))
 	ep := a.described(ctx, toEndpoint(row))
 	ep.Secret = secret
-	return ep, nil
+	return ep, false, nil
 }
 
 // createdOnceFor is how long after a creation its repeat is answered with
@@ -221,9 +263,12 @@ func (a *Service) createdBefore(ctx context.Context, id uuid.UUID, rawURL string
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("reading endpoint: %w", err)
 	}
-	if row.Url != rawURL || !slices.Equal(row.EventTypes, types) || !row.UpdatedAt.Equal(row.CreatedAt) ||
-		time.Since(row.CreatedAt) > createdOnceFor {
-		return Endpoint{}, fmt.Errorf("creating endpoint: %w: endpoint %s exists, with another URL or other event types, changed since (its secret rotated?), or created over %s ago",
+	if row.Url != rawURL || !slices.Equal(row.EventTypes, types) {
+		return Endpoint{}, fmt.Errorf("creating endpoint: %w: %w: endpoint %s was created for another destination or other event types",
+			ErrConflict, ErrIdempotencyConflict, id)
+	}
+	if !row.UpdatedAt.Equal(row.CreatedAt) || time.Since(row.CreatedAt) > createdOnceFor {
+		return Endpoint{}, fmt.Errorf("creating endpoint: %w: endpoint %s exists, changed since (its secret rotated?) or created over %s ago: its secret is not shown again",
 			ErrConflict, id, createdOnceFor)
 	}
 	secret, err := a.keys.Open(row.Secret, id[:])
@@ -242,14 +287,31 @@ type EndpointChange struct {
 }
 
 // UpdateEndpoint changes an endpoint's URL or event types in place, keeping
-// its id, secret, state and messages: what is already waiting is sent to the
-// new URL, and the new types apply to events written from now on.
+// its id, secret, pause and messages: what is already waiting is sent to the
+// new URL, and the new types apply to events written from now on. A new URL
+// starts healthy, and is tried at once: the old destination's circuit and
+// backoff said nothing of it.
 func (a *Service) UpdateEndpoint(ctx context.Context, id uuid.UUID, c EndpointChange) (Endpoint, error) {
 	types, err := a.checkChange(ctx, c)
 	if err != nil {
 		return Endpoint{}, err
 	}
-	row, err := outboxdb.New(a.pool).EndpointUpdate(ctx, c.URL, types, id)
+	var row outboxdb.WebhookEndpoint
+	err = pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+		q := outboxdb.New(tx)
+		before, err := q.EndpointGet(ctx, id)
+		if err != nil {
+			return err
+		}
+		if c.URL != nil && *c.URL != before.Url {
+			// Messages before the endpoint, as everywhere else.
+			if _, err := q.MessageProbeNow(ctx, id); err != nil {
+				return fmt.Errorf("making a message due for the new destination: %w", err)
+			}
+		}
+		row, err = q.EndpointUpdate(ctx, c.URL, types, id)
+		return err
+	})
 	if err != nil {
 		return Endpoint{}, notFound("updating endpoint", err)
 	}
@@ -551,8 +613,28 @@ func (a *Service) SetEndpointEnabled(ctx context.Context, id uuid.UUID, enabled 
 // RotateSecret gives an endpoint a new signing secret and returns it. For
 // overlap the relay signs with both the new and the previous secret, so the
 // receiver can switch at its own pace without rejecting a delivery.
+//
+// The relay signs with two secrets at most, so while an earlier rotation's
+// overlap runs another is refused with ErrConflict, saying until when:
+// it would drop the previous secret while receivers may still use it, and
+// it is nearly always a retry whose answer was lost or a second operator.
+// A rotation with overlap 0 is never refused: it ends every earlier secret
+// at once, for a secret that leaked.
 func (a *Service) RotateSecret(ctx context.Context, id uuid.UUID, overlap time.Duration) (Endpoint, error) {
-	return a.rotateSecret(ctx, id, overlap, nil)
+	ep, _, err := a.rotateSecret(ctx, id, overlap, "", nil)
+	return ep, err
+}
+
+// RotateSecretWithKey is RotateSecret for a request carrying an
+// Idempotency-Key: the request sent again with the key, while its rotation
+// is the endpoint's last, gets that rotation and its secret (replayed),
+// within rotatedOnceFor of it; later, ErrConflict. With another overlap
+// it is ErrIdempotencyConflict.
+func (a *Service) RotateSecretWithKey(ctx context.Context, id uuid.UUID, overlap time.Duration, key string) (ep Endpoint, replayed bool, err error) {
+	if err := checkIdempotencyKey(key); err != nil {
+		return Endpoint{}, false, err
+	}
+	return a.rotateSecret(ctx, id, overlap, key, nil)
 }
 
 // RotateSecretAsSeen is RotateSecret for a person who confirmed it looking
@@ -562,45 +644,89 @@ func (a *Service) RotateSecret(ctx context.Context, id uuid.UUID, overlap time.D
 // secret) rotates once, instead of replacing the shown secret unseen and
 // ending the overlap of the one the receiver still uses.
 func (a *Service) RotateSecretAsSeen(ctx context.Context, seen Endpoint, overlap time.Duration) (Endpoint, error) {
-	return a.rotateSecret(ctx, seen.ID, overlap, &seen)
+	ep, _, err := a.rotateSecret(ctx, seen.ID, overlap, "", &seen)
+	return ep, err
 }
 
-func (a *Service) rotateSecret(ctx context.Context, id uuid.UUID, overlap time.Duration, seen *Endpoint) (Endpoint, error) {
+// rotatedOnceFor is how long after a rotation the request sent again with
+// its Idempotency-Key is answered with its secret, as createdOnceFor is a
+// creation's.
+const rotatedOnceFor = createdOnceFor
+
+func (a *Service) rotateSecret(ctx context.Context, id uuid.UUID, overlap time.Duration, key string, seen *Endpoint) (Endpoint, bool, error) {
 	if overlap < 0 || overlap > 30*24*time.Hour {
-		return Endpoint{}, invalid(ErrInvalidEndpoint, "overlap must be from 0 to 720h, got %s", overlap)
+		return Endpoint{}, false, invalid(ErrInvalidEndpoint, "overlap must be from 0 to 720h, got %s", overlap)
 	}
 	secret, err := webhook.NewSecret()
 	if err != nil {
-		return Endpoint{}, fmt.Errorf("generating secret: %w", err)
+		return Endpoint{}, false, fmt.Errorf("generating secret: %w", err)
 	}
 	stored, err := a.sealSecret(id, secret)
 	if err != nil {
-		return Endpoint{}, err
+		return Endpoint{}, false, err
 	}
 	p := outboxdb.EndpointRotateSecretParams{OverlapSeconds: overlap.Seconds(), Secret: stored, ID: id}
+	if key != "" {
+		p.IdempotencyKey = &key
+	}
 	if seen != nil {
 		p.Guarded, p.SeenPreviousExpiresAt = true, seen.PreviousSecretExpiresAt
 	}
-	q := outboxdb.New(a.pool)
-	row, err := q.EndpointRotateSecret(ctx, p)
-	if errors.Is(err, pgx.ErrNoRows) && seen != nil {
-		// No row: the endpoint is gone, or its rotation is not the one seen.
-		_, gerr := q.EndpointGet(ctx, id)
-		switch {
-		case gerr == nil:
-			return Endpoint{}, fmt.Errorf("rotating endpoint secret: %w: it was rotated since it was read", ErrConflict)
-		case !errors.Is(gerr, pgx.ErrNoRows):
-			return Endpoint{}, fmt.Errorf("rotating endpoint secret: %w", gerr)
+	var row outboxdb.WebhookEndpoint
+	var replayed bool
+	err = pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+		q := outboxdb.New(tx)
+		var err error
+		row, err = q.EndpointRotateSecret(ctx, p)
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return err
 		}
-	}
+		last, err := q.EndpointRotation(ctx, outboxdb.EndpointRotationParams{IdempotencyKey: p.IdempotencyKey,
+			OverlapSeconds: p.OverlapSeconds, ShownForSeconds: rotatedOnceFor.Seconds(), ID: id})
+		if err != nil {
+			return err
+		}
+		row = last.WebhookEndpoint
+		switch rotated := row.SecretRotatedAt; {
+		case last.SameKey && !last.SameOverlap:
+			return fmt.Errorf("%w: %w: the Idempotency-Key's rotation was made with another overlap", ErrConflict, ErrIdempotencyConflict)
+		case last.SameKey && !last.Recent:
+			return fmt.Errorf("%w: the Idempotency-Key's rotation was made over %s ago, at %s: its secret is not shown again",
+				ErrConflict, rotatedOnceFor, rotated.UTC().Format(time.RFC3339))
+		case last.SameKey:
+			replayed = true
+			secret, err = a.keys.Open(row.Secret, id[:])
+			if err != nil {
+				return fmt.Errorf("decrypting endpoint %s's secret: %w", id, err)
+			}
+			return nil
+		case seen != nil && !equalTimes(seen.PreviousSecretExpiresAt, row.PreviousSecretExpiresAt):
+			return fmt.Errorf("%w: it was rotated since it was read", ErrConflict)
+		case last.Overlapping:
+			return fmt.Errorf("%w: its previous secret signs until %s, and a rotation now would drop it while receivers may "+
+				"still use it: rotate after that, or with overlap 0s to end every earlier secret at once",
+				ErrConflict, row.PreviousSecretExpiresAt.UTC().Format(time.RFC3339))
+		}
+		return fmt.Errorf("%w: the endpoint's last rotation changed while this one was refused: try again", ErrConflict)
+	})
 	if err != nil {
-		return Endpoint{}, notFound("rotating endpoint secret", err)
+		return Endpoint{}, false, notFound("rotating endpoint secret", err)
 	}
-	a.logger.InfoContext(ctx, "webhook endpoint secret rotated", slog.String("endpoint_id", id.String()),
-		slog.Duration("overlap", overlap))
+	if !replayed {
+		a.logger.InfoContext(ctx, "webhook endpoint secret rotated", slog.String("endpoint_id", id.String()),
+			slog.Duration("overlap", overlap))
+	}
 	ep := a.described(ctx, toEndpoint(row))
 	ep.Secret = secret
-	return ep, nil
+	return ep, replayed, nil
+}
+
+// equalTimes reports whether two optional times are both absent or equal.
+func equalTimes(a, b *time.Time) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Equal(*b)
 }
 
 // Stats counts messages by status.

@@ -187,7 +187,7 @@ func TestAPausedEndpointKeepsWhenAndWhyItWasPaused(t *testing.T) {
 	ctx := context.Background()
 	adm := New(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
 	_, err := outboxdb.New(pool).DestinationSettle(ctx, outboxdb.DestinationSettleParams{
-		ID: dest, LeaseToken: lease, Health: outbox.HealthHealthy, Gone: true})
+		ID: dest, LeaseToken: lease, Url: outboxtest.EndpointURL, Health: outbox.HealthHealthy, Gone: true})
 	require.NoError(t, err)
 	gone, err := adm.Endpoint(ctx, dest)
 	require.NoError(t, err)
@@ -228,7 +228,7 @@ func TestEnablingAThrottledEndpointKeepsItsRetryAfter(t *testing.T) {
 	adm := New(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
 	until := time.Now().Add(time.Hour)
 	_, err := outboxdb.New(pool).DestinationSettle(ctx, outboxdb.DestinationSettleParams{
-		ID: dest, LeaseToken: lease, Health: outbox.HealthHealthy, BackoffUntil: &until})
+		ID: dest, LeaseToken: lease, Url: outboxtest.EndpointURL, Health: outbox.HealthHealthy, BackoffUntil: &until})
 	require.NoError(t, err)
 	ep, err := adm.SetEndpointEnabled(ctx, dest, true)
 	require.NoError(t, err)

@@ -53,15 +53,29 @@ func (a *Service) handleCreateEndpoint(w http.ResponseWriter, r *http.Request) {
 		httpjson.WriteError(w, err)
 		return
 	}
+	key, err := httpjson.IdempotencyKey(r)
+	if err != nil {
+		httpjson.WriteError(w, err)
+		return
+	}
 	u, err := req.URLOf()
 	if err != nil {
 		a.writeError(w, r, invalidAs(ErrInvalidEndpoint, "", err))
 		return
 	}
-	ep, err := a.CreateEndpoint(r.Context(), u, req.EventTypes)
+	var ep Endpoint
+	var replayed bool
+	if key != "" {
+		ep, replayed, err = a.CreateEndpointWithKey(r.Context(), key, u, req.EventTypes)
+	} else {
+		ep, err = a.CreateEndpoint(r.Context(), u, req.EventTypes)
+	}
 	if err != nil {
 		a.writeError(w, r, err)
 		return
+	}
+	if replayed {
+		w.Header().Set(httpjson.HeaderIdempotentReplayed, "true")
 	}
 	httpjson.Write(w, http.StatusCreated, ep)
 }
@@ -234,6 +248,11 @@ func (a *Service) handleRotateSecret(w http.ResponseWriter, r *http.Request) {
 		httpjson.WriteError(w, err)
 		return
 	}
+	key, err := httpjson.IdempotencyKey(r)
+	if err != nil {
+		httpjson.WriteError(w, err)
+		return
+	}
 	if req.Overlap != "" {
 		d, err := time.ParseDuration(req.Overlap)
 		if err != nil {
@@ -242,10 +261,19 @@ func (a *Service) handleRotateSecret(w http.ResponseWriter, r *http.Request) {
 		}
 		overlap = d
 	}
-	ep, err := a.RotateSecret(r.Context(), id, overlap)
+	var ep Endpoint
+	var replayed bool
+	if key != "" {
+		ep, replayed, err = a.RotateSecretWithKey(r.Context(), id, overlap, key)
+	} else {
+		ep, err = a.RotateSecret(r.Context(), id, overlap)
+	}
 	if err != nil {
 		a.writeError(w, r, err)
 		return
+	}
+	if replayed {
+		w.Header().Set(httpjson.HeaderIdempotentReplayed, "true")
 	}
 	httpjson.Write(w, http.StatusOK, ep)
 }
@@ -358,6 +386,9 @@ func (a *Service) writeError(w http.ResponseWriter, r *http.Request, err error) 
 	switch {
 	case errors.Is(err, ErrNotFound):
 		status = http.StatusNotFound
+	case errors.Is(err, ErrIdempotencyConflict):
+		// As POST /orders answers a key reused for another request.
+		status = http.StatusUnprocessableEntity
 	case errors.Is(err, ErrConflict):
 		status = http.StatusConflict
 	case errors.Is(err, ErrInvalidEndpoint), errors.Is(err, ErrInvalidStatus), errors.Is(err, ErrInvalidReplay),

@@ -52,13 +52,17 @@ func Seed(t testing.TB, db querier, destination uuid.UUID, n int, key string) []
 	return ids
 }
 
+// EndpointURL is the address Endpoint's endpoints are at: nothing listens
+// there.
+const EndpointURL = "http://127.0.0.1:1/"
+
 // Endpoint inserts a webhook endpoint subscribed to order.placed at an
-// address nothing listens on, leased with lease when it is not nil (as a
+// address nothing listens on (EndpointURL), leased with lease when it is not nil (as a
 // deliver job holding it would have it), and returns its id.
 func Endpoint(t testing.TB, db querier, lease *uuid.UUID) uuid.UUID {
 	t.Helper()
 	rows, err := db.Query(context.Background(), `INSERT INTO webhook_endpoints (url, secret, event_types, lease_token)
-		VALUES ('http://127.0.0.1:1/', 'whsec_AAAA', '{order.placed}', $1) RETURNING id`, lease)
+		VALUES ($2, 'whsec_AAAA', '{order.placed}', $1) RETURNING id`, lease, EndpointURL)
 	require.NoError(t, err)
 	id, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[uuid.UUID])
 	require.NoError(t, err)

@@ -59,7 +59,7 @@ func TestADeletionBesideAJobEndingWaitsForTheJobAlone(t *testing.T) {
 	adm := admin.New(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
 	deleted := deleteAside(adm, dest)
 	waitForALockWait(t, pool, "the deletion waits for the endpoint's row the job holds")
-	redispatch, err := outboxdb.New(job).DestinationSettle(ctx, outboxdb.DestinationSettleParams{ID: dest, LeaseToken: lease, Health: outbox.HealthHealthy})
+	redispatch, err := outboxdb.New(job).DestinationSettle(ctx, outboxdb.DestinationSettleParams{ID: dest, LeaseToken: lease, Url: outboxtest.EndpointURL, Health: outbox.HealthHealthy})
 	require.NoError(t, err, "the job's end goes on: it holds everything it needs")
 	require.True(t, redispatch)
 	require.NoError(t, job.Commit(ctx), "the job's end commits")

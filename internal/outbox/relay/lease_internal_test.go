@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/dbtest"
+	"github.com/outboxkit/orders/internal/netguard"
+	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/admin"
 	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
 	"github.com/outboxkit/orders/internal/outbox/outboxtest"
 )
@@ -133,4 +137,31 @@ func TestALeaseTakenOverFencesTheOldHoldersClaims(t *testing.T) {
 	require.Empty(t, claim(oldToken, oldRelay), "nor after it")
 	rows := claim(newToken, newRelay)
 	require.Len(t, rows, 1, "the new holder claims the key's first message")
+}
+
+// An endpoint moved to another destination while a deliver job serves the
+// old one keeps the health its move reset: the job's end, which judged the
+// old destination, frees the lease and leaves the new one's health alone.
+// Before, the job wrote back the old destination's circuit, and the new
+// one waited for a probe it had never earned.
+func TestAnEndpointMovedWhileAJobServesItKeepsItsResetHealth(t *testing.T) {
+	t.Parallel()
+	pool, dest, lease := leased(t)
+	ctx := context.Background()
+	adm := admin.New(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	moved := "http://127.0.0.1:2/hook"
+	_, err := adm.UpdateEndpoint(ctx, dest, admin.EndpointChange{URL: &moved})
+	require.NoError(t, err)
+	until := time.Now().Add(time.Hour)
+	why := "connection refused"
+	_, err = outboxdb.New(pool).DestinationSettle(ctx, outboxdb.DestinationSettleParams{ID: dest, LeaseToken: lease,
+		Url: outboxtest.EndpointURL, Health: outbox.HealthBackingOff, HealthReason: &why, ConsecutiveFailures: 5, BackoffUntil: &until})
+	require.NoError(t, err)
+	ep, err := adm.Endpoint(ctx, dest)
+	require.NoError(t, err)
+	require.Equal(t, outbox.HealthHealthy, ep.State, "the new destination is not judged by the old one's answers")
+	require.Nil(t, ep.NextProbeAt)
+	var leased bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT lease_token IS NOT NULL FROM webhook_endpoints WHERE id = $1`, dest).Scan(&leased))
+	require.False(t, leased, "the job's lease is freed all the same")
 }

@@ -499,7 +499,7 @@ func (s *session) settleWrite(ctx context.Context, tx pgx.Tx, left batch, record
 		}
 	}
 	redispatch, err := q.DestinationSettle(ctx, outboxdb.DestinationSettleParams{
-		ID: s.dest, LeaseToken: s.token, Health: health, HealthReason: reason,
+		ID: s.dest, LeaseToken: s.token, Url: s.ep.Url, Health: health, HealthReason: reason,
 		ConsecutiveFailures: int32(failures), BackoffUntil: backoffUntil, Gone: s.pace.state == stateGone,
 		Pace: s.pace.remembered(),
 	})

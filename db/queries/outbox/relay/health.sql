@@ -5,25 +5,30 @@
 -- job leaves it: healthy or backing off, its failure streak, when it may be
 -- served again (the next probe, or the end of a Retry-After), and how many
 -- requests the next job may start with (NULL: start low). A 410 Gone
--- pauses the endpoint. When due work remains and the destination may be served now, it
--- is marked dispatched again and redispatch is true: the caller inserts the
--- next job in this transaction, so a busy destination goes to the back of
--- the queue without waiting for a poll.
+-- pauses the endpoint. All of it only while the endpoint still names the
+-- @url the job served: a person who moved it to another destination
+-- meanwhile reset its health (EndpointUpdate), and what the old one
+-- answered says nothing of the new. When due work remains and the
+-- destination may be served now, it is marked dispatched again and
+-- redispatch is true: the caller inserts the next job in this transaction,
+-- so a busy destination goes to the back of the queue without waiting for
+-- a poll.
 UPDATE webhook_endpoints e
 SET lease_token = NULL,
     lease_relay = NULL,
-    health = @health::text,
-    health_reason = sqlc.narg(health_reason),
-    health_changed_at = CASE WHEN e.health <> @health::text THEN now() ELSE e.health_changed_at END,
-    consecutive_failures = @consecutive_failures,
-    backoff_until = sqlc.narg(backoff_until),
-    pace = sqlc.narg(pace)::integer,
-    enabled = e.enabled AND NOT @gone::boolean,
-    disabled_reason = CASE WHEN @gone::boolean AND e.enabled THEN 'receiver answered 410 Gone' ELSE e.disabled_reason END,
-    disabled_at = CASE WHEN @gone::boolean AND e.enabled THEN now() ELSE e.disabled_at END,
-    updated_at = CASE WHEN @gone::boolean AND e.enabled THEN now() ELSE e.updated_at END,
+    health = CASE WHEN e.url = @url::text THEN @health::text ELSE e.health END,
+    health_reason = CASE WHEN e.url = @url::text THEN sqlc.narg(health_reason) ELSE e.health_reason END,
+    health_changed_at = CASE WHEN e.url = @url::text AND e.health <> @health::text THEN now() ELSE e.health_changed_at END,
+    consecutive_failures = CASE WHEN e.url = @url::text THEN @consecutive_failures ELSE e.consecutive_failures END,
+    backoff_until = CASE WHEN e.url = @url::text THEN sqlc.narg(backoff_until) ELSE e.backoff_until END,
+    pace = CASE WHEN e.url = @url::text THEN sqlc.narg(pace)::integer ELSE e.pace END,
+    enabled = e.enabled AND NOT (@gone::boolean AND e.url = @url::text),
+    disabled_reason = CASE WHEN @gone::boolean AND e.url = @url::text AND e.enabled THEN 'receiver answered 410 Gone' ELSE e.disabled_reason END,
+    disabled_at = CASE WHEN @gone::boolean AND e.url = @url::text AND e.enabled THEN now() ELSE e.disabled_at END,
+    updated_at = CASE WHEN @gone::boolean AND e.url = @url::text AND e.enabled THEN now() ELSE e.updated_at END,
     dispatched_at = CASE
-        WHEN e.enabled AND NOT @gone::boolean AND sqlc.narg(backoff_until)::timestamptz IS NULL
+        WHEN e.enabled AND NOT (@gone::boolean AND e.url = @url::text)
+             AND (CASE WHEN e.url = @url::text THEN sqlc.narg(backoff_until)::timestamptz ELSE e.backoff_until END) IS NULL
              AND EXISTS (SELECT 1 FROM outbox_messages m
                          WHERE m.destination = e.id AND m.status = 'pending' AND NOT m.parked AND m.next_attempt_at <= now())
         THEN now() END

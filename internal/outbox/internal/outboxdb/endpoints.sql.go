@@ -25,7 +25,7 @@ func (q *Queries) EndpointDelete(ctx context.Context, id uuid.UUID) (int64, erro
 }
 
 const endpointGet = `-- name: EndpointGet :one
-SELECT id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at, pace FROM webhook_endpoints WHERE id = $1
+SELECT id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at, pace, secret_rotated_at, secret_rotation_overlap, secret_rotation_key FROM webhook_endpoints WHERE id = $1
 `
 
 func (q *Queries) EndpointGet(ctx context.Context, id uuid.UUID) (WebhookEndpoint, error) {
@@ -58,6 +58,9 @@ func (q *Queries) EndpointGet(ctx context.Context, id uuid.UUID) (WebhookEndpoin
 		&i.LastError,
 		&i.DisabledAt,
 		&i.Pace,
+		&i.SecretRotatedAt,
+		&i.SecretRotationOverlap,
+		&i.SecretRotationKey,
 	)
 	return i, err
 }
@@ -66,7 +69,7 @@ const endpointInsert = `-- name: EndpointInsert :one
 INSERT INTO webhook_endpoints (id, url, secret, event_types)
 VALUES ($1, $2, $3, $4)
 ON CONFLICT (id) DO NOTHING
-RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at, pace
+RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at, pace, secret_rotated_at, secret_rotation_overlap, secret_rotation_key
 `
 
 type EndpointInsertParams struct {
@@ -114,12 +117,15 @@ func (q *Queries) EndpointInsert(ctx context.Context, arg EndpointInsertParams) 
 		&i.LastError,
 		&i.DisabledAt,
 		&i.Pace,
+		&i.SecretRotatedAt,
+		&i.SecretRotationOverlap,
+		&i.SecretRotationKey,
 	)
 	return i, err
 }
 
 const endpointList = `-- name: EndpointList :many
-SELECT id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at, pace FROM webhook_endpoints ORDER BY created_at, id
+SELECT id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at, pace, secret_rotated_at, secret_rotation_overlap, secret_rotation_key FROM webhook_endpoints ORDER BY created_at, id
 `
 
 func (q *Queries) EndpointList(ctx context.Context) ([]WebhookEndpoint, error) {
@@ -158,6 +164,9 @@ func (q *Queries) EndpointList(ctx context.Context) ([]WebhookEndpoint, error) {
 			&i.LastError,
 			&i.DisabledAt,
 			&i.Pace,
+			&i.SecretRotatedAt,
+			&i.SecretRotationOverlap,
+			&i.SecretRotationKey,
 		); err != nil {
 			return nil, err
 		}
@@ -403,30 +412,45 @@ UPDATE webhook_endpoints
 SET previous_secret = secret,
     previous_secret_expires_at = now() + make_interval(secs => $1::float8),
     secret = $2,
+    secret_rotated_at = now(),
+    secret_rotation_overlap = make_interval(secs => $1::float8),
+    secret_rotation_key = $3::text,
     updated_at = now()
-WHERE id = $3
-  AND (NOT $4::boolean OR previous_secret_expires_at IS NOT DISTINCT FROM $5::timestamptz)
-RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at, pace
+WHERE id = $4
+  AND ($1::float8 = 0 OR previous_secret_expires_at IS NULL OR previous_secret_expires_at <= now())
+  AND ($3::text IS NULL OR secret_rotation_key IS DISTINCT FROM $3::text)
+  AND (NOT $5::boolean OR previous_secret_expires_at IS NOT DISTINCT FROM $6::timestamptz)
+RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at, pace, secret_rotated_at, secret_rotation_overlap, secret_rotation_key
 `
 
 type EndpointRotateSecretParams struct {
 	OverlapSeconds        float64
 	Secret                string
+	IdempotencyKey        *string
 	ID                    uuid.UUID
 	Guarded               bool
 	SeenPreviousExpiresAt *time.Time
 }
 
 // Replaces the signing secret, keeping the old one valid for @overlap_seconds:
-// until then every delivery carries a signature with each. When @guarded,
-// only if the last rotation is still the one the caller saw
+// until then every delivery carries a signature with each. Refused (no row)
+// while an earlier rotation's overlap still runs, unless @overlap_seconds
+// is 0: the relay signs with two secrets at most, so a second rotation
+// would drop the previous one while receivers may still use it (a client
+// retrying a rotation whose answer was lost, two operators), whereas one
+// with no overlap means to end every earlier secret now (a leaked one).
+// Refused too when @idempotency_key (NULL for none) is the key of the
+// rotation already made: its repeat is answered with that rotation. When
+// @guarded, only if the last rotation is still the one the caller saw
 // (@seen_previous_expires_at, NULL for none): a second submission of one
 // confirmation would otherwise make the secret it just showed the
 // "previous" one and drop the one the receiver still uses.
+// EndpointRotation says which refused it.
 func (q *Queries) EndpointRotateSecret(ctx context.Context, arg EndpointRotateSecretParams) (WebhookEndpoint, error) {
 	row := q.db.QueryRow(ctx, endpointRotateSecret,
 		arg.OverlapSeconds,
 		arg.Secret,
+		arg.IdempotencyKey,
 		arg.ID,
 		arg.Guarded,
 		arg.SeenPreviousExpiresAt,
@@ -459,6 +483,85 @@ func (q *Queries) EndpointRotateSecret(ctx context.Context, arg EndpointRotateSe
 		&i.LastError,
 		&i.DisabledAt,
 		&i.Pace,
+		&i.SecretRotatedAt,
+		&i.SecretRotationOverlap,
+		&i.SecretRotationKey,
+	)
+	return i, err
+}
+
+const endpointRotation = `-- name: EndpointRotation :one
+SELECT webhook_endpoints.id, webhook_endpoints.url, webhook_endpoints.secret, webhook_endpoints.event_types, webhook_endpoints.enabled, webhook_endpoints.disabled_reason, webhook_endpoints.created_at, webhook_endpoints.updated_at, webhook_endpoints.previous_secret, webhook_endpoints.previous_secret_expires_at, webhook_endpoints.health, webhook_endpoints.health_reason, webhook_endpoints.health_changed_at, webhook_endpoints.consecutive_failures, webhook_endpoints.backoff_until, webhook_endpoints.dispatched_at, webhook_endpoints.lease_token, webhook_endpoints.lease_relay, webhook_endpoints.last_attempt_at, webhook_endpoints.last_attempt_outcome, webhook_endpoints.last_success_at, webhook_endpoints.last_error_at, webhook_endpoints.last_error_status_code, webhook_endpoints.last_error, webhook_endpoints.disabled_at, webhook_endpoints.pace, webhook_endpoints.secret_rotated_at, webhook_endpoints.secret_rotation_overlap, webhook_endpoints.secret_rotation_key,
+       COALESCE(secret_rotation_key = $1::text, false)::boolean AS same_key,
+       COALESCE(secret_rotation_overlap = make_interval(secs => $2::float8), false)::boolean AS same_overlap,
+       COALESCE(secret_rotated_at > now() - make_interval(secs => $3::float8), false)::boolean AS recent,
+       COALESCE(previous_secret_expires_at > now(), false)::boolean AS overlapping
+FROM webhook_endpoints
+WHERE id = $4
+`
+
+type EndpointRotationParams struct {
+	IdempotencyKey  *string
+	OverlapSeconds  float64
+	ShownForSeconds float64
+	ID              uuid.UUID
+}
+
+type EndpointRotationRow struct {
+	WebhookEndpoint WebhookEndpoint
+	SameKey         bool
+	SameOverlap     bool
+	Recent          bool
+	Overlapping     bool
+}
+
+// An endpoint's last rotation as a refused EndpointRotateSecret asked for
+// it, read in its transaction: same_key, it was made under
+// @idempotency_key; same_overlap, with @overlap_seconds; recent, less than
+// @shown_for_seconds ago (its secret is shown again only then);
+// overlapping, its previous secret still signs.
+func (q *Queries) EndpointRotation(ctx context.Context, arg EndpointRotationParams) (EndpointRotationRow, error) {
+	row := q.db.QueryRow(ctx, endpointRotation,
+		arg.IdempotencyKey,
+		arg.OverlapSeconds,
+		arg.ShownForSeconds,
+		arg.ID,
+	)
+	var i EndpointRotationRow
+	err := row.Scan(
+		&i.WebhookEndpoint.ID,
+		&i.WebhookEndpoint.Url,
+		&i.WebhookEndpoint.Secret,
+		&i.WebhookEndpoint.EventTypes,
+		&i.WebhookEndpoint.Enabled,
+		&i.WebhookEndpoint.DisabledReason,
+		&i.WebhookEndpoint.CreatedAt,
+		&i.WebhookEndpoint.UpdatedAt,
+		&i.WebhookEndpoint.PreviousSecret,
+		&i.WebhookEndpoint.PreviousSecretExpiresAt,
+		&i.WebhookEndpoint.Health,
+		&i.WebhookEndpoint.HealthReason,
+		&i.WebhookEndpoint.HealthChangedAt,
+		&i.WebhookEndpoint.ConsecutiveFailures,
+		&i.WebhookEndpoint.BackoffUntil,
+		&i.WebhookEndpoint.DispatchedAt,
+		&i.WebhookEndpoint.LeaseToken,
+		&i.WebhookEndpoint.LeaseRelay,
+		&i.WebhookEndpoint.LastAttemptAt,
+		&i.WebhookEndpoint.LastAttemptOutcome,
+		&i.WebhookEndpoint.LastSuccessAt,
+		&i.WebhookEndpoint.LastErrorAt,
+		&i.WebhookEndpoint.LastErrorStatusCode,
+		&i.WebhookEndpoint.LastError,
+		&i.WebhookEndpoint.DisabledAt,
+		&i.WebhookEndpoint.Pace,
+		&i.WebhookEndpoint.SecretRotatedAt,
+		&i.WebhookEndpoint.SecretRotationOverlap,
+		&i.WebhookEndpoint.SecretRotationKey,
+		&i.SameKey,
+		&i.SameOverlap,
+		&i.Recent,
+		&i.Overlapping,
 	)
 	return i, err
 }
@@ -537,7 +640,7 @@ SET enabled = $1,
                          ELSE backoff_until END,
     updated_at = now()
 WHERE id = $3
-RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at, pace
+RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at, pace, secret_rotated_at, secret_rotation_overlap, secret_rotation_key
 `
 
 // Pauses or resumes an endpoint. Messages for a paused endpoint are written
@@ -577,6 +680,9 @@ func (q *Queries) EndpointSetEnabled(ctx context.Context, enabled bool, reason *
 		&i.LastError,
 		&i.DisabledAt,
 		&i.Pace,
+		&i.SecretRotatedAt,
+		&i.SecretRotationOverlap,
+		&i.SecretRotationKey,
 	)
 	return i, err
 }
@@ -607,14 +713,26 @@ const endpointUpdate = `-- name: EndpointUpdate :one
 UPDATE webhook_endpoints
 SET url = COALESCE($1, url),
     event_types = COALESCE($2::text[], event_types),
+    health = CASE WHEN $1::text <> url THEN 'healthy' ELSE health END,
+    health_reason = CASE WHEN $1::text <> url THEN NULL ELSE health_reason END,
+    health_changed_at = CASE WHEN $1::text <> url AND health <> 'healthy' THEN now() ELSE health_changed_at END,
+    consecutive_failures = CASE WHEN $1::text <> url THEN 0 ELSE consecutive_failures END,
+    backoff_until = CASE WHEN $1::text <> url THEN NULL ELSE backoff_until END,
+    pace = CASE WHEN $1::text <> url THEN NULL ELSE pace END,
     updated_at = now()
 WHERE id = $3
-RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at, pace
+RETURNING id, url, secret, event_types, enabled, disabled_reason, created_at, updated_at, previous_secret, previous_secret_expires_at, health, health_reason, health_changed_at, consecutive_failures, backoff_until, dispatched_at, lease_token, lease_relay, last_attempt_at, last_attempt_outcome, last_success_at, last_error_at, last_error_status_code, last_error, disabled_at, pace, secret_rotated_at, secret_rotation_overlap, secret_rotation_key
 `
 
 // Changes an endpoint's URL and event types in place (NULL keeps one as it
 // is). Its messages already written stay and are sent to the new URL; the
-// new types apply to events written from now on.
+// new types apply to events written from now on. A new URL is a new
+// destination, and the old one's health says nothing of it: its circuit,
+// its failures in a row, a Retry-After's wait and its pace are reset (and
+// a deliver job serving the old one leaves them so: DestinationSettle), so
+// it is tried at once instead of at the old destination's next probe (with
+// MessageProbeNow before it, in its transaction, for a message whose own
+// retry is later).
 func (q *Queries) EndpointUpdate(ctx context.Context, url *string, eventTypes []string, iD uuid.UUID) (WebhookEndpoint, error) {
 	row := q.db.QueryRow(ctx, endpointUpdate, url, eventTypes, iD)
 	var i WebhookEndpoint
@@ -645,6 +763,9 @@ func (q *Queries) EndpointUpdate(ctx context.Context, url *string, eventTypes []
 		&i.LastError,
 		&i.DisabledAt,
 		&i.Pace,
+		&i.SecretRotatedAt,
+		&i.SecretRotationOverlap,
+		&i.SecretRotationKey,
 	)
 	return i, err
 }

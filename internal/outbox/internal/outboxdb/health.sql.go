@@ -32,26 +32,28 @@ const destinationSettle = `-- name: DestinationSettle :one
 UPDATE webhook_endpoints e
 SET lease_token = NULL,
     lease_relay = NULL,
-    health = $1::text,
-    health_reason = $2,
-    health_changed_at = CASE WHEN e.health <> $1::text THEN now() ELSE e.health_changed_at END,
-    consecutive_failures = $3,
-    backoff_until = $4,
-    pace = $5::integer,
-    enabled = e.enabled AND NOT $6::boolean,
-    disabled_reason = CASE WHEN $6::boolean AND e.enabled THEN 'receiver answered 410 Gone' ELSE e.disabled_reason END,
-    disabled_at = CASE WHEN $6::boolean AND e.enabled THEN now() ELSE e.disabled_at END,
-    updated_at = CASE WHEN $6::boolean AND e.enabled THEN now() ELSE e.updated_at END,
+    health = CASE WHEN e.url = $1::text THEN $2::text ELSE e.health END,
+    health_reason = CASE WHEN e.url = $1::text THEN $3 ELSE e.health_reason END,
+    health_changed_at = CASE WHEN e.url = $1::text AND e.health <> $2::text THEN now() ELSE e.health_changed_at END,
+    consecutive_failures = CASE WHEN e.url = $1::text THEN $4 ELSE e.consecutive_failures END,
+    backoff_until = CASE WHEN e.url = $1::text THEN $5 ELSE e.backoff_until END,
+    pace = CASE WHEN e.url = $1::text THEN $6::integer ELSE e.pace END,
+    enabled = e.enabled AND NOT ($7::boolean AND e.url = $1::text),
+    disabled_reason = CASE WHEN $7::boolean AND e.url = $1::text AND e.enabled THEN 'receiver answered 410 Gone' ELSE e.disabled_reason END,
+    disabled_at = CASE WHEN $7::boolean AND e.url = $1::text AND e.enabled THEN now() ELSE e.disabled_at END,
+    updated_at = CASE WHEN $7::boolean AND e.url = $1::text AND e.enabled THEN now() ELSE e.updated_at END,
     dispatched_at = CASE
-        WHEN e.enabled AND NOT $6::boolean AND $4::timestamptz IS NULL
+        WHEN e.enabled AND NOT ($7::boolean AND e.url = $1::text)
+             AND (CASE WHEN e.url = $1::text THEN $5::timestamptz ELSE e.backoff_until END) IS NULL
              AND EXISTS (SELECT 1 FROM outbox_messages m
                          WHERE m.destination = e.id AND m.status = 'pending' AND NOT m.parked AND m.next_attempt_at <= now())
         THEN now() END
-WHERE e.id = $7 AND e.lease_token = $8::uuid
+WHERE e.id = $8 AND e.lease_token = $9::uuid
 RETURNING (e.dispatched_at IS NOT NULL)::boolean AS redispatch
 `
 
 type DestinationSettleParams struct {
+	Url                 string
 	Health              string
 	HealthReason        *string
 	ConsecutiveFailures int32
@@ -67,12 +69,17 @@ type DestinationSettleParams struct {
 // job leaves it: healthy or backing off, its failure streak, when it may be
 // served again (the next probe, or the end of a Retry-After), and how many
 // requests the next job may start with (NULL: start low). A 410 Gone
-// pauses the endpoint. When due work remains and the destination may be served now, it
-// is marked dispatched again and redispatch is true: the caller inserts the
-// next job in this transaction, so a busy destination goes to the back of
-// the queue without waiting for a poll.
+// pauses the endpoint. All of it only while the endpoint still names the
+// @url the job served: a person who moved it to another destination
+// meanwhile reset its health (EndpointUpdate), and what the old one
+// answered says nothing of the new. When due work remains and the
+// destination may be served now, it is marked dispatched again and
+// redispatch is true: the caller inserts the next job in this transaction,
+// so a busy destination goes to the back of the queue without waiting for
+// a poll.
 func (q *Queries) DestinationSettle(ctx context.Context, arg DestinationSettleParams) (bool, error) {
 	row := q.db.QueryRow(ctx, destinationSettle,
+		arg.Url,
 		arg.Health,
 		arg.HealthReason,
 		arg.ConsecutiveFailures,

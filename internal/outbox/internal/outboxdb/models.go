@@ -113,4 +113,7 @@ type WebhookEndpoint struct {
 	LastError               *string
 	DisabledAt              *time.Time
 	Pace                    *int32
+	SecretRotatedAt         *time.Time
+	SecretRotationOverlap   pgtype.Interval
+	SecretRotationKey       *string
 }
