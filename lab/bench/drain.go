@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -201,6 +202,22 @@ func rawCase(conns int) drainCase {
 		}}
 }
 
+// rawHTTPOneCase is the ceiling of HTTP delivery to one destination: the
+// raw loop on four connections, each with a quarter of the requests in
+// flight the relay allows a destination, so 32 in all as the relay's.
+func rawHTTPOneCase() drainCase {
+	inFlight := relay.DefaultConfig().DestinationConcurrency
+	return drainCase{"h1", fmt.Sprintf("(h1) raw HTTP loop, one destination: claim 100, POST each, mark; 4 × %d in flight", inFlight/4),
+		func(ctx context.Context, e *drainEnv, n int) (float64, cpuUse, error) {
+			if err := e.prepare(ctx, n, e.fast.url); err != nil {
+				return 0, cpuUse{}, err
+			}
+			return withCPU(ctx, e.watch, func() (float64, error) {
+				return rawDrain(ctx, e.db.url, n, 4, httpTransport(), inFlight/4)
+			})
+		}}
+}
+
 // rawHTTPCase is the ceiling of HTTP delivery: the raw loop, posting each
 // message before marking it, one connection per endpoint with as many
 // requests in flight as the relay allows a destination.
@@ -278,18 +295,43 @@ func scenarioDrain(ctx context.Context, cfg config, rep *report) error {
 	if only := os.Getenv("BENCH_DRAIN_CASES"); only != "" { // for profiling one case
 		cases = slices.DeleteFunc(cases, func(c drainCase) bool { return !strings.Contains(","+only+",", ","+c.key+",") })
 	}
+	// One destination: where one endpoint's backlog drains after an
+	// outage, the usual case of a service with one to three endpoints.
+	one, err := newDrainEnv(ctx, 1)
+	if err != nil {
+		return err
+	}
+	defer one.close()
+	single := []drainCase{rawHTTPOneCase(), relayCase("c1", "(c1) relay, one destination, HTTP to a local receiver answering 204 at once",
+		func(e *drainEnv) *receiver { return e.fast }, relaySetup{Config: def})}
+	if only := os.Getenv("BENCH_DRAIN_CASES"); only != "" {
+		single = slices.DeleteFunc(single, func(c drainCase) bool { return !strings.Contains(","+only+",", ","+c.key+",") })
+	}
 	samples := map[string][]float64{}
-	pgPer, selfPer := map[string][]float64{}, map[string][]float64{}
+	pgPer, selfPer, idle := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
+	measure := func(c drainCase, e *drainEnv) error {
+		r, cpu, err := c.run(ctx, e, cfg.Drain)
+		if err != nil {
+			return fmt.Errorf("drain %s: %w", c.label, err)
+		}
+		samples[c.key] = append(samples[c.key], r)
+		pgPer[c.key] = append(pgPer[c.key], cpu.pgPerMsg(cfg.Drain))
+		selfPer[c.key] = append(selfPer[c.key], cpu.selfPerMsg(cfg.Drain))
+		idle[c.key] = append(idle[c.key], cpu.idle())
+		logf("  %s: %s msgs/s (CPU per message: PostgreSQL %.0f µs, bench %.0f µs; cores idle %.0f %%)", c.label, rate(r),
+			cpu.pgPerMsg(cfg.Drain), cpu.selfPerMsg(cfg.Drain), 100*cpu.idle())
+		return nil
+	}
 	for range cfg.Reps {
 		for _, c := range cases {
-			r, cpu, err := c.run(ctx, e, cfg.Drain)
-			if err != nil {
-				return fmt.Errorf("drain %s: %w", c.label, err)
+			if err := measure(c, e); err != nil {
+				return err
 			}
-			samples[c.key] = append(samples[c.key], r)
-			pgPer[c.key] = append(pgPer[c.key], cpu.pgPerMsg(cfg.Drain))
-			selfPer[c.key] = append(selfPer[c.key], cpu.selfPerMsg(cfg.Drain))
-			logf("  %s: %s msgs/s (CPU per message: PostgreSQL %.0f µs, bench %.0f µs)", c.label, rate(r), cpu.pgPerMsg(cfg.Drain), cpu.selfPerMsg(cfg.Drain))
+		}
+		for _, c := range single {
+			if err := measure(c, one); err != nil {
+				return err
+			}
 		}
 	}
 	med := map[string]float64{}
@@ -362,7 +404,16 @@ func scenarioDrain(ctx context.Context, cfg config, rep *report) error {
 	return nil
 }
 
-type cpuUse struct{ pg, self time.Duration }
+type cpuUse struct{ pg, self, wall time.Duration }
+
+// idle is the share of the machine's cores that neither PostgreSQL nor
+// this process used.
+func (c cpuUse) idle() float64 {
+	if c.wall <= 0 {
+		return 0
+	}
+	return max(0, 1-float64(c.pg+c.self)/(float64(c.wall)*float64(runtime.NumCPU())))
+}
 
 func (c cpuUse) pgPerMsg(n int) float64   { return float64(c.pg.Microseconds()) / float64(n) }
 func (c cpuUse) selfPerMsg(n int) float64 { return float64(c.self.Microseconds()) / float64(n) }
@@ -371,7 +422,7 @@ func (c cpuUse) selfPerMsg(n int) float64 { return float64(c.self.Microseconds()
 // backends and this process used meanwhile.
 func withCPU(ctx context.Context, watch *pgxpool.Pool, f func() (float64, error)) (float64, cpuUse, error) {
 	w := watchDBCPU(ctx, watch)
-	self0 := selfCPU()
+	self0, t0 := selfCPU(), time.Now()
 	r, err := f()
-	return r, cpuUse{w.total(), selfCPU() - self0}, err
+	return r, cpuUse{w.total(), selfCPU() - self0, time.Since(t0)}, err
 }

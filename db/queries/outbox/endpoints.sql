@@ -14,9 +14,9 @@ SELECT * FROM webhook_endpoints WHERE id = @id;
 SELECT * FROM webhook_endpoints ORDER BY created_at, id;
 
 -- name: EndpointLockForDelete :one
--- A deletion locks the endpoint's row first: it waits for the claim or the
--- recording in progress, and holds nothing meanwhile, so it cannot be part
--- of a cycle of waits (relay/order.go).
+-- A deletion locks the endpoint's row right after the destination's lock:
+-- it waits for a recording in progress, and holds nothing else meanwhile,
+-- so it cannot be part of a cycle of waits (relay/order.go).
 SELECT id FROM webhook_endpoints WHERE id = @id FOR UPDATE;
 
 -- name: EndpointDelete :execrows

@@ -545,9 +545,14 @@ func (a *Service) DeleteEndpoint(ctx context.Context, id uuid.UUID) (int64, erro
 	var discarded, n int64
 	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
 		q := outboxdb.New(tx)
-		// The endpoint's row first: the deletion waits for a claim or a
-		// recording in progress, then discards without waiting for any
-		// message (SKIP LOCKED), so it never closes a cycle of waits.
+		// The destination's lock, then the endpoint's row: the deletion
+		// waits for a claim or a recording in progress, then discards
+		// without waiting for any message (SKIP LOCKED), so it never
+		// closes a cycle of waits, and no claim after it finds the
+		// endpoint (relay/order.go).
+		if err := q.DestinationLock(ctx, id); err != nil {
+			return fmt.Errorf("locking destination: %w", err)
+		}
 		if _, err := q.EndpointLockForDelete(ctx, id); err != nil {
 			return notFound("deleting endpoint", err)
 		}

@@ -84,11 +84,11 @@ func must[T any](v T, err error) func(*testing.T) T {
 	}
 }
 
-// The other order: a deletion holding the endpoint's row (it is discarding
-// the destination's messages) and a job ending. The job waits for the
-// endpoint's row alone, after the deletion, and finds its claims
-// discarded: it records nothing, and neither is aborted.
-func TestAJobEndingBesideADeletionWaitsOnlyForTheEndpoint(t *testing.T) {
+// The other order: a deletion holding the destination's lock and the
+// endpoint's row (it is discarding the destination's messages) and a job
+// ending. The job waits for the deletion, and finds its claims discarded:
+// it records nothing, and neither is aborted.
+func TestAJobEndingBesideADeletionWaitsForIt(t *testing.T) {
 	t.Parallel()
 	pool, dest, lease := leased(t)
 	ctx := context.Background()
@@ -107,6 +107,7 @@ func TestAJobEndingBesideADeletionWaitsOnlyForTheEndpoint(t *testing.T) {
 	require.NoError(t, err)
 	defer del.Rollback(ctx) //nolint:errcheck
 	q := outboxdb.New(del)
+	require.NoError(t, q.DestinationLock(ctx, dest))
 	_, err = q.EndpointLockForDelete(ctx, dest)
 	require.NoError(t, err)
 	n, err := q.MessagesDiscardForDestination(ctx, "endpoint deleted", dest, 10_000)
@@ -153,6 +154,7 @@ func TestDeleteEndpointBesideARecoveryDoesNotDeadlock(t *testing.T) {
 	require.NoError(t, err)
 	defer del.Rollback(ctx) //nolint:errcheck
 	q := outboxdb.New(del)
+	require.NoError(t, q.DestinationLock(ctx, dest))
 	_, err = q.EndpointLockForDelete(ctx, dest)
 	require.NoError(t, err)
 	n, err := q.MessagesDiscardForDestination(ctx, "endpoint deleted", dest, 10_000)

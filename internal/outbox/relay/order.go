@@ -23,10 +23,13 @@ import (
 // already settled. A parked message thus waits only while something
 // stands ahead of it.
 //
-// Every transaction that takes the lock takes it first, before any row:
-// with the endpoint's row locked last (and a deletion, which locks that
-// row first, never waiting for a message), no two transactions can wait
-// for each other in a cycle.
+// The same lock fences the lease: a takeover takes it too (Relay.lease),
+// so a claim reads the lease's token after any takeover committed, or
+// before it began. And every transaction that takes the lock takes it
+// first, before any row: with the endpoint's row locked last (and a
+// deletion, which locks that row right after the destination's lock,
+// never waiting for a message), no two transactions can wait for each
+// other in a cycle.
 
 // claimMessages runs MessageClaim on db (the pool, or a transaction whose
 // later statements then run under generic plans too) under the

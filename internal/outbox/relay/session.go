@@ -21,10 +21,11 @@ import (
 
 // The destination session: one deliver job's turn at serving one
 // destination. It takes the destination's lease, then loops: it claims
-// what is due into the room its pace allows (pace.go), sends each message
-// at once, judges each answer (outcome.go) and hands it to its recorder
-// (record.go), until its slice is over, the relay stops, nothing has been
-// due for a while, or the pace says to stop sending. Its end (settle)
+// what is due a little ahead of the room its pace allows (pace.go), sends
+// each message as the window frees, judges each answer (outcome.go) and
+// hands it to its recorder (record.go), until its slice is over, the relay
+// stops, nothing has been due for a while, or the pace says to stop
+// sending. Its end (settle)
 // writes what is left, the destination's health and pace, and frees the
 // lease, in one transaction.
 //
@@ -57,9 +58,11 @@ const (
 	// job ends: a destination with steady traffic keeps its job, an idle
 	// one frees the worker within a fraction of a second.
 	idlePolls = 4
-	// flushSize is how many outcomes are recorded in one statement at most;
-	// fewer are recorded at every poll interval, so none waits longer.
-	flushSize = 64
+	// flushSize is how many outcomes wait before a write starts (while one
+	// is in flight, more gather for the next); fewer are written at every
+	// poll interval, so none waits longer. A write costs about as much for
+	// one outcome as for dozens.
+	flushSize = 128
 	// settleTimeout bounds a job's final writes, which run even after its
 	// context was cancelled.
 	settleTimeout = 10 * time.Second
@@ -97,7 +100,7 @@ func (w *deliverWorker) Work(ctx context.Context, job *river.Job[deliverArgs]) e
 		return nil
 	}
 	token := uuid.New()
-	lease, err := q.DestinationLease(ctx, token, r.id, dest)
+	lease, err := r.lease(ctx, dest, token)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Served by a live job already, paused, backing off or deleted.
 		return nil
@@ -123,6 +126,24 @@ func (w *deliverWorker) Work(ctx context.Context, job *river.Job[deliverArgs]) e
 	}
 	defer r.serving(dest, s.woken)()
 	return s.run(ctx)
+}
+
+// lease takes the destination's lease under its lock (order.go), in one
+// round trip: pgx.ErrNoRows when a live relay's job holds it, or the
+// destination may not be served now.
+func (r *Relay) lease(ctx context.Context, dest, token uuid.UUID) (outboxdb.DestinationLeaseRow, error) {
+	var row outboxdb.DestinationLeaseRow
+	var found bool
+	b := &pgx.Batch{}
+	outboxdb.QueueDestinationLock(b, dest)
+	outboxdb.QueueDestinationLease(b, token, r.id, dest, &row, &found)
+	if err := r.pool.SendBatch(ctx, b).Close(); err != nil {
+		return row, err
+	}
+	if !found {
+		return row, pgx.ErrNoRows
+	}
+	return row, nil
 }
 
 // mode is where a session is in its turn.
@@ -158,11 +179,20 @@ type session struct {
 	results  chan sent
 	woken    chan struct{} // a commit for the destination (listen.go)
 	inFlight int
+	// ready holds messages claimed ahead, not sent yet (in claim order).
+	ready []outboxdb.MessageClaimRow
 	// claimFailed: a claim statement failed, and may have committed rows
 	// the job never saw; the settle releases them too.
 	claimFailed bool
 	// opened caches the endpoint's secrets decrypted, by stored value.
 	opened map[string]string
+}
+
+// claim is one claim statement's end: the rows it claimed of the asked.
+type claim struct {
+	rows  []outboxdb.MessageClaimRow
+	asked int
+	err   error
 }
 
 // sent is one request's end.
@@ -195,10 +225,13 @@ func (s *session) run(ctx context.Context) error {
 	sliceEnds := time.Now().Add(deliverSlice)
 
 	var (
+		// dueLeft: the last claim found all it asked for; else nothing
+		// more is claimed before the next poll (or a wake-up).
 		dueLeft    = true
 		idle       int
-		lastClaim  time.Time
 		claimFails int
+		claiming   bool
+		claimed    = make(chan claim, 1)
 		// Closed channels fire at every select: each is waited on once.
 		drain, done = r.drain, ctx.Done()
 	)
@@ -212,46 +245,63 @@ func (s *session) run(ctx context.Context) error {
 		case s.mode == serving && (r.draining() || time.Now().After(sliceEnds)):
 			s.mode = draining
 		}
-		if s.mode == serving && dueLeft && s.pace.sending() {
-			room := min(s.pace.room(s.inFlight), r.cfg.BatchSize)
-			// Claim when nothing is in flight, when the whole window is
-			// free, or when a poll interval has passed since the last
-			// claim: a fast receiver's slots come back together and are
-			// refilled by one full claim (a claim costs about as much for
-			// one message as for thirty), a slow or uneven one's within a
-			// poll interval.
-			if room > 0 && (s.inFlight == 0 || s.pace.room(0) == room || time.Since(lastClaim) >= r.cfg.PollInterval) {
-				rows, err := s.claim(ctx, room)
-				lastClaim = time.Now()
-				switch {
-				case err != nil:
-					// Try again at the next poll; after three failures in a
-					// row, leave the destination to the next job.
-					claimFails++
-					s.claimFailed = true
-					dueLeft = false
-					if claimFails >= 3 && ctx.Err() == nil {
-						r.logger.WarnContext(ctx, "claiming messages", slog.String("destination", s.dest.String()), slog.Any("error", err))
-						s.mode = draining
-					}
-				case len(rows) < room:
-					dueLeft = false // nothing more is due now; look again at the next poll
-					claimFails = 0
-				default:
-					claimFails = 0
-				}
-				if len(rows) > 0 {
-					idle = 0
-				}
-				for _, row := range rows {
-					s.start(sendCtx, row)
-				}
+		// What was claimed ahead goes out as the window allows; once the
+		// job stops sending, it goes back unsent.
+		if s.mode == serving && s.pace.sending() {
+			for len(s.ready) > 0 && s.pace.room(s.inFlight) > 0 {
+				s.start(sendCtx, s.ready[0])
+				s.ready = s.ready[1:]
+			}
+		} else {
+			for _, row := range s.ready {
+				s.rec.release(row.ID, orEmpty(row.OrderingKey))
+			}
+			s.ready = nil
+		}
+		// Claim ahead, beside the requests in flight: when less than a
+		// window waits to be sent, up to what the pace lets be claimed
+		// and not yet answered (two windows). The claim's round trip then
+		// overlaps the requests, and a claim takes dozens of messages for
+		// about the cost of one.
+		if s.mode == serving && s.pace.sending() && dueLeft && !claiming {
+			ahead := s.pace.ahead()
+			if outstanding := len(s.ready) + s.inFlight; len(s.ready) < s.pace.room(0) && outstanding < ahead {
+				n := min(ahead-outstanding, r.cfg.BatchSize)
+				claiming = true
+				go func() {
+					rows, err := s.claim(ctx, n)
+					claimed <- claim{rows: rows, asked: n, err: err}
+				}()
 			}
 		}
-		if s.inFlight == 0 && s.rec.idle() && (s.mode != serving || !s.pace.sending() || idle >= idlePolls) {
+		if s.inFlight == 0 && !claiming && len(s.ready) == 0 && s.rec.idle() &&
+			(s.mode != serving || !s.pace.sending() || idle >= idlePolls) {
 			break
 		}
 		select {
+		case c := <-claimed:
+			claiming = false
+			switch {
+			case c.err != nil:
+				// Try again at the next poll; after three failures in a
+				// row, leave the destination to the next job.
+				claimFails++
+				s.claimFailed = true
+				dueLeft = false
+				if claimFails >= 3 && ctx.Err() == nil {
+					r.logger.WarnContext(ctx, "claiming messages", slog.String("destination", s.dest.String()), slog.Any("error", c.err))
+					s.mode = draining
+				}
+			case len(c.rows) < c.asked:
+				dueLeft = false // nothing more is due now; look again at the next poll
+				claimFails = 0
+			default:
+				claimFails = 0
+			}
+			if len(c.rows) > 0 {
+				idle = 0
+			}
+			s.ready = append(s.ready, c.rows...)
 		case res := <-s.results:
 			s.handle(ctx, res)
 			// Take every other result already waiting before deciding
@@ -284,7 +334,7 @@ func (s *session) run(ctx context.Context) error {
 		case <-s.woken:
 			// A commit for this destination (OUTBOX_NOTIFY): look now
 			// rather than at the next poll.
-			dueLeft, lastClaim = true, time.Time{}
+			dueLeft = true
 		case <-drain:
 			drain = nil
 			if s.mode == serving {

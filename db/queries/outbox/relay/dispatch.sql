@@ -46,19 +46,14 @@ RETURNING e.id;
 -- A deliver job takes the destination's lease, unless a live relay's job
 -- holds it (then no row: the job has nothing to do), and reads the
 -- destination's health and pace. The lease is a token on the endpoint row,
--- valid while its relay is alive. Taking it locks the row FOR UPDATE, which
--- conflicts with the FOR KEY SHARE every claim takes (MessageClaim): a
--- takeover from a relay that was declared dead while it still ran waits for
--- that relay's claim in progress, and any later claim of it sees the new
--- token and claims nothing. Concurrent takers serialise on the row; the
--- loser re-checks and finds it held.
-WITH locked AS (
-    SELECT l.id FROM webhook_endpoints l WHERE l.id = @id FOR UPDATE
-)
+-- valid while its relay is alive. The caller takes the destination's lock
+-- first (DestinationLock): a takeover from a relay declared dead while it
+-- still ran waits for that relay's claim in progress, and any later claim
+-- of it finds the token changed (MessageClaim). Concurrent takers
+-- serialise on the lock; the loser finds the lease held.
 UPDATE webhook_endpoints e
 SET lease_token = @lease_token::uuid, lease_relay = @relay_id::uuid, dispatched_at = NULL
-FROM locked
-WHERE e.id = locked.id AND e.enabled
+WHERE e.id = @id AND e.enabled
   AND (e.backoff_until IS NULL OR e.backoff_until <= now())
   AND NOT EXISTS (
       SELECT 1 FROM outbox_relays r

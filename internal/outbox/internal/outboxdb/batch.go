@@ -6,6 +6,8 @@ package outboxdb
 // methods of the same names; the tests that send them check they still do.
 
 import (
+	"errors"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -85,5 +87,20 @@ func queueExec(b *pgx.Batch, n *int64, sql string, args ...any) {
 			*n = tag.RowsAffected()
 		}
 		return nil
+	})
+}
+
+// QueueDestinationLease queues DestinationLease on b; the lease's row is
+// stored in row, and found set to whether there was one, when b's results
+// are read.
+func QueueDestinationLease(b *pgx.Batch, leaseToken, relayID, id uuid.UUID, row *DestinationLeaseRow, found *bool) {
+	b.Queue(destinationLease, leaseToken, relayID, id).QueryRow(func(r pgx.Row) error {
+		err := r.Scan(&row.Url, &row.Health, &row.HealthReason, &row.HealthChangedAt, &row.ConsecutiveFailures,
+			&row.BackoffUntil, &row.Pace)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		*found = err == nil
+		return err
 	})
 }

@@ -182,9 +182,9 @@ const endpointLockForDelete = `-- name: EndpointLockForDelete :one
 SELECT id FROM webhook_endpoints WHERE id = $1 FOR UPDATE
 `
 
-// A deletion locks the endpoint's row first: it waits for the claim or the
-// recording in progress, and holds nothing meanwhile, so it cannot be part
-// of a cycle of waits (relay/order.go).
+// A deletion locks the endpoint's row right after the destination's lock:
+// it waits for a recording in progress, and holds nothing else meanwhile,
+// so it cannot be part of a cycle of waits (relay/order.go).
 func (q *Queries) EndpointLockForDelete(ctx context.Context, id uuid.UUID) (uuid.UUID, error) {
 	row := q.db.QueryRow(ctx, endpointLockForDelete, id)
 	var id_2 uuid.UUID

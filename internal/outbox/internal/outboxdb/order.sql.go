@@ -17,7 +17,8 @@ const destinationLock = `-- name: DestinationLock :exec
 SELECT pg_advisory_xact_lock(1869574766, hashtext(CAST($1::uuid AS text)))
 `
 
-// Per-key order. The rule, in one place (outbox_key_ahead): a keyed
+// Per-key order, and the lease's fence. The rule, in one place
+// (outbox_key_ahead): a keyed
 // message is sent only when nothing of its destination and key is in
 // flight and nothing before it is unfinished. The claim parks a due
 // message that must wait (MessageClaim); whatever lets a key go on
@@ -29,7 +30,9 @@ SELECT pg_advisory_xact_lock(1869574766, hashtext(CAST($1::uuid AS text)))
 // message a claim parked, and a claim never parks a message behind one a
 // promotion already let go.
 // Takes the destination's lock until the transaction (or the pgx batch,
-// which is one) ends. Its own statement, so the next one's snapshot is
+// which is one) ends. Every transaction that changes what a destination's
+// claims may take takes it first: claims, promotions, takeovers of its
+// lease, its deletion. Its own statement, so the next one's snapshot is
 // taken with the lock held. Transaction-scoped advisory locks in the
 // two-integer space, apart from River's and from the other outbox locks
 // (1869574763-1869574765).
@@ -44,7 +47,6 @@ WITH lease AS (
            COALESCE(CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END, '')::text AS previous_secret
     FROM webhook_endpoints e
     WHERE e.id = $3::uuid AND e.lease_token = $1::uuid AND e.enabled
-    FOR KEY SHARE SKIP LOCKED
 ), due AS (
     SELECT p.id, p.ordering_key FROM outbox_messages p
     WHERE p.destination = $3::uuid AND p.status = 'pending' AND NOT p.parked AND p.next_attempt_at <= now()
@@ -101,12 +103,11 @@ type MessageClaimRow struct {
 // secrets as they are now, so a rotated secret takes effect at the next
 // claim. The attempt is counted when its outcome is recorded, not here.
 //
-// The lease is fenced: the endpoint row is locked FOR KEY SHARE, which a
-// takeover's FOR UPDATE (DestinationLease) conflicts with, and PostgreSQL
-// re-reads a row it locks that changed since the statement began. So a job
-// whose lease was taken over (its relay was declared dead while it still
-// ran) claims nothing, however late its statement runs; a row locked by a
-// takeover or a deletion in progress is skipped, and nothing is claimed.
+// The lease is fenced by the destination's lock: a takeover
+// (DestinationLease) and a deletion take it too, so a claim either ends
+// before them, or reads the endpoint after they committed and finds its
+// token gone: a job whose lease was taken over (its relay declared dead
+// while it still ran) claims nothing, however late its statement runs.
 //
 // Per-key order: a due keyed message is claimed only when it is the first
 // of its key among the due ones read here (fresh messages, which the rule
