@@ -28,6 +28,11 @@
 //	                  JetStream message is terminated) and logged as an
 //	                  error: its id may have been forgotten after it was
 //	                  applied
+//	CONSUMER_LATE_AFTER
+//	                  an event applied later than this after it was written
+//	                  is logged as a warning, "event applied late" (default
+//	                  1m; 0 logs none); every event's lag is in
+//	                  consumer_event_lag_seconds
 //
 // For example, with the secret POST /webhook-endpoints returned:
 //
@@ -98,6 +103,7 @@ type config struct {
 	natsStream  string
 	natsDurable string
 	retention   time.Duration
+	lateAfter   time.Duration
 	// misspelt are warnings about variables set but never read.
 	misspelt []string
 }
@@ -114,6 +120,7 @@ func parseConfig(getenv func(string) string, environ []string) (config, error) {
 		natsStream:  env.String("NATS_STREAM", ""),
 		natsDurable: env.String("NATS_DURABLE", "ledger"),
 		retention:   env.Duration("CONSUMER_INBOX_RETENTION", 30*24*time.Hour),
+		lateAfter:   env.Duration("CONSUMER_LATE_AFTER", time.Minute),
 	}
 	// Shorter than the sender's retries, a late retry would find its id
 	// forgotten and be applied again.
@@ -165,7 +172,8 @@ func run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 		return err
 	}
 
-	c := consumer.New(pool, cfg.verifier, logger, consumer.WithInboxRetention(cfg.retention))
+	c := consumer.New(pool, cfg.verifier, logger, consumer.WithInboxRetention(cfg.retention),
+		consumer.WithLateAfter(cfg.lateAfter))
 	reg, err := process.NewRegistry(c.Collectors()...)
 	if err != nil {
 		return err

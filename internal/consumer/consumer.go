@@ -157,6 +157,10 @@ type Consumer struct {
 
 	// retention is how long the inbox remembers an id (0: for ever).
 	retention time.Duration
+	// lag is commit to applied, by event; lateAfter the lag past which an
+	// applied event is logged (0: none is).
+	lag       prometheus.Histogram
+	lateAfter time.Duration
 }
 
 // Option configures a Consumer beyond its required parts.
@@ -171,13 +175,27 @@ func WithInboxRetention(d time.Duration) Option {
 	return func(c *Consumer) { c.retention = d }
 }
 
+// WithLateAfter makes the consumer log, as a warning, each event it
+// applies later than d after the event was written: the lag its receivers
+// notice. Without it, or with 0, none is logged; the histogram
+// (consumer_event_lag_seconds) has them all.
+func WithLateAfter(d time.Duration) Option {
+	return func(c *Consumer) { c.lateAfter = d }
+}
+
 // New returns a consumer that verifies deliveries with verifier and applies
 // them in pool's database (migrated with Migrate). A consumer that only
 // reads a broker (ConsumeNATS) verifies nothing: verifier may be nil.
 func New(pool *pgxpool.Pool, verifier *webhook.Verifier, logger *slog.Logger, opts ...Option) *Consumer {
 	c := &Consumer{pool: pool, verifier: verifier, logger: logger,
 		counts: map[Outcome]*atomic.Int64{}, started: time.Now(),
-		natsRetry: natsRetryDelay, natsRetryMax: natsRetryMax, natsOutOfOrder: natsOutOfOrderDeliveries}
+		natsRetry: natsRetryDelay, natsRetryMax: natsRetryMax, natsOutOfOrder: natsOutOfOrderDeliveries,
+		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "consumer_event_lag_seconds",
+			Help: "From each event's writing (its time, on the sender's database clock) to the commit of its effect here, for the events applied (duplicates and ignored types left out): the sender's queueing, retries and pauses, the transport and this consumer's own wait, all in one.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 1800,
+				3600, 7200, 21600, 43200, 86400},
+		})}
 	for _, o := range outcomes {
 		c.counts[o] = &atomic.Int64{}
 	}
@@ -354,7 +372,21 @@ func (c *Consumer) apply(ctx context.Context, id string, env envelope) (Outcome,
 	if err != nil {
 		return "", err
 	}
+	if outcome == Applied {
+		c.applied(ctx, id, env)
+	}
 	return outcome, nil
+}
+
+// applied measures how late an event's effect committed, from its event's
+// time, and logs it when later than the threshold.
+func (c *Consumer) applied(ctx context.Context, id string, env envelope) {
+	lag := time.Since(env.CreatedAt)
+	c.lag.Observe(lag.Seconds())
+	if c.lateAfter > 0 && lag > c.lateAfter {
+		c.logger.WarnContext(ctx, "event applied late", slog.String("event_id", id), slog.String("type", env.Type),
+			slog.Time("created_at", env.CreatedAt), slog.Duration("lag", lag), slog.Duration("late_after", c.lateAfter))
+	}
 }
 
 // answer writes a small JSON answer and counts the outcome.
@@ -445,9 +477,11 @@ func (c *Consumer) StatsHandler() http.Handler {
 }
 
 // Collectors returns Prometheus collectors for the outcome counters
-// (consumer_webhooks_total{outcome}), read at scrape time.
+// (consumer_webhooks_total{outcome}), read at scrape time, and for the
+// events' lag (consumer_event_lag_seconds).
 func (c *Consumer) Collectors() []prometheus.Collector {
-	cs := make([]prometheus.Collector, 0, len(outcomes))
+	cs := make([]prometheus.Collector, 0, len(outcomes)+1)
+	cs = append(cs, c.lag)
 	for _, o := range outcomes {
 		n := c.counts[o]
 		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{

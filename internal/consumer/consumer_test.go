@@ -9,7 +9,9 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +19,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/consumer"
@@ -598,4 +602,61 @@ func TestPruneInboxForgetsOnlyWhatIsPastItsRetention(t *testing.T) {
 	cust, err := f.c.Customer(ctx, "c-1")
 	require.NoError(t, err)
 	require.EqualValues(t, 300, cust.BalanceCents)
+}
+
+// Each event applied is measured from its event's time to its effect's
+// commit, and one applied later than the threshold is logged: an event
+// written ten minutes ago lands in the histogram at ten minutes or more
+// and is logged as late, one written now is neither late nor measured as
+// ten minutes, and its redelivery (a duplicate) is not measured again.
+func TestAnEventAppliedLateIsMeasuredAndLogged(t *testing.T) {
+	t.Parallel()
+	secret := newSecret(t)
+	f := setupWith(t, []consumer.Option{consumer.WithLateAfter(time.Minute)}, secret)
+	written := time.Now().Add(-10 * time.Minute)
+	late, prompt := uuid.NewString(), uuid.NewString()
+	body, err := json.Marshal(map[string]any{"id": late, "type": consumer.EventPlaced, "created_at": written.UTC().Format(time.RFC3339Nano),
+		"data": map[string]any{"id": uuid.New(), "customer_id": "cus_late", "total_cents": 100}})
+	require.NoError(t, err)
+	start := time.Now()
+	code, outcome := post(t, f.url, secret, late, time.Now(), body)
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, consumer.Applied, outcome)
+	elapsed := time.Since(start)
+	code, outcome = post(t, f.url, secret, late, time.Now(), body)
+	require.Equal(t, consumer.Duplicate, outcome, "redelivered: %d", code)
+	code, outcome = post(t, f.url, secret, prompt, time.Now(), event(t, prompt, consumer.EventPlaced, "cus_prompt", uuid.New(), 100))
+	require.Equal(t, consumer.Applied, outcome, "%d", code)
+
+	reg := prometheus.NewPedanticRegistry()
+	for _, c := range f.c.Collectors() {
+		require.NoError(t, reg.Register(c))
+	}
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	i := slices.IndexFunc(families, func(m *dto.MetricFamily) bool { return m.GetName() == "consumer_event_lag_seconds" })
+	require.GreaterOrEqual(t, i, 0, "the consumer reports its events' lag")
+	h := families[i].GetMetric()[0].GetHistogram()
+	require.EqualValues(t, 2, h.GetSampleCount(), "the two events applied; not the duplicate")
+	require.GreaterOrEqual(t, h.GetSampleSum(), (10 * time.Minute).Seconds(), "the late one counts its ten minutes")
+	require.Less(t, h.GetSampleSum(), (10*time.Minute + 2*elapsed + 5*time.Second).Seconds(), "and the prompt one little")
+	for _, b := range h.GetBucket() {
+		if b.GetUpperBound() == 300 {
+			require.EqualValues(t, 1, b.GetCumulativeCount(), "one under five minutes: the prompt one")
+		}
+	}
+
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var lateLogs []map[string]any
+	for line := range strings.SplitSeq(strings.TrimSpace(f.logs.String()), "\n") {
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &rec))
+		if rec["msg"] == "event applied late" {
+			lateLogs = append(lateLogs, rec)
+		}
+	}
+	require.Len(t, lateLogs, 1, "the late event alone is logged as late")
+	require.Equal(t, late, lateLogs[0]["event_id"])
+	require.Equal(t, "WARN", lateLogs[0]["level"])
 }

@@ -113,7 +113,7 @@ func TestBrowserEndpointStoryAndActions(t *testing.T) {
 		       now() - interval '1 minute' + interval '9 ms', 500, '500 Internal Server Error: receiver down'
 		FROM unnest($1::uuid[]) m, generate_series(1, 3) n`, failedIDs)
 	exec(`UPDATE outbox_messages SET status = 'claimed', claimed_at = now(), claim_token = gen_random_uuid() WHERE id = $1`, msgs[3])
-	exec(`UPDATE outbox_messages SET next_attempt_at = now() - interval '3 minutes' WHERE id = $1`, msgs[4])
+	exec(`UPDATE outbox_messages SET next_attempt_at = now() - interval '3 minutes', created_at = now() - interval '3 minutes' WHERE id = $1`, msgs[4])
 	exec(`UPDATE outbox_messages SET attempts = 1, next_attempt_at = now() + interval '1 hour',
 		last_error = 'attempt 1 of 8: 503 Service Unavailable' WHERE id = $1`, msgs[5])
 	exec(`INSERT INTO outbox_relays (id, hostname, pid, last_claim_at, timeout_seconds)

@@ -46,6 +46,19 @@ func (r *recorder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Trace
 
 func (r *recorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
+// during records the statements run by do alone, each with its last
+// arguments.
+func (r *recorder) during(do func()) map[string][]any {
+	r.mu.Lock()
+	r.on, r.stmts, r.runs = true, map[string][]any{}, map[string]int{}
+	r.mu.Unlock()
+	do()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.on = false
+	return r.stmts
+}
+
 var buffersRe = regexp.MustCompile(`Buffers: shared(?: hit=(\d+))?(?: read=(\d+))?`)
 
 // The overview stays cheap whatever the delivered history: with 1,000,000
@@ -165,9 +178,17 @@ func explain(t *testing.T, pool *pgxpool.Pool, sql string, args []any) []string 
 // as EXPLAIN ANALYZE counts them.
 func messagesRead(t *testing.T, pool *pgxpool.Pool, sql string, args []any) int {
 	t.Helper()
+	return rowsRead(t, pool, sql, args, "outbox_messages")
+}
+
+// rowsRead is how many rows of table the statement's scans return, as
+// EXPLAIN ANALYZE says.
+func rowsRead(t *testing.T, pool *pgxpool.Pool, sql string, args []any, table string) int {
+	t.Helper()
+	scanRe := regexp.MustCompile(`(?:Seq Scan|Index Scan|Index Only Scan|Bitmap Heap Scan)(?: Backward)?(?: using \S+)? on ` + table + `\b.*actual time=\S+ rows=(\d+) loops=(\d+)`)
 	read := 0
 	for _, line := range explain(t, pool, sql, args) {
-		if m := messagesScanRe.FindStringSubmatch(line); m != nil {
+		if m := scanRe.FindStringSubmatch(line); m != nil {
 			rows, _ := strconv.Atoi(m[1])
 			loops, _ := strconv.Atoi(m[2])
 			read += rows * loops
@@ -175,9 +196,6 @@ func messagesRead(t *testing.T, pool *pgxpool.Pool, sql string, args []any) int 
 	}
 	return read
 }
-
-// A scan of outbox_messages in a plan, with the rows it returned per loop.
-var messagesScanRe = regexp.MustCompile(`(?:Seq Scan|Index Scan|Index Only Scan|Bitmap Heap Scan)(?: Backward)?(?: using \S+)? on outbox_messages\b.*actual time=\S+ rows=(\d+) loops=(\d+)`)
 
 // An endpoint paused for a day holds a backlog of millions, and that is
 // when an operator opens the page: a page load reads what waits once, not
@@ -414,20 +432,17 @@ func TestOverviewCountsArrivalsOnce(t *testing.T) {
 			FROM seed s, webhook_endpoints e;
 		ANALYZE;`)
 	require.NoError(t, err)
-	admin := admin.New(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+	adm := admin.New(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
 
 	// load reads the dashboard as the overview does, and returns the
 	// arrivals it shows and how many messages its count of them read.
 	load := func() (shown, read int) {
-		rec.mu.Lock()
-		rec.on, rec.stmts, rec.runs = true, map[string][]any{}, map[string]int{}
-		rec.mu.Unlock()
-		d, err := admin.Dashboard(ctx, time.Now(), 60, time.Hour)
-		require.NoError(t, err)
-		rec.mu.Lock()
-		rec.on = false
-		stmts := rec.stmts
-		rec.mu.Unlock()
+		var d admin.Dashboard
+		stmts := rec.during(func() {
+			var err error
+			d, err = adm.Dashboard(ctx, time.Now(), 60, time.Hour)
+			require.NoError(t, err)
+		})
 		for _, m := range d.Activity.Minutes {
 			shown += int(m.Created)
 		}
@@ -450,6 +465,52 @@ func TestOverviewCountsArrivalsOnce(t *testing.T) {
 	t.Logf("the second load's count read %d messages of %d", read, created)
 	require.Equal(t, created, shown, "the second load shows the same arrivals")
 	require.Less(t, read, created/10, "the second load counted the last minutes only")
+}
+
+// The overview's day of delivery lags is read once: a process keeps the
+// lags of the minutes that are over, and a later page load reads the last
+// minutes' rows only. With 100 endpoints delivering in every minute of the
+// day (287,600 rows of lags), the second load reads a few minutes of them,
+// and both show the same day.
+func TestOverviewReadsADayOfLagsOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, rec := recordedPool(t)
+	const endpoints, perMinute = 100, 2
+	_, err := pool.Exec(ctx, `
+		INSERT INTO outbox_delivery_lag_minutes (destination, minute, le_ms, deliveries, min_ms, max_ms)
+		SELECT d, date_trunc('minute', now()) - make_interval(mins => m), outbox_lag_bucket_ms(ms), 3, ms, ms
+		FROM (SELECT gen_random_uuid() AS d FROM generate_series(1, $1::integer)) ds,
+		     generate_series(2, 1439) m, unnest('{40, 3000}'::float8[]) ms`, endpoints)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `ANALYZE outbox_delivery_lag_minutes`)
+	require.NoError(t, err)
+	rows := endpoints * (1439 - 1) * perMinute
+	adm := admin.New(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
+
+	load := func() (shown admin.LagStats, read int) {
+		var d admin.Dashboard
+		stmts := rec.during(func() {
+			var err error
+			d, err = adm.Dashboard(ctx, time.Now(), 60, time.Hour)
+			require.NoError(t, err)
+		})
+		for sql, args := range stmts {
+			if strings.Contains(sql, "outbox_delivery_lag_minutes") && !strings.Contains(sql, "59 minutes") {
+				read += rowsRead(t, pool, sql, args, "outbox_delivery_lag_minutes")
+			}
+		}
+		return d.Overview.LagDay, read
+	}
+	first, read := load()
+	require.EqualValues(t, rows*3, first.Deliveries, "the first load shows the day's deliveries")
+	require.GreaterOrEqual(t, read, rows, "and read every row of them")
+	require.Equal(t, 3000.0, first.P99MS, "half at 40 ms, half at 3 s")
+
+	second, read := load()
+	t.Logf("the second load read %d rows of %d", read, rows)
+	require.Equal(t, first, second, "the second load shows the same day")
+	require.Less(t, read, rows/100, "the second load read the last minutes only")
 }
 
 // Whatever UUID an operator pastes into the search box, the search (and
@@ -485,14 +546,10 @@ func TestSearchForAnIDReadsAFewPagesWhateverTheHistory(t *testing.T) {
 	t.Cleanup(srv.Close)
 
 	for name, q := range map[string]uuid.UUID{"an event": event, "a message": message, "an endpoint": endpoint, "nothing": uuid.New()} {
-		rec.mu.Lock()
-		rec.on, rec.stmts, rec.runs = true, map[string][]any{}, map[string]int{}
-		rec.mu.Unlock()
-		res, _ := get(t, http.DefaultClient, srv.URL+"/ops/search?q="+q.String(), "Authorization", "Bearer "+token)
-		rec.mu.Lock()
-		rec.on = false
-		stmts := rec.stmts
-		rec.mu.Unlock()
+		var res *http.Response
+		stmts := rec.during(func() {
+			res, _ = get(t, http.DefaultClient, srv.URL+"/ops/search?q="+q.String(), "Authorization", "Bearer "+token)
+		})
 		require.Equal(t, http.StatusOK, res.StatusCode, name)
 		require.NotEmpty(t, stmts)
 		for sql, args := range stmts {

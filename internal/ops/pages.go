@@ -149,6 +149,9 @@ type overviewPage struct {
 	Failed       []messageRow
 	MoreFailed   bool
 	Recent       []messageRow
+	// LatestURL is the URL of the endpoint whose deliveries of the last
+	// hour were latest (Stats.Latest).
+	LatestURL string
 }
 
 type messageRow struct {
@@ -214,6 +217,9 @@ func (h *Handler) handleOverview(w http.ResponseWriter, r *http.Request) {
 	}
 	if len(p.Failed) > failedShown {
 		p.Failed, p.MoreFailed = p.Failed[:failedShown], true
+	}
+	if stats.Latest != nil {
+		p.LatestURL = urls[stats.Latest.ID]
 	}
 	if v, err := strconv.Atoi(r.URL.Query().Get("refresh")); err == nil && v >= 5 && v <= 3600 {
 		p.Refresh = v
@@ -501,6 +507,7 @@ var funcs = template.FuncMap{
 	"short":    func(id uuid.UUID) string { return tail(id.String()) },
 	"truncate": truncate,
 	"ms":       func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) + " ms" },
+	"lag":      lag,
 	"lower":    strings.ToLower,
 	"slug":     func(s string) string { return strings.ReplaceAll(s, " ", "-") },
 	"join":     strings.Join,
@@ -523,6 +530,19 @@ func tail(id string) string {
 		return id
 	}
 	return "…" + id[len(id)-12:]
+}
+
+// lag is a delivery's lag of ms milliseconds as a person reads it: to the
+// tenth of a millisecond or second up to a minute, as humanAge beyond.
+func lag(ms float64) string {
+	switch {
+	case ms < 1000:
+		return strconv.FormatFloat(ms, 'f', 1, 64) + " ms"
+	case ms < 60_000:
+		return strconv.FormatFloat(ms/1000, 'f', 1, 64) + " s"
+	default:
+		return humanAge(time.Duration(ms * float64(time.Millisecond)))
+	}
 }
 
 // humanAge reads like a person would say it: 42s, 3m 12s, 2h 05m, 3d 4h.

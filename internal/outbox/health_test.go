@@ -80,7 +80,9 @@ func TestRetryKeepsTheWholeAttemptHistory(t *testing.T) {
 	hour, day, err := f.admin.EndpointAttemptStats(ctx, ep.ID)
 	require.NoError(t, err)
 	require.Equal(t, hour, admin.AttemptStats{Window: time.Hour, Attempts: 3, Delivered: 1, SuccessRate: 1.0 / 3,
-		P50MS: hour.P50MS, P95MS: hour.P50MS, P99MS: hour.P50MS})
+		P50MS: hour.P50MS, P95MS: hour.P50MS, P99MS: hour.P50MS,
+		Lag: admin.LagStats{Window: time.Hour, Deliveries: 1, P50MS: hour.Lag.P50MS, P95MS: hour.Lag.P50MS, P99MS: hour.Lag.P50MS}})
+	require.Greater(t, hour.Lag.P50MS, hour.P50MS, "its lag holds the failure and the retry before its request")
 	require.Equal(t, []int64{3, 1}, []int64{day.Attempts, day.Delivered})
 	require.Positive(t, m.History[2].DurationMS)
 	require.InDelta(t, m.History[2].DurationMS, hour.P50MS, 0.001)

@@ -108,7 +108,8 @@ func TestRelayStatusTellsStalledFromBackingOff(t *testing.T) {
 	require.Zero(t, s.Due)
 
 	due := f.enqueue(t, "order.placed", "due")[0]
-	_, err = f.pool.Exec(ctx, `UPDATE outbox_messages SET next_attempt_at = now() - interval '10 seconds' WHERE id = $1`, due)
+	_, err = f.pool.Exec(ctx, `UPDATE outbox_messages SET next_attempt_at = now() - interval '10 seconds',
+		created_at = now() - interval '1 hour' WHERE id = $1`, due)
 	require.NoError(t, err)
 	s, err = adm.Relays(ctx)
 	require.NoError(t, err)
@@ -173,7 +174,8 @@ func TestOldestDueIgnoresAnEndedBackoffWithNothingDue(t *testing.T) {
 	_, err = f.pool.Exec(ctx, `UPDATE webhook_endpoints SET backoff_until = now() - interval '10 minutes' WHERE id = $1`, ep.ID)
 	require.NoError(t, err)
 	retrying := f.enqueue(t, "order.placed", "retrying")[0]
-	_, err = f.pool.Exec(ctx, `UPDATE outbox_messages SET attempts = 3, next_attempt_at = now() + interval '5 minutes' WHERE id = $1`, retrying)
+	_, err = f.pool.Exec(ctx, `UPDATE outbox_messages SET attempts = 3, next_attempt_at = now() + interval '5 minutes',
+		created_at = now() - interval '1 hour' WHERE id = $1`, retrying)
 	require.NoError(t, err)
 
 	s, err := adm.Relays(ctx)

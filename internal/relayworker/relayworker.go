@@ -4,6 +4,7 @@
 package relayworker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -149,11 +150,12 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 	for kind, t := range transports {
 		router[kind] = t
 	}
-	relay, err := relay.New(pool, cfg.relay, router, logger, metrics)
+	maxAttempts := cmp.Or(cfg.relay.MaxAttempts, relay.DefaultConfig().MaxAttempts)
+	rl, err := relay.New(pool, cfg.relay, router, logger, metrics)
 	if err != nil {
 		return err
 	}
-	backlog := admin.NewBacklogCollector(pool)
+	backlog := admin.NewBacklogCollector(pool, admin.WithPoisonedMessages(maxAttempts))
 	defer backlog.Close() // before pool.Close, which waits for its connection
 	httpMetrics := process.NewHTTPMetrics()
 	reg, err := process.NewRegistry(append(httpMetrics.Collectors(), backlog, process.NewPoolCollector(pool, "worker"))...)
@@ -169,10 +171,10 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 		if err := ping(ctx); err != nil {
 			return err
 		}
-		return relay.CheckStalled(ctx, cfg.stallThreshold)
+		return rl.CheckStalled(ctx, cfg.stallThreshold)
 	})
 
-	if err := relay.Start(ctx); err != nil {
+	if err := rl.Start(ctx); err != nil {
 		return err
 	}
 	// The same Host check as the api's listeners: a page that rebinds its
@@ -182,5 +184,5 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 		httpMetrics.Wrap(process.CheckHost(mux, "WORKER_ALLOWED_HOSTS", cfg.allowedHosts)), 5*time.Second, nil)
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.shutdownGrace)
 	defer cancel()
-	return errors.Join(serveErr, relay.Stop(stopCtx))
+	return errors.Join(serveErr, rl.Stop(stopCtx))
 }

@@ -111,7 +111,7 @@ var settings = []setting{
 		"the CloudEvents `source` of events published to brokers",
 		func(c *config) any { return &c.brokers.Source }},
 	{"OUTBOX_ENDPOINT_METRICS", "",
-		"`false` leaves out `outbox_endpoint_deliveries_total` and `outbox_endpoint_delivery_duration_seconds`, whose series grow with the endpoints (about 90 per endpoint; a deleted endpoint's are dropped within about 10 s)",
+		"`false` leaves out `outbox_endpoint_deliveries_total`, `outbox_endpoint_delivery_duration_seconds` and `outbox_endpoint_delivery_lag_seconds`, whose series grow with the endpoints (about 140 per endpoint; a deleted endpoint's are dropped within about 10 s)",
 		func(c *config) any { return &c.endpointMetrics }},
 	{"OUTBOX_STALL_THRESHOLD", "",
 		"`/readyz` fails when a deliverable message has waited this long and this worker claimed nothing meanwhile",

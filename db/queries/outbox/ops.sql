@@ -49,15 +49,21 @@ ORDER BY e.created_at, e.id;
 -- its retry or its endpoint's backoff lies ahead; paused when its endpoint
 -- is disabled. oldest_due_seconds is how long the oldest due one has been
 -- due; oldest_pending_age_seconds how long the oldest pending one (parked
--- ones included) has existed. Ages are against the database's clock.
+-- ones included) has existed. poisoned counts the messages not settled
+-- that have spent at least @poisoned_attempts attempts (half the cap: a
+-- poison message on its way to failing), none when it is 0. Ages are
+-- against the database's clock.
 WITH m AS (
     SELECT destination,
            count(*) FILTER (WHERE status = 'pending' AND NOT parked) AS pending,
            count(*) FILTER (WHERE parked)                            AS parked,
            count(*) FILTER (WHERE status = 'claimed')                AS claimed,
            count(*) FILTER (WHERE status = 'failed')                 AS failed,
+           count(*) FILTER (WHERE @poisoned_attempts::integer > 0 AND status IN ('pending', 'claimed') AND attempts >= @poisoned_attempts::integer) AS poisoned,
            count(*) FILTER (WHERE status = 'pending' AND NOT parked AND next_attempt_at <= now()) AS ready,
-           min(next_attempt_at) FILTER (WHERE status = 'pending' AND NOT parked AND next_attempt_at <= now()) AS ready_since,
+           -- A replayed message is due at its event's time, but waits only
+           -- since the replay wrote it.
+           min(GREATEST(next_attempt_at, created_at)) FILTER (WHERE status = 'pending' AND NOT parked AND next_attempt_at <= now()) AS ready_since,
            count(*) FILTER (WHERE status = 'pending' AND NOT parked AND attempts > 0 AND next_attempt_at > now()) AS backing_off,
            min(next_attempt_at) FILTER (WHERE status = 'pending' AND NOT parked AND attempts > 0 AND next_attempt_at > now())::timestamptz AS next_retry_at,
            min(created_at) FILTER (WHERE status = 'pending')         AS oldest_pending_at
@@ -78,7 +84,7 @@ WITH m AS (
 )
 SELECT m.destination::uuid AS destination, e.enabled,
        m.pending::bigint AS pending, m.parked::bigint AS parked, m.claimed::bigint AS claimed,
-       m.failed::bigint AS failed, m.backing_off::bigint AS backing_off, m.next_retry_at,
+       m.failed::bigint AS failed, m.poisoned::bigint AS poisoned, m.backing_off::bigint AS backing_off, m.next_retry_at,
        (CASE WHEN e.enabled AND NOT COALESCE(e.backoff_until > now(), false) THEN m.ready ELSE 0 END)::bigint AS due,
        (CASE WHEN e.id IS NULL OR NOT e.enabled THEN 0
              WHEN e.backoff_until > now() THEN m.pending
@@ -203,3 +209,51 @@ WHERE status = 'pending' AND id IN (
     ) u
     LIMIT @batch_size
 );
+
+-- name: OpsEndpointDeliveryLag :many
+-- One endpoint's delivery lags (commit to delivery) of the last day and of
+-- the last hour, by bucket (outbox_delivery_lag_minutes), with the bucket's
+-- bounds and its quickest and latest delivery, from which the caller
+-- estimates percentiles. At most 1,440 minutes of a few rows each, on the
+-- primary key.
+SELECT s.le_ms,
+       COALESCE((SELECT max(b) FROM unnest(outbox_lag_bounds_ms()) b WHERE b < s.le_ms), 0)::integer AS lower_ms,
+       COALESCE(sum(s.deliveries) FILTER (WHERE s.minute >= date_trunc('minute', now()) - interval '59 minutes'), 0)::bigint AS hour_deliveries,
+       COALESCE(min(s.min_ms) FILTER (WHERE s.minute >= date_trunc('minute', now()) - interval '59 minutes'), 0)::float8 AS hour_min_ms,
+       COALESCE(max(s.max_ms) FILTER (WHERE s.minute >= date_trunc('minute', now()) - interval '59 minutes'), 0)::float8 AS hour_max_ms,
+       sum(s.deliveries)::bigint AS day_deliveries,
+       min(s.min_ms)::float8     AS day_min_ms,
+       max(s.max_ms)::float8     AS day_max_ms
+FROM outbox_delivery_lag_minutes s
+WHERE s.destination = @destination AND s.minute >= date_trunc('minute', now()) - interval '1439 minutes'
+GROUP BY 1
+ORDER BY 1;
+
+-- name: OpsDeliveryLagByEndpoint :many
+-- Every endpoint's delivery lags of the last hour, by bucket, as
+-- OpsEndpointDeliveryLag: which endpoint is latest, and the hour over all
+-- of them. On the minute index: a row per endpoint, minute and bucket of
+-- the hour.
+SELECT s.destination, s.le_ms,
+       COALESCE((SELECT max(b) FROM unnest(outbox_lag_bounds_ms()) b WHERE b < s.le_ms), 0)::integer AS lower_ms,
+       sum(s.deliveries)::bigint AS deliveries,
+       min(s.min_ms)::float8     AS min_ms,
+       max(s.max_ms)::float8     AS max_ms
+FROM outbox_delivery_lag_minutes s
+WHERE s.minute >= date_trunc('minute', now()) - interval '59 minutes'
+GROUP BY 1, 2
+ORDER BY 1, 2;
+
+-- name: OpsDeliveryLagPerMinute :many
+-- The delivery lags of every endpoint by minute and bucket since @since:
+-- the overview's day, read a few minutes at a time (the admin keeps the
+-- minutes that are over). On the minute index.
+SELECT s.minute, s.le_ms,
+       COALESCE((SELECT max(b) FROM unnest(outbox_lag_bounds_ms()) b WHERE b < s.le_ms), 0)::integer AS lower_ms,
+       sum(s.deliveries)::bigint AS deliveries,
+       min(s.min_ms)::float8     AS min_ms,
+       max(s.max_ms)::float8     AS max_ms
+FROM outbox_delivery_lag_minutes s
+WHERE s.minute >= @since::timestamptz
+GROUP BY 1, 2
+ORDER BY 1, 2;

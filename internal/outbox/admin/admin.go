@@ -149,8 +149,10 @@ type Service struct {
 	keys *secretbox.Keyring
 	// stallThreshold judges RelayStatus; 0 means DefaultStallThreshold.
 	stallThreshold time.Duration
-	// arrivals keeps the overview's counts of minutes that are over.
-	arrivals arrivals
+	// arrivals keeps the overview's counts of minutes that are over, lags
+	// their delivery lags over every endpoint.
+	arrivals minuteCache[int64]
+	lags     minuteCache[[]latencyBucket]
 }
 
 // New returns the admin service; checker vets endpoint URLs.

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -75,6 +76,7 @@ type BacklogCollector struct {
 	oldestAge    *prometheus.Desc
 	overdue      *prometheus.Desc
 	destinations *prometheus.Desc
+	poisoned     *prometheus.Desc
 	relays       *prometheus.Desc
 	up           *prometheus.Desc
 	readingAge   *prometheus.Desc
@@ -85,14 +87,35 @@ type scrape struct {
 	messages backlogTotals
 	states   outboxdb.EndpointStatesRow
 	relays   int64
+	// poisoned counts, by endpoint, the messages not settled that spent
+	// half their attempts or more; endpoints without any are left out.
+	poisoned map[uuid.UUID]int64
+}
+
+// CollectorOption changes what a BacklogCollector reports.
+type CollectorOption func(*collectorConfig)
+
+type collectorConfig struct{ poisoned int32 }
+
+// WithPoisonedMessages makes the collector report the messages on their
+// way to failing (outbox_poisoned_messages): those that have spent half
+// of maxAttempts, the relay's cap (OUTBOX_MAX_ATTEMPTS), or more. Only the
+// process that knows the cap (the worker) can tell; without the option
+// the gauge is left out.
+func WithPoisonedMessages(maxAttempts int) CollectorOption {
+	return func(c *collectorConfig) { c.poisoned = int32((max(maxAttempts, 1) + 1) / 2) }
 }
 
 // NewBacklogCollector returns a collector reading from pool. Close it
 // before closing pool.
-func NewBacklogCollector(pool *pgxpool.Pool) *BacklogCollector {
+func NewBacklogCollector(pool *pgxpool.Pool, opts ...CollectorOption) *BacklogCollector {
+	var cfg collectorConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &BacklogCollector{
-		read:   func(ctx context.Context) (scrape, error) { return readScrape(ctx, pool) },
+		read:   func(ctx context.Context) (scrape, error) { return readScrape(ctx, pool, cfg.poisoned) },
 		now:    time.Now,
 		ctx:    ctx,
 		cancel: cancel,
@@ -104,6 +127,8 @@ func NewBacklogCollector(pool *pgxpool.Pool) *BacklogCollector {
 			"How long the oldest deliverable message has waited past its due time (paused and backing-off destinations excluded); stays near the poll interval unless the relay is stalled or saturated.", nil, nil),
 		destinations: prometheus.NewDesc("outbox_destinations",
 			"Webhook endpoints by state: healthy, backing_off, paused.", []string{"state"}, nil),
+		poisoned: prometheus.NewDesc("outbox_poisoned_messages",
+			"Messages not settled that have spent at least half their attempts (OUTBOX_MAX_ATTEMPTS), by endpoint id: poison messages on their way to failing; endpoints without any have no series.", []string{"endpoint"}, nil),
 		relays: prometheus.NewDesc("outbox_relays",
 			"Relay processes alive: heartbeating within their relay timeout (a killed worker is not counted, even before another relay reaps it).", nil, nil),
 		up: prometheus.NewDesc("outbox_backlog_scrape_success",
@@ -115,7 +140,7 @@ func NewBacklogCollector(pool *pgxpool.Pool) *BacklogCollector {
 
 // Describe implements prometheus.Collector.
 func (c *BacklogCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.messages, c.oldestAge, c.overdue, c.destinations, c.relays, c.up, c.readingAge} {
+	for _, d := range []*prometheus.Desc{c.messages, c.oldestAge, c.overdue, c.destinations, c.poisoned, c.relays, c.up, c.readingAge} {
 		ch <- d
 	}
 }
@@ -141,6 +166,9 @@ func (c *BacklogCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.destinations, float64(b.states.BackingOff), outbox.HealthBackingOff)
 	gauge(c.destinations, float64(b.states.Paused), outbox.HealthPaused)
 	gauge(c.relays, float64(b.relays))
+	for id, n := range b.poisoned {
+		gauge(c.poisoned, float64(n), id.String())
+	}
 }
 
 // get returns the latest reading and its age, starting a new one once the
@@ -197,9 +225,17 @@ func (c *BacklogCollector) Close() {
 	}
 }
 
-func readScrape(ctx context.Context, pool *pgxpool.Pool) (scrape, error) {
-	s, err := withBacklog(ctx, pool, func(q *outboxdb.Queries, b backlog) (s scrape, err error) {
+func readScrape(ctx context.Context, pool *pgxpool.Pool, poisoned int32) (scrape, error) {
+	s, err := withBacklog(ctx, pool, poisoned, func(q *outboxdb.Queries, b backlog) (s scrape, err error) {
 		s.messages = b.totals()
+		for _, r := range b {
+			if r.Poisoned > 0 {
+				if s.poisoned == nil {
+					s.poisoned = map[uuid.UUID]int64{}
+				}
+				s.poisoned[r.Destination] = r.Poisoned
+			}
+		}
 		if s.states, err = q.EndpointStates(ctx); err != nil {
 			return s, err
 		}

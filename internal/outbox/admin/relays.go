@@ -98,7 +98,7 @@ type RelayStatus struct {
 // down when no relay is alive, stalled when a message has been due for
 // longer than the stall threshold and no relay claimed anything for as long.
 func (a *Service) Relays(ctx context.Context) (RelayStatus, error) {
-	return withBacklog(ctx, a.pool, func(q *outboxdb.Queries, b backlog) (RelayStatus, error) {
+	return withBacklog(ctx, a.pool, 0, func(q *outboxdb.Queries, b backlog) (RelayStatus, error) {
 		return a.relays(ctx, q, b)
 	})
 }

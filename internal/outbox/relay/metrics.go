@@ -25,6 +25,10 @@ type Metrics struct {
 	// endpoint id; nil when turned off.
 	byEndpoint         *prometheus.CounterVec
 	byEndpointDuration *prometheus.HistogramVec
+	// deliveryLag is commit to delivery (or to failing), by kind and
+	// outcome; byEndpointLag the same by endpoint, nil when turned off.
+	deliveryLag   *prometheus.HistogramVec
+	byEndpointLag *prometheus.HistogramVec
 
 	// endpoints holds the ids byEndpoint has series for, so that the
 	// series of deleted endpoints can be dropped (Relay.forgetDeleted)
@@ -64,9 +68,15 @@ func (m *Metrics) forgetEndpoints(ids []uuid.UUID) {
 		labels := prometheus.Labels{"endpoint": id.String()}
 		m.byEndpoint.DeletePartialMatch(labels)
 		m.byEndpointDuration.DeletePartialMatch(labels)
+		m.byEndpointLag.DeletePartialMatch(labels)
 		delete(m.endpoints, id)
 	}
 }
+
+// lagBuckets span a millisecond to a day: a delivery at once, one behind a
+// poll, after a retry, after an outage.
+var lagBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 1800,
+	3600, 7200, 21600, 43200, 86400}
 
 // MetricsOption changes what NewMetrics reports.
 type MetricsOption func(*Metrics)
@@ -76,7 +86,7 @@ type MetricsOption func(*Metrics)
 // a few dozen per endpoint, which a service with thousands of endpoints
 // may not want to pay. The metrics by outcome alone stay.
 func WithoutEndpointMetrics() MetricsOption {
-	return func(m *Metrics) { m.byEndpoint, m.byEndpointDuration = nil, nil }
+	return func(m *Metrics) { m.byEndpoint, m.byEndpointDuration, m.byEndpointLag = nil, nil, nil }
 }
 
 // NewMetrics returns unregistered relay metrics.
@@ -90,6 +100,16 @@ func NewMetrics(opts ...MetricsOption) *Metrics {
 			Name:    "outbox_endpoint_delivery_duration_seconds",
 			Help:    "Duration of deliveries (a webhook request, a broker publish until its ack) by endpoint id and outcome.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"endpoint", "outcome"}),
+		deliveryLag: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "outbox_delivery_lag_seconds",
+			Help:    "From an event's writing (its commit, within its transaction's length) to its message's delivery (the receiver's 2xx, the broker's ack) or failure at the attempt cap, by destination kind and outcome (delivered, failed): the wait for retries, backoffs and pauses included.",
+			Buckets: lagBuckets,
+		}, []string{"kind", "outcome"}),
+		byEndpointLag: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "outbox_endpoint_delivery_lag_seconds",
+			Help:    "outbox_delivery_lag_seconds by endpoint id and outcome.",
+			Buckets: lagBuckets,
 		}, []string{"endpoint", "outcome"}),
 		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_deliveries_total",
@@ -135,10 +155,10 @@ func NewMetrics(opts ...MetricsOption) *Metrics {
 
 // Register adds the metrics to reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	cs := []prometheus.Collector{m.deliveries, m.deliveryDuration, m.claimed, m.deliverJobs, m.polls,
+	cs := []prometheus.Collector{m.deliveries, m.deliveryDuration, m.deliveryLag, m.claimed, m.deliverJobs, m.polls,
 		m.wakeups, m.released, m.relaysDeclaredDead, m.stateChanges, m.pruned}
 	if m.byEndpoint != nil {
-		cs = append(cs, m.byEndpoint, m.byEndpointDuration)
+		cs = append(cs, m.byEndpoint, m.byEndpointDuration, m.byEndpointLag)
 	}
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {

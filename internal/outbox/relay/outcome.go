@@ -48,6 +48,10 @@ type outcome struct {
 	code     int
 	started  time.Time
 	finished time.Time
+	// eventAt is when its event was written (the database's clock): the
+	// delivery's lag is measured from it. kind is its destination's.
+	eventAt time.Time
+	kind    string
 }
 
 // judge turns one request's end into the message's next state: delivered;

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxkit/orders/internal/outbox"
+	"github.com/outboxkit/orders/internal/outbox/destination"
 	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
 )
 
@@ -189,6 +191,7 @@ func (rc *recorder) params(outcomes []outcome) outboxdb.MessagesRecordOutcomesPa
 		p.StartedAts = append(p.StartedAts, rc.r.dbTime(o.started))
 		p.FinishedAts = append(p.FinishedAts, rc.r.dbTime(o.finished))
 		p.StatusCodes = append(p.StatusCodes, int32(o.code))
+		p.EventAts = append(p.EventAts, o.eventAt)
 	}
 	return p
 }
@@ -207,6 +210,15 @@ func (r *Relay) counted(ctx context.Context, dest uuid.UUID, recorded []outcome)
 			r.metrics.deliveryDuration.WithLabelValues(o.label).Observe(elapsed.Seconds())
 			if r.metrics.byEndpointDuration != nil {
 				r.metrics.byEndpointDuration.WithLabelValues(endpoint, o.label).Observe(elapsed.Seconds())
+			}
+		}
+		if o.status == outbox.StatusDelivered || o.status == outbox.StatusFailed {
+			// From its event's writing to this outcome, on the database's
+			// clock: its retries' waits included.
+			lag := r.dbTime(o.finished).Sub(o.eventAt).Seconds()
+			r.metrics.deliveryLag.WithLabelValues(cmp.Or(o.kind, destination.KindWebhook), o.status).Observe(lag)
+			if r.metrics.byEndpointLag != nil {
+				r.metrics.byEndpointLag.WithLabelValues(endpoint, o.status).Observe(lag)
 			}
 		}
 		if o.status == outbox.StatusFailed {

@@ -67,12 +67,22 @@ func (w *pruneWorker) Work(ctx context.Context, job *river.Job[pruneArgs]) error
 			break
 		}
 	}
+	for {
+		n, err := outboxdb.New(r.pool).DeliveryLagMinutesPrune(ctx, now.Add(-attemptMinutesKept), pruneBatch)
+		if err != nil {
+			return fmt.Errorf("pruning delivery lags by minute: %w", err)
+		}
+		if n < pruneBatch {
+			break
+		}
+	}
 	return nil
 }
 
-// attemptMinutesKept is how long the attempts summed by minute
-// (outbox_attempt_minutes) are kept: the ops page reads the last day of
-// them, whatever the retention of the history they sum.
+// attemptMinutesKept is how long the attempts and delivery lags summed by
+// minute (outbox_attempt_minutes, outbox_delivery_lag_minutes) are kept:
+// the ops page reads the last day of them, whatever the retention of the
+// history they sum.
 const attemptMinutesKept = 48 * time.Hour
 
 // orphanArgs starts one discard of messages whose endpoint was deleted.

@@ -206,6 +206,8 @@ type sent struct {
 	// the destination, itself included, when it started (pace.answer).
 	seq        uint64
 	concurrent int
+	// kind is the destination's kind.
+	kind string
 	// notSent: the job was cancelled before the request began.
 	notSent bool
 	// interrupted: the job was cancelled while the request was in flight.
@@ -407,7 +409,7 @@ func (s *session) send(ctx context.Context, row outboxdb.MessageClaimRow, dest d
 	}
 	cancel()
 	s.results <- sent{row: row, res: res, span: span, started: started, finished: r.now(), seq: seq, concurrent: concurrent,
-		interrupted: res.Err != nil && ctx.Err() != nil}
+		kind: dest.Kind, interrupted: res.Err != nil && ctx.Err() != nil}
 }
 
 // handle takes one request's end: what it says of the destination to the
@@ -420,6 +422,7 @@ func (s *session) handle(ctx context.Context, res sent) {
 		return
 	}
 	o := s.r.cfg.judge(res.row.ID, key, int(res.row.Attempts), res.res, res.interrupted, res.started, res.finished)
+	o.eventAt, o.kind = res.row.CreatedAt, res.kind
 	wasProbing := s.pace.state == stateProbing
 	throttled := s.pace.answer(signalOf(res.res, res.interrupted), res.seq, res.concurrent,
 		s.r.dbTime(res.finished).Add(retryAfter(res.res)), o.err)

@@ -15,9 +15,11 @@
 -- latest attempt, success and error (what the ops page shows), each
 -- replaced only by a later one, and the attempts are added to their
 -- minute's sums (outbox_attempt_minutes), in key order so that two
--- recordings cannot deadlock. The caller promotes the keys of the recorded
--- messages after it (MessagesPromote), under the destination's lock taken
--- before it: every outcome lets its key go on, or hands it to the next.
+-- recordings cannot deadlock, and each delivery's lag from its event
+-- (@event_ats) to its minute's (outbox_delivery_lag_minutes). The caller
+-- promotes the keys of the recorded messages after it (MessagesPromote),
+-- under the destination's lock taken before it: every outcome lets its
+-- key go on, or hands it to the next.
 -- The release of lost claims (MessagesReleaseLost) repeats the upsert: a
 -- function shared by the two cost the relay's small recordings more than
 -- the lines it saves (docs/design.md).
@@ -30,7 +32,8 @@ WITH o AS (
            unnest(@outcomes::text[])            AS outcome,
            unnest(@started_ats::timestamptz[])  AS started_at,
            unnest(@finished_ats::timestamptz[]) AS finished_at,
-           unnest(@status_codes::integer[])     AS status_code
+           unnest(@status_codes::integer[])     AS status_code,
+           unnest(@event_ats::timestamptz[])    AS event_at
 ), held AS (
     UPDATE outbox_messages m
     SET status = o.status,
@@ -90,6 +93,19 @@ WITH o AS (
     ORDER BY 1, 2, 3, 4
     ON CONFLICT (destination, minute, outcome, le_ms) DO UPDATE
     SET attempts = t.attempts + excluded.attempts,
+        min_ms = LEAST(t.min_ms, excluded.min_ms),
+        max_ms = GREATEST(t.max_ms, excluded.max_ms)
+), lag AS (
+    INSERT INTO outbox_delivery_lag_minutes AS t (destination, minute, le_ms, deliveries, min_ms, max_ms)
+    SELECT h.destination, date_trunc('minute', o.finished_at), outbox_lag_bucket_ms(x.ms), count(*), min(x.ms), max(x.ms)
+    FROM held h
+    JOIN o ON o.id = h.id AND o.attempt = h.attempts
+    CROSS JOIN LATERAL (SELECT GREATEST(EXTRACT(epoch FROM o.finished_at - o.event_at) * 1000, 0)::float8 AS ms) x
+    WHERE o.outcome = 'delivered'
+    GROUP BY 1, 2, 3
+    ORDER BY 1, 2, 3
+    ON CONFLICT (destination, minute, le_ms) DO UPDATE
+    SET deliveries = t.deliveries + excluded.deliveries,
         min_ms = LEAST(t.min_ms, excluded.min_ms),
         max_ms = GREATEST(t.max_ms, excluded.max_ms)
 ), history AS (

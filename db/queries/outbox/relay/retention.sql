@@ -167,3 +167,13 @@ AND m.status IN ('failed', 'pending');
 
 -- name: EventsLockPrune :exec
 SELECT pg_advisory_xact_lock(1869574764, 0);
+
+-- name: DeliveryLagMinutesPrune :execrows
+-- Forgets one bounded batch of the per-minute lag sums older than @before,
+-- oldest first, as AttemptMinutesPrune does for the attempts'.
+DELETE FROM outbox_delivery_lag_minutes t
+USING (SELECT o.destination, o.minute, o.le_ms FROM outbox_delivery_lag_minutes o
+       WHERE o.minute < @before::timestamptz
+       ORDER BY o.minute
+       LIMIT @batch_size::integer) old
+WHERE t.destination = old.destination AND t.minute = old.minute AND t.le_ms = old.le_ms;

@@ -39,6 +39,15 @@ type OutboxAttemptMinutesInconsistent struct {
 	Summed      int64
 }
 
+type OutboxDeliveryLagMinute struct {
+	Destination uuid.UUID
+	Minute      time.Time
+	LeMs        int32
+	Deliveries  int64
+	MinMs       float64
+	MaxMs       float64
+}
+
 type OutboxEvent struct {
 	ID           uuid.UUID
 	Type         string

@@ -58,8 +58,11 @@ WITH m AS (
            count(*) FILTER (WHERE parked)                            AS parked,
            count(*) FILTER (WHERE status = 'claimed')                AS claimed,
            count(*) FILTER (WHERE status = 'failed')                 AS failed,
+           count(*) FILTER (WHERE $1::integer > 0 AND status IN ('pending', 'claimed') AND attempts >= $1::integer) AS poisoned,
            count(*) FILTER (WHERE status = 'pending' AND NOT parked AND next_attempt_at <= now()) AS ready,
-           min(next_attempt_at) FILTER (WHERE status = 'pending' AND NOT parked AND next_attempt_at <= now()) AS ready_since,
+           -- A replayed message is due at its event's time, but waits only
+           -- since the replay wrote it.
+           min(GREATEST(next_attempt_at, created_at)) FILTER (WHERE status = 'pending' AND NOT parked AND next_attempt_at <= now()) AS ready_since,
            count(*) FILTER (WHERE status = 'pending' AND NOT parked AND attempts > 0 AND next_attempt_at > now()) AS backing_off,
            min(next_attempt_at) FILTER (WHERE status = 'pending' AND NOT parked AND attempts > 0 AND next_attempt_at > now())::timestamptz AS next_retry_at,
            min(created_at) FILTER (WHERE status = 'pending')         AS oldest_pending_at
@@ -80,7 +83,7 @@ WITH m AS (
 )
 SELECT m.destination::uuid AS destination, e.enabled,
        m.pending::bigint AS pending, m.parked::bigint AS parked, m.claimed::bigint AS claimed,
-       m.failed::bigint AS failed, m.backing_off::bigint AS backing_off, m.next_retry_at,
+       m.failed::bigint AS failed, m.poisoned::bigint AS poisoned, m.backing_off::bigint AS backing_off, m.next_retry_at,
        (CASE WHEN e.enabled AND NOT COALESCE(e.backoff_until > now(), false) THEN m.ready ELSE 0 END)::bigint AS due,
        (CASE WHEN e.id IS NULL OR NOT e.enabled THEN 0
              WHEN e.backoff_until > now() THEN m.pending
@@ -106,6 +109,7 @@ type OpsBacklogRow struct {
 	Parked                  int64
 	Claimed                 int64
 	Failed                  int64
+	Poisoned                int64
 	BackingOff              int64
 	NextRetryAt             *time.Time
 	Due                     int64
@@ -129,11 +133,14 @@ type OpsBacklogRow struct {
 // its retry or its endpoint's backoff lies ahead; paused when its endpoint
 // is disabled. oldest_due_seconds is how long the oldest due one has been
 // due; oldest_pending_age_seconds how long the oldest pending one (parked
-// ones included) has existed. Ages are against the database's clock.
+// ones included) has existed. poisoned counts the messages not settled
+// that have spent at least @poisoned_attempts attempts (half the cap: a
+// poison message on its way to failing), none when it is 0. Ages are
+// against the database's clock.
 // A full join filtered to m's rows is m LEFT JOIN e; written so, its
 // columns may be NULL (next_retry_at is when nothing backs off).
-func (q *Queries) OpsBacklog(ctx context.Context) ([]OpsBacklogRow, error) {
-	rows, err := q.db.Query(ctx, opsBacklog)
+func (q *Queries) OpsBacklog(ctx context.Context, poisonedAttempts int32) ([]OpsBacklogRow, error) {
+	rows, err := q.db.Query(ctx, opsBacklog, poisonedAttempts)
 	if err != nil {
 		return nil, err
 	}
@@ -148,6 +155,7 @@ func (q *Queries) OpsBacklog(ctx context.Context) ([]OpsBacklogRow, error) {
 			&i.Parked,
 			&i.Claimed,
 			&i.Failed,
+			&i.Poisoned,
 			&i.BackingOff,
 			&i.NextRetryAt,
 			&i.Due,
@@ -218,6 +226,109 @@ func (q *Queries) OpsDeliveredEstimate(ctx context.Context) (float64, error) {
 	var delivered_estimate float64
 	err := row.Scan(&delivered_estimate)
 	return delivered_estimate, err
+}
+
+const opsDeliveryLagByEndpoint = `-- name: OpsDeliveryLagByEndpoint :many
+SELECT s.destination, s.le_ms,
+       COALESCE((SELECT max(b) FROM unnest(outbox_lag_bounds_ms()) b WHERE b < s.le_ms), 0)::integer AS lower_ms,
+       sum(s.deliveries)::bigint AS deliveries,
+       min(s.min_ms)::float8     AS min_ms,
+       max(s.max_ms)::float8     AS max_ms
+FROM outbox_delivery_lag_minutes s
+WHERE s.minute >= date_trunc('minute', now()) - interval '59 minutes'
+GROUP BY 1, 2
+ORDER BY 1, 2
+`
+
+type OpsDeliveryLagByEndpointRow struct {
+	Destination uuid.UUID
+	LeMs        int32
+	LowerMs     int32
+	Deliveries  int64
+	MinMs       float64
+	MaxMs       float64
+}
+
+// Every endpoint's delivery lags of the last hour, by bucket, as
+// OpsEndpointDeliveryLag: which endpoint is latest, and the hour over all
+// of them. On the minute index: a row per endpoint, minute and bucket of
+// the hour.
+func (q *Queries) OpsDeliveryLagByEndpoint(ctx context.Context) ([]OpsDeliveryLagByEndpointRow, error) {
+	rows, err := q.db.Query(ctx, opsDeliveryLagByEndpoint)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []OpsDeliveryLagByEndpointRow
+	for rows.Next() {
+		var i OpsDeliveryLagByEndpointRow
+		if err := rows.Scan(
+			&i.Destination,
+			&i.LeMs,
+			&i.LowerMs,
+			&i.Deliveries,
+			&i.MinMs,
+			&i.MaxMs,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const opsDeliveryLagPerMinute = `-- name: OpsDeliveryLagPerMinute :many
+SELECT s.minute, s.le_ms,
+       COALESCE((SELECT max(b) FROM unnest(outbox_lag_bounds_ms()) b WHERE b < s.le_ms), 0)::integer AS lower_ms,
+       sum(s.deliveries)::bigint AS deliveries,
+       min(s.min_ms)::float8     AS min_ms,
+       max(s.max_ms)::float8     AS max_ms
+FROM outbox_delivery_lag_minutes s
+WHERE s.minute >= $1::timestamptz
+GROUP BY 1, 2
+ORDER BY 1, 2
+`
+
+type OpsDeliveryLagPerMinuteRow struct {
+	Minute     time.Time
+	LeMs       int32
+	LowerMs    int32
+	Deliveries int64
+	MinMs      float64
+	MaxMs      float64
+}
+
+// The delivery lags of every endpoint by minute and bucket since @since:
+// the overview's day, read a few minutes at a time (the admin keeps the
+// minutes that are over). On the minute index.
+func (q *Queries) OpsDeliveryLagPerMinute(ctx context.Context, since time.Time) ([]OpsDeliveryLagPerMinuteRow, error) {
+	rows, err := q.db.Query(ctx, opsDeliveryLagPerMinute, since)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []OpsDeliveryLagPerMinuteRow
+	for rows.Next() {
+		var i OpsDeliveryLagPerMinuteRow
+		if err := rows.Scan(
+			&i.Minute,
+			&i.LeMs,
+			&i.LowerMs,
+			&i.Deliveries,
+			&i.MinMs,
+			&i.MaxMs,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const opsDeliveryRate = `-- name: OpsDeliveryRate :one
@@ -320,6 +431,66 @@ func (q *Queries) OpsEndpointAttemptStats(ctx context.Context, destination uuid.
 			&i.HourMinMs,
 			&i.HourMaxMs,
 			&i.DayAttempts,
+			&i.DayMinMs,
+			&i.DayMaxMs,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const opsEndpointDeliveryLag = `-- name: OpsEndpointDeliveryLag :many
+SELECT s.le_ms,
+       COALESCE((SELECT max(b) FROM unnest(outbox_lag_bounds_ms()) b WHERE b < s.le_ms), 0)::integer AS lower_ms,
+       COALESCE(sum(s.deliveries) FILTER (WHERE s.minute >= date_trunc('minute', now()) - interval '59 minutes'), 0)::bigint AS hour_deliveries,
+       COALESCE(min(s.min_ms) FILTER (WHERE s.minute >= date_trunc('minute', now()) - interval '59 minutes'), 0)::float8 AS hour_min_ms,
+       COALESCE(max(s.max_ms) FILTER (WHERE s.minute >= date_trunc('minute', now()) - interval '59 minutes'), 0)::float8 AS hour_max_ms,
+       sum(s.deliveries)::bigint AS day_deliveries,
+       min(s.min_ms)::float8     AS day_min_ms,
+       max(s.max_ms)::float8     AS day_max_ms
+FROM outbox_delivery_lag_minutes s
+WHERE s.destination = $1 AND s.minute >= date_trunc('minute', now()) - interval '1439 minutes'
+GROUP BY 1
+ORDER BY 1
+`
+
+type OpsEndpointDeliveryLagRow struct {
+	LeMs           int32
+	LowerMs        int32
+	HourDeliveries int64
+	HourMinMs      float64
+	HourMaxMs      float64
+	DayDeliveries  int64
+	DayMinMs       float64
+	DayMaxMs       float64
+}
+
+// One endpoint's delivery lags (commit to delivery) of the last day and of
+// the last hour, by bucket (outbox_delivery_lag_minutes), with the bucket's
+// bounds and its quickest and latest delivery, from which the caller
+// estimates percentiles. At most 1,440 minutes of a few rows each, on the
+// primary key.
+func (q *Queries) OpsEndpointDeliveryLag(ctx context.Context, destination uuid.UUID) ([]OpsEndpointDeliveryLagRow, error) {
+	rows, err := q.db.Query(ctx, opsEndpointDeliveryLag, destination)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []OpsEndpointDeliveryLagRow
+	for rows.Next() {
+		var i OpsEndpointDeliveryLagRow
+		if err := rows.Scan(
+			&i.LeMs,
+			&i.LowerMs,
+			&i.HourDeliveries,
+			&i.HourMinMs,
+			&i.HourMaxMs,
+			&i.DayDeliveries,
 			&i.DayMinMs,
 			&i.DayMaxMs,
 		); err != nil {

@@ -23,7 +23,8 @@ WITH o AS (
            unnest($6::text[])            AS outcome,
            unnest($7::timestamptz[])  AS started_at,
            unnest($8::timestamptz[]) AS finished_at,
-           unnest($9::integer[])     AS status_code
+           unnest($9::integer[])     AS status_code,
+           unnest($10::timestamptz[])    AS event_at
 ), held AS (
     UPDATE outbox_messages m
     SET status = o.status,
@@ -41,7 +42,7 @@ WITH o AS (
     -- The attempt follows the row's count: an outcome recorded already
     -- (its answer lost, so the job put it back) finds the count past it,
     -- even on a later claim of the message by the same job.
-    WHERE m.id = o.id AND m.claim_token = $10::uuid AND m.attempts = o.attempt - 1
+    WHERE m.id = o.id AND m.claim_token = $11::uuid AND m.attempts = o.attempt - 1
     -- Its attempt too: the rest joins the outcomes on (id, attempt), so an
     -- outcome recorded already, flushed again beside the message's next,
     -- is neither summed again nor taken for the endpoint's latest.
@@ -85,6 +86,19 @@ WITH o AS (
     SET attempts = t.attempts + excluded.attempts,
         min_ms = LEAST(t.min_ms, excluded.min_ms),
         max_ms = GREATEST(t.max_ms, excluded.max_ms)
+), lag AS (
+    INSERT INTO outbox_delivery_lag_minutes AS t (destination, minute, le_ms, deliveries, min_ms, max_ms)
+    SELECT h.destination, date_trunc('minute', o.finished_at), outbox_lag_bucket_ms(x.ms), count(*), min(x.ms), max(x.ms)
+    FROM held h
+    JOIN o ON o.id = h.id AND o.attempt = h.attempts
+    CROSS JOIN LATERAL (SELECT GREATEST(EXTRACT(epoch FROM o.finished_at - o.event_at) * 1000, 0)::float8 AS ms) x
+    WHERE o.outcome = 'delivered'
+    GROUP BY 1, 2, 3
+    ORDER BY 1, 2, 3
+    ON CONFLICT (destination, minute, le_ms) DO UPDATE
+    SET deliveries = t.deliveries + excluded.deliveries,
+        min_ms = LEAST(t.min_ms, excluded.min_ms),
+        max_ms = GREATEST(t.max_ms, excluded.max_ms)
 ), history AS (
     INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code, error)
     SELECT h.id, h.attempts_before + o.attempt, o.outcome, o.started_at, o.finished_at,
@@ -105,6 +119,7 @@ type MessagesRecordOutcomesParams struct {
 	StartedAts    []time.Time
 	FinishedAts   []time.Time
 	StatusCodes   []int32
+	EventAts      []time.Time
 	ClaimToken    uuid.UUID
 }
 
@@ -129,9 +144,11 @@ type MessagesRecordOutcomesRow struct {
 // latest attempt, success and error (what the ops page shows), each
 // replaced only by a later one, and the attempts are added to their
 // minute's sums (outbox_attempt_minutes), in key order so that two
-// recordings cannot deadlock. The caller promotes the keys of the recorded
-// messages after it (MessagesPromote), under the destination's lock taken
-// before it: every outcome lets its key go on, or hands it to the next.
+// recordings cannot deadlock, and each delivery's lag from its event
+// (@event_ats) to its minute's (outbox_delivery_lag_minutes). The caller
+// promotes the keys of the recorded messages after it (MessagesPromote),
+// under the destination's lock taken before it: every outcome lets its
+// key go on, or hands it to the next.
 // The release of lost claims (MessagesReleaseLost) repeats the upsert: a
 // function shared by the two cost the relay's small recordings more than
 // the lines it saves (docs/design.md).
@@ -146,6 +163,7 @@ func (q *Queries) MessagesRecordOutcomes(ctx context.Context, arg MessagesRecord
 		arg.StartedAts,
 		arg.FinishedAts,
 		arg.StatusCodes,
+		arg.EventAts,
 		arg.ClaimToken,
 	)
 	if err != nil {

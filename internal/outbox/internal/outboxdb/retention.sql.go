@@ -33,6 +33,25 @@ func (q *Queries) AttemptMinutesPrune(ctx context.Context, before time.Time, bat
 	return result.RowsAffected(), nil
 }
 
+const deliveryLagMinutesPrune = `-- name: DeliveryLagMinutesPrune :execrows
+DELETE FROM outbox_delivery_lag_minutes t
+USING (SELECT o.destination, o.minute, o.le_ms FROM outbox_delivery_lag_minutes o
+       WHERE o.minute < $1::timestamptz
+       ORDER BY o.minute
+       LIMIT $2::integer) old
+WHERE t.destination = old.destination AND t.minute = old.minute AND t.le_ms = old.le_ms
+`
+
+// Forgets one bounded batch of the per-minute lag sums older than @before,
+// oldest first, as AttemptMinutesPrune does for the attempts'.
+func (q *Queries) DeliveryLagMinutesPrune(ctx context.Context, before time.Time, batchSize int32) (int64, error) {
+	result, err := q.db.Exec(ctx, deliveryLagMinutesPrune, before, batchSize)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const eventsLockPrune = `-- name: EventsLockPrune :exec
 SELECT pg_advisory_xact_lock(1869574764, 0)
 `
