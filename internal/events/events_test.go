@@ -40,6 +40,28 @@ func TestEveryExampleMatchesItsSchema(t *testing.T) {
 	require.True(t, known, "the orders module's events are in the catalog")
 }
 
+// The tests' check of emitted events refuses what receivers could not
+// rely on: a field the schema does not name (closed, though receivers
+// take new fields), a field of another type, a type the catalog lacks.
+func TestEmittedEventsAreHeldToTheirSchemaClosed(t *testing.T) {
+	t.Parallel()
+	placed, _ := events.Catalog().Lookup("order.placed")
+	var data map[string]any
+	require.NoError(t, json.Unmarshal(placed.Example, &data))
+	with := func(k string, v any) []byte {
+		m := maps.Clone(data)
+		m[k] = v
+		b, err := json.Marshal(m)
+		require.NoError(t, err)
+		return b
+	}
+	require.NoError(t, eventstest.ValidEvent("order.placed", placed.Example))
+	require.Error(t, eventstest.ValidEvent("order.placed", with("coupon", "FREE")), "a field the schema does not name")
+	require.Error(t, eventstest.ValidEvent("order.placed", with("total_cents", "1250")), "a retyped field")
+	require.Error(t, eventstest.ValidEvent("order.placed", with("id", "not-a-uuid")), "formats are asserted")
+	require.Error(t, eventstest.ValidEvent("order.shipped", placed.Example), "a type the catalog lacks")
+}
+
 // The description's webhooks are the catalog: one per type, with its
 // version, description, schema and example, as `./task generate` writes
 // them. A schema changed without it fails here, and the diff of
