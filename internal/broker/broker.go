@@ -12,7 +12,8 @@
 //
 // The message is a CloudEvent in binary mode: the event's JSON payload (the
 // webhook body's data) as the message body, and its attributes (id, type,
-// source, time, specversion) plus the W3C traceparent in the headers, named
+// source, time, specversion, and dataschema, its type's schema in the event
+// catalog) plus the W3C traceparent in the headers, named
 // as each broker's CloudEvents binding names them.
 package broker
 
