@@ -100,7 +100,8 @@ func TestServe(t *testing.T) {
 	base := "http://" + addr
 	id := uuid.NewString()
 	body, err := json.Marshal(map[string]any{"id": id, "type": "order.placed", "created_at": time.Now().UTC(),
-		"data": map[string]any{"id": uuid.NewString(), "customer_id": "c-1", "total_cents": 1000}})
+		"data": map[string]any{"id": uuid.NewString(), "customer_id": "c-1", "status": "placed", "total_cents": 1000,
+			"lines": []map[string]any{{"sku": "A-1", "quantity": 2, "unit_price_cents": 500}}, "created_at": time.Now().UTC()}})
 	require.NoError(t, err)
 	deliver := func(secret string) int {
 		req, err := http.NewRequest(http.MethodPost, base+"/webhooks", bytes.NewReader(body))

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outboxkit/orders/db"
+	"github.com/outboxkit/orders/internal/events"
 	"github.com/outboxkit/orders/internal/httpjson"
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/ops"
@@ -31,6 +32,7 @@ import (
 	"github.com/outboxkit/orders/internal/process"
 	"github.com/outboxkit/orders/internal/secretbox"
 	"github.com/outboxkit/orders/internal/telemetry"
+	"github.com/outboxkit/orders/openapi"
 )
 
 // adminPoolSize is the admin surface's connections: enough for an
@@ -179,7 +181,7 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 	guard := netguard.Guard{AllowPrivate: cfg.allowPrivate}
 	ordersSvc := orders.NewService(pool, logger)
 	adminSvc := admin.New(adminPool, guard, logger, admin.WithSecretKeys(cfg.secretKeys),
-		admin.WithStallThreshold(cfg.stallThreshold))
+		admin.WithStallThreshold(cfg.stallThreshold), admin.WithCatalog(events.Catalog()))
 	httpMetrics := process.NewHTTPMetrics()
 	backlog := admin.NewBacklogCollector(pool)
 	defer backlog.Close() // before pool.Close, which waits for its connection
@@ -194,12 +196,17 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 	public.Handle("/orders", ordersH)
 	public.Handle("/orders/", ordersH)
 	process.Health(public, logger, process.PingReady(pool))
+	// The description of every route, for clients' generators: public, as
+	// it holds no secret.
+	public.Handle("GET /openapi.yaml", describe())
 
 	// The admin surface: on API_ADDR unless ADMIN_ADDR gives it a listener
 	// of its own, which can then stay on a private network.
 	adminMux := public
 	if cfg.adminAddr != "" {
 		adminMux = http.NewServeMux()
+		// The ops page links to it, on its own listener.
+		adminMux.Handle("GET /openapi.yaml", describe())
 	}
 	opsOpts := ops.Options{Admin: adminSvc, Token: cfg.adminToken, Logger: logger, Warnings: slices.Concat(cfg.misspelt, cfg.warnings()),
 		Pool: adminPool, CookieSecure: cfg.opsCookieSecure, Lookups: []ops.Lookup{orderLookup(ordersSvc)}}
@@ -220,6 +227,7 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 	adminMux.Handle("/webhook-endpoints", adminH)
 	adminMux.Handle("/webhook-endpoints/", adminH)
 	adminMux.Handle("/outbox/", adminH)
+	adminMux.Handle("/event-types", adminH)
 	adminMux.Handle("/ops", opsH)
 	adminMux.Handle("/ops/", opsH)
 	metricsH := process.MetricsHandler(reg)
@@ -339,4 +347,12 @@ func orderLookup(svc *orders.Service) ops.Lookup {
 		}
 		return ops.Found{Key: key, From: from, To: to}, true, nil
 	}
+}
+
+// describe serves openapi/openapi.yaml, the description of every route.
+func describe() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", openapi.MediaType)
+		_, _ = w.Write(openapi.Description)
+	})
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxkit/orders/internal/contracttest"
 	"github.com/outboxkit/orders/internal/dbtest"
 	"github.com/outboxkit/orders/internal/proctest"
 )
@@ -32,9 +33,9 @@ func send(t *testing.T, method, target string, headers map[string]string, body s
 		}
 		req.Header.Set(k, v)
 	}
-	client := &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error {
+	client := contracttest.Client(t, &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error {
 		return http.ErrUseLastResponse
-	}}
+	}})
 	resp, err := client.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
@@ -331,7 +332,7 @@ func TestRotateSecretWithoutABodyUsesTheDefaultOverlap(t *testing.T) {
 			req.ContentLength, req.TransferEncoding = -1, []string{"chunked"}
 		}
 		start := time.Now()
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := contracttest.Client(t, nil).Do(req)
 		require.NoError(t, err)
 		defer resp.Body.Close()
 		b, err := io.ReadAll(resp.Body)

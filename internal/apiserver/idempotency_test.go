@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxkit/orders/internal/contracttest"
 	"github.com/outboxkit/orders/internal/dbtest"
 )
 
@@ -98,7 +99,7 @@ func TestCreateEndpointWithAnIdempotencyKeyCreatesOnce(t *testing.T) {
 	}
 	req.Header.Add("Idempotency-Key", "k-1")
 	req.Header.Add("Idempotency-Key", "k-2")
-	twice, err := http.DefaultClient.Do(req)
+	twice, err := contracttest.Client(t, nil).Do(req)
 	require.NoError(t, err)
 	defer twice.Body.Close()
 	body, err = io.ReadAll(twice.Body)

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxkit/orders/internal/contracttest"
 	"github.com/outboxkit/orders/internal/dbtest"
 )
 
@@ -57,7 +58,7 @@ func TestOrdersArePlacedWhileAdminReadsWait(t *testing.T) {
 				return
 			}
 			req.Header.Set("Authorization", "Bearer "+tok)
-			resp, err := (&http.Client{Timeout: 20 * time.Second}).Do(req)
+			resp, err := contracttest.Client(t, &http.Client{Timeout: 20 * time.Second}).Do(req)
 			if err != nil {
 				codes <- 0
 				return

@@ -17,7 +17,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/apiserver"
+	"github.com/outboxkit/orders/internal/contracttest"
 	"github.com/outboxkit/orders/internal/dbtest"
+	"github.com/outboxkit/orders/internal/events/eventstest"
 	"github.com/outboxkit/orders/internal/outbox/admin"
 	"github.com/outboxkit/orders/internal/proctest"
 )
@@ -51,13 +53,14 @@ func setup(t *testing.T, env map[string]string) *server {
 	if full["DATABASE_URL"] == "" {
 		full["DATABASE_URL"] = dbtest.URL(t)
 	}
+	eventstest.CheckEvents(t, full["DATABASE_URL"])
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &server{url: "http://" + full["API_ADDR"], logs: &proctest.Output{}, cancel: cancel, done: make(chan error, 1)}
 	go func() { s.done <- apiserver.Run(ctx, nil, proctest.Environ(full), s.logs) }()
 	t.Cleanup(func() { _ = s.stop() })
 
 	var exited error
-	client := &http.Client{Timeout: time.Second}
+	client := contracttest.Client(t, &http.Client{Timeout: time.Second})
 	require.Eventually(t, func() bool {
 		select {
 		case err := <-s.done:
@@ -107,7 +110,7 @@ func (s *server) do(t *testing.T, method, path, authz, body string) (int, []byte
 	if authz != "" {
 		req.Header.Set("Authorization", authz)
 	}
-	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	resp, err := contracttest.Client(t, &http.Client{Timeout: 10 * time.Second}).Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/apiserver"
+	"github.com/outboxkit/orders/internal/contracttest"
 	"github.com/outboxkit/orders/internal/proctest"
 
 	"github.com/outboxkit/orders/internal/dbtest"
@@ -40,7 +41,7 @@ func placeTraced(t *testing.T, s *server, dbURL string) *string {
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("traceparent", upstream)
-	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	resp, err := contracttest.Client(t, &http.Client{Timeout: 10 * time.Second}).Do(req)
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusCreated, resp.StatusCode)

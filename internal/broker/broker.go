@@ -12,7 +12,8 @@
 //
 // The message is a CloudEvent in binary mode: the event's JSON payload (the
 // webhook body's data) as the message body, and its attributes (id, type,
-// source, time, specversion) plus the W3C traceparent in the headers, named
+// source, time, specversion, and dataschema, its type's schema in the event
+// catalog) plus the W3C traceparent in the headers, named
 // as each broker's CloudEvents binding names them.
 package broker
 
@@ -49,6 +50,10 @@ type Config struct {
 	AMQPURL string
 	// Source is the CloudEvents source attribute of every event.
 	Source string
+	// DataSchemas are the CloudEvents dataschema of each event type: its
+	// schema's URI in the event catalog (outbox.EventType.SchemaID), a
+	// new one for each version. A type without one is sent without it.
+	DataSchemas map[string]string
 }
 
 // Transports opens a transport for each configured broker and returns them
@@ -66,6 +71,7 @@ func Transports(cfg Config) (ts map[string]relay.Transport, close func(), err er
 	var closers []func()
 	if cfg.NATSURL != "" {
 		t := NewNATS(cfg.NATSURL, cfg.Source)
+		t.schemas = cfg.DataSchemas
 		ts[destination.KindNATS], closers = t, append(closers, t.Close)
 	}
 	if len(cfg.KafkaBrokers) > 0 {
@@ -77,6 +83,7 @@ func Transports(cfg Config) (ts map[string]relay.Transport, close func(), err er
 	}
 	if cfg.AMQPURL != "" {
 		t := NewRabbitMQ(cfg.AMQPURL, cfg.Source)
+		t.schemas = cfg.DataSchemas
 		ts[destination.KindRabbitMQ], closers = t, append(closers, t.Close)
 	}
 	return ts, func() {
@@ -136,14 +143,18 @@ func CheckAMQPURL(raw string) error {
 type attribute struct{ name, value string }
 
 // attributes are the event's CloudEvents attributes, unprefixed, and the
-// trace context headers, which every binding carries as they are.
-func attributes(d relay.Delivery, source string) (ce []attribute, trace []attribute) {
+// trace context headers, which every binding carries as they are. schemas
+// give the dataschema of the event's type, when it has one.
+func attributes(d relay.Delivery, source string, schemas map[string]string) (ce []attribute, trace []attribute) {
 	ce = []attribute{
 		{"specversion", "1.0"},
 		{"id", d.EventID.String()},
 		{"type", d.Type},
 		{"source", source},
 		{"time", d.CreatedAt.UTC().Format(time.RFC3339Nano)},
+	}
+	if uri := schemas[d.Type]; uri != "" {
+		ce = append(ce, attribute{"dataschema", uri})
 	}
 	if d.OrderingKey != "" {
 		// The partitioning extension: the key whose events stay in order.

@@ -26,7 +26,9 @@ import (
 // acks=all waiting on a slow replica) held every other topic's records
 // behind it, and a cancelled delivery could fail another topic's.
 type Kafka struct {
-	source  string
+	source string
+	// schemas are the dataschema of each event type (Config.DataSchemas).
+	schemas map[string]string
 	clients *destinations[*kgo.Client]
 }
 
@@ -65,7 +67,7 @@ func NewKafka(cfg Config, source string) (*Kafka, error) {
 		c, _ := kgo.NewClient(opts...) // the options were checked above
 		return c
 	}
-	return &Kafka{source: source, clients: newDestinations(open, (*kgo.Client).Close)}, nil
+	return &Kafka{source: source, schemas: cfg.DataSchemas, clients: newDestinations(open, (*kgo.Client).Close)}, nil
 }
 
 // Deliver implements relay.Transport.
@@ -75,7 +77,7 @@ func (t *Kafka) Deliver(ctx context.Context, d relay.Delivery) relay.Result {
 	if d.OrderingKey != "" {
 		rec.Key = []byte(d.OrderingKey)
 	}
-	ce, trace := attributes(d, t.source)
+	ce, trace := attributes(d, t.source, t.schemas)
 	// The Kafka binding's binary mode: attributes as ce_ headers.
 	for _, a := range ce {
 		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: "ce_" + a.name, Value: []byte(a.value)})

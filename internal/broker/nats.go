@@ -21,6 +21,8 @@ import (
 // stored.
 type NATS struct {
 	url, source string
+	// schemas are the dataschema of each event type (Config.DataSchemas).
+	schemas map[string]string
 
 	mu     sync.Mutex
 	nc     *nats.Conn
@@ -117,7 +119,7 @@ func (t *NATS) Deliver(ctx context.Context, d relay.Delivery) relay.Result {
 	}
 	msg := nats.NewMsg(dest.Name)
 	msg.Data = d.Data
-	ce, trace := attributes(d, t.source)
+	ce, trace := attributes(d, t.source, t.schemas)
 	// The NATS binding's binary mode: attributes as ce- headers,
 	// percent-encoded beyond printable ASCII.
 	for _, a := range ce {

@@ -28,7 +28,9 @@ import (
 // neighbours' publishes too.
 type RabbitMQ struct {
 	source string
-	conns  *destinations[*rabbitConn]
+	// schemas are the dataschema of each event type (Config.DataSchemas).
+	schemas map[string]string
+	conns   *destinations[*rabbitConn]
 }
 
 // rabbitConn is one destination's connection, and its channels.
@@ -235,17 +237,17 @@ func (t *RabbitMQ) Deliver(ctx context.Context, d relay.Delivery) relay.Result {
 		return relay.Result{Err: fmt.Errorf("publishing to RabbitMQ: %w", err)}
 	}
 	defer release()
-	return rc.publish(ctx, dest, t.source, d)
+	return rc.publish(ctx, dest, t.source, t.schemas, d)
 }
 
 // publish sends d on one of the connection's channels and waits for its
 // confirm.
-func (t *rabbitConn) publish(ctx context.Context, dest destination.Destination, source string, d relay.Delivery) relay.Result {
+func (t *rabbitConn) publish(ctx context.Context, dest destination.Destination, source string, schemas map[string]string, d relay.Delivery) relay.Result {
 	c, err := t.channel(ctx)
 	if err != nil {
 		return relay.Result{Err: err}
 	}
-	ce, trace := attributes(d, source)
+	ce, trace := attributes(d, source, schemas)
 	headers := amqp.Table{}
 	// The AMQP binding's binary mode: attributes as cloudEvents:
 	// application properties.

@@ -11,7 +11,13 @@
 //  1. verifies the Standard Webhooks signature (constant time, several
 //     secrets for rotation, a timestamp tolerance against replays) before it
 //     trusts a byte of the body, and
-//  2. applies each event exactly once: it inserts the webhook-id into an
+//  2. checks the event's data against the schema its sender publishes for
+//     its type (the webhooks of the OpenAPI description, openapi.yaml:
+//     a receiver elsewhere keeps a copy of it, or generates types from
+//     it), so an event it cannot read is refused as the sender's defect
+//     and not half applied; unknown fields pass, since a sender may add
+//     fields without a new version;
+//  3. applies each event exactly once: it inserts the webhook-id into an
 //     inbox table with a unique key in the SAME transaction as the event's
 //     effect (here a per-customer order ledger and balance). A redelivery
 //     finds the id, changes nothing, and is acknowledged with a 2xx so the
@@ -24,6 +30,7 @@
 package consumer
 
 import (
+	"bytes"
 	"context"
 	"embed"
 	"encoding/json"
@@ -45,9 +52,11 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/outboxkit/orders/internal/consumer/internal/consumerdb"
 	"github.com/outboxkit/orders/internal/webhook"
+	"github.com/outboxkit/orders/openapi"
 )
 
 // Event types the consumer applies; anything else is acknowledged and
@@ -57,6 +66,56 @@ const (
 	EventPlaced    = "order.placed"
 	EventCancelled = "order.cancelled"
 )
+
+// schemas check the data of the events the consumer applies: the schemas
+// the sender publishes (openapi.Description's webhooks), at the versions
+// this code was written for. Read once: they are part of the build.
+var schemas = mustCompileSchemas(map[string]int{EventPlaced: 1, EventCancelled: 1})
+
+// mustCompileSchemas compiles each type's published schema, and panics if
+// the description lacks it or has another version: code written for one
+// version cannot be trusted with the next.
+func mustCompileSchemas(versions map[string]int) map[string]*jsonschema.Schema {
+	out := map[string]*jsonschema.Schema{}
+	for typ, want := range versions {
+		schema, version, err := openapi.EventSchema(typ)
+		if err == nil && version != want {
+			err = fmt.Errorf("the description has version %d of %s, this consumer reads version %d", version, typ, want)
+		}
+		if err != nil {
+			panic(err)
+		}
+		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(schema))
+		if err != nil {
+			panic(fmt.Errorf("reading the schema of %s: %w", typ, err))
+		}
+		c := jsonschema.NewCompiler()
+		c.AssertFormat()
+		if err := c.AddResource(typ+".json", doc); err != nil {
+			panic(err)
+		}
+		out[typ] = c.MustCompile(typ + ".json")
+	}
+	return out
+}
+
+// checkData says why data is not what the schema of typ allows; nil for
+// valid data, or a type the consumer has no schema for.
+func checkData(typ string, data json.RawMessage) error {
+	s, ok := schemas[typ]
+	if !ok {
+		return nil
+	}
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
+	if err != nil {
+		return fmt.Errorf("not JSON: %w", err)
+	}
+	if err := s.Validate(v); err != nil {
+		// Its lines name each field and what is wrong with it.
+		return errors.New(strings.ReplaceAll(err.Error(), "\n", "; "))
+	}
+	return nil
+}
 
 // MaxBody bounds a delivery's body; the order service's own limit on an
 // order request is 1 MiB, and its event is smaller than the request.
@@ -333,8 +392,11 @@ func (c *Consumer) apply(ctx context.Context, id string, env envelope) (Outcome,
 			outcome = Ignored
 			return nil
 		}
+		if err := checkData(env.Type, env.Data); err != nil {
+			return &badEvent{msg: "event data is not an order as " + env.Type + "'s schema says: " + err.Error()}
+		}
 		var o order
-		if err := json.Unmarshal(env.Data, &o); err != nil || o.ID == uuid.Nil || o.CustomerID == "" {
+		if err := json.Unmarshal(env.Data, &o); err != nil {
 			return &badEvent{msg: "event data is not an order"}
 		}
 		if env.Type == EventCancelled {

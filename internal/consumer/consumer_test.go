@@ -91,11 +91,24 @@ func event(t *testing.T, id, typ, customer string, orderID uuid.UUID, total int6
 	t.Helper()
 	b, err := json.Marshal(map[string]any{
 		"id": id, "type": typ, "created_at": time.Now().UTC().Format(time.RFC3339Nano),
-		"data": map[string]any{"id": orderID, "customer_id": customer, "status": "placed", "total_cents": total,
-			"lines": []map[string]any{{"sku": "A-1", "quantity": 1, "unit_price_cents": total}}},
+		"data": orderData(typ, customer, orderID, total),
 	})
 	require.NoError(t, err)
 	return b
+}
+
+// orderData is an order as typ's data carries it (its schema in the
+// description's webhooks): lines of at most the largest price, and when
+// it was cancelled for a cancellation. The consumer reads the total.
+func orderData(typ, customer string, orderID uuid.UUID, total int64) map[string]any {
+	status, price := "placed", min(total, 100_000_000_000) // the schema's largest price
+	data := map[string]any{"id": orderID, "customer_id": customer, "status": status, "total_cents": total,
+		"lines":      []map[string]any{{"sku": "A-1", "quantity": 1, "unit_price_cents": price}},
+		"created_at": time.Now().UTC().Format(time.RFC3339Nano)}
+	if typ == consumer.EventCancelled {
+		data["status"], data["cancelled_at"] = "cancelled", time.Now().UTC().Format(time.RFC3339Nano)
+	}
+	return data
 }
 
 // post sends body as a delivery with id, signed by secret at ts, and returns
@@ -393,6 +406,12 @@ func TestAuthenticButUnusableDeliveries(t *testing.T) {
 		{"data is not an order", func(id string) []byte {
 			return []byte(fmt.Sprintf(`{"id":%q,"type":"order.placed","created_at":"2026-01-01T00:00:00Z","data":{"sku":"x"}}`, id))
 		}},
+		// What the ledger reads is there, but not what the published
+		// schema requires: the sender broke its contract.
+		{"data its schema refuses", func(id string) []byte {
+			return []byte(fmt.Sprintf(`{"id":%q,"type":"order.placed","created_at":"2026-01-01T00:00:00Z",`+
+				`"data":{"id":%q,"customer_id":"c-6","status":"placed","total_cents":100}}`, id, uuid.NewString()))
+		}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -537,7 +556,7 @@ func TestAnEventThroughTwoEndpointsIsAppliedOnce(t *testing.T) {
 	orderID := uuid.New()
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		_, err := outbox.Enqueue(ctx, tx, outbox.Event{Type: consumer.EventPlaced, OrderingKey: orderID.String(),
-			Data: map[string]any{"id": orderID, "customer_id": "c-1", "status": "placed", "total_cents": 1500}})
+			Data: orderData(consumer.EventPlaced, "c-1", orderID, 1500)})
 		return err
 	}))
 	relay, err := relay.New(pool, relay.Config{}, &relay.HTTPTransport{Client: netguard.Guard{AllowPrivate: true}.Client()}, logger, nil)
@@ -616,7 +635,7 @@ func TestAnEventAppliedLateIsMeasuredAndLogged(t *testing.T) {
 	written := time.Now().Add(-10 * time.Minute)
 	late, prompt := uuid.NewString(), uuid.NewString()
 	body, err := json.Marshal(map[string]any{"id": late, "type": consumer.EventPlaced, "created_at": written.UTC().Format(time.RFC3339Nano),
-		"data": map[string]any{"id": uuid.New(), "customer_id": "cus_late", "total_cents": 100}})
+		"data": orderData(consumer.EventPlaced, "cus_late", uuid.New(), 100)})
 	require.NoError(t, err)
 	start := time.Now()
 	code, outcome := post(t, f.url, secret, late, time.Now(), body)

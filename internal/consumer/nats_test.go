@@ -33,7 +33,7 @@ func jetStream(t *testing.T) (js jetstream.JetStream, cons jetstream.Consumer, s
 
 // orderEvent is a delivery as the relay hands it to the NATS transport.
 func orderEvent(typ, customer string, orderID uuid.UUID, total int64) relay.Delivery {
-	data, _ := json.Marshal(map[string]any{"id": orderID, "customer_id": customer, "status": "placed", "total_cents": total})
+	data, _ := json.Marshal(orderData(typ, customer, orderID, total))
 	return relay.Delivery{EventID: uuid.Must(uuid.NewV7()), Type: typ, Data: data, CreatedAt: time.Now(),
 		OrderingKey: orderID.String(), Header: http.Header{}}
 }

@@ -21,7 +21,7 @@ const inboxRetention = 30 * 24 * time.Hour
 func placedAt(t *testing.T, id string, at time.Time) []byte {
 	t.Helper()
 	b, err := json.Marshal(map[string]any{"id": id, "type": consumer.EventPlaced, "created_at": at.UTC().Format(time.RFC3339Nano),
-		"data": map[string]any{"id": uuid.New(), "customer_id": "c-1", "status": "placed", "total_cents": 100}})
+		"data": orderData(consumer.EventPlaced, "c-1", uuid.New(), 100)})
 	require.NoError(t, err)
 	return b
 }

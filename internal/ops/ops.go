@@ -197,6 +197,7 @@ func New(o Options) *Handler {
 	mux.Handle("POST /ops/endpoints/{id}/retry-failed", h.authed(h.handleRetryEndpoint))
 	mux.Handle("GET /ops/endpoints/{id}/replay", h.authed(h.handleReplayForm))
 	mux.Handle("POST /ops/endpoints/{id}/replay", h.authed(h.handleReplay))
+	mux.Handle("GET /ops/event-types", h.authed(h.handleEventTypes))
 	if o.Jobs != nil {
 		h.jobs = true
 		h.mountJobs(mux, o.Jobs)

@@ -47,7 +47,7 @@ func mustParsePages() *pages {
 	base := template.Must(template.New("").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/replay_form.html"))
 	p := &pages{byName: map[string]*template.Template{}}
 	for _, name := range []string{"login", "overview", "message", "confirm", "error", "replay",
-		"messages", "search", "endpoint", "endpoint_form", "secret"} {
+		"messages", "search", "endpoint", "endpoint_form", "secret", "event_types"} {
 		t := template.Must(base.Clone())
 		p.byName[name] = template.Must(t.ParseFS(templateFS, "templates/"+name+".html"))
 	}

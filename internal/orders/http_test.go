@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/dbtest"
+	"github.com/outboxkit/orders/internal/events/eventstest"
 	"github.com/outboxkit/orders/internal/httpjson"
 	"github.com/outboxkit/orders/internal/orders"
 )
@@ -147,6 +148,7 @@ func TestOverflowIsReachableWithinTheLimits(t *testing.T) {
 // never a 500, and a refused request writes nothing.
 func FuzzPlaceOrderDecode(f *testing.F) {
 	pool := dbtest.Pool(f)
+	eventstest.CheckEvents(f, pool.Config().ConnString())
 	_, err := pool.Exec(context.Background(),
 		`INSERT INTO webhook_endpoints (url, secret, event_types)
 		 VALUES ('http://127.0.0.1:9/x', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', '{order.placed,order.cancelled}')`)

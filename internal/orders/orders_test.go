@@ -18,7 +18,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxkit/orders/internal/contracttest"
 	"github.com/outboxkit/orders/internal/dbtest"
+	"github.com/outboxkit/orders/internal/events/eventstest"
 	"github.com/outboxkit/orders/internal/httpjson"
 	"github.com/outboxkit/orders/internal/orders"
 )
@@ -47,6 +49,7 @@ type fixture struct {
 func setup(t testing.TB) *fixture {
 	t.Helper()
 	pool := dbtest.Pool(t)
+	eventstest.CheckEvents(t, pool.Config().ConnString())
 	var endpoint uuid.UUID
 	require.NoError(t, pool.QueryRow(context.Background(),
 		`INSERT INTO webhook_endpoints (url, secret, event_types)
@@ -87,7 +90,7 @@ func (f *fixture) do(t testing.TB, method, path string, body []byte, headers ...
 		given[headers[i]] = true
 		req.Header.Set(headers[i], headers[i+1])
 	}
-	res, err := f.srv.Client().Do(req)
+	res, err := contracttest.Client(t, f.srv.Client()).Do(req)
 	require.NoError(t, err)
 	defer res.Body.Close()
 	b, err := io.ReadAll(res.Body)
@@ -442,7 +445,7 @@ func TestIdempotencyKey(t *testing.T) {
 				}
 				req.Header.Set("Content-Type", "application/json")
 				req.Header.Set("Idempotency-Key", "k-race")
-				res, err := f.srv.Client().Do(req)
+				res, err := contracttest.Client(t, f.srv.Client()).Do(req)
 				if err != nil {
 					return
 				}

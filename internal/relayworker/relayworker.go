@@ -17,6 +17,7 @@ import (
 
 	"github.com/outboxkit/orders/db"
 	"github.com/outboxkit/orders/internal/broker"
+	"github.com/outboxkit/orders/internal/events"
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/orders"
 	"github.com/outboxkit/orders/internal/outbox/admin"
@@ -140,8 +141,14 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 	guard := netguard.Guard{AllowPrivate: cfg.allowPrivate}
 	// Each destination is sent by the transport of its kind: webhooks over
 	// HTTP through the SSRF guard, broker destinations to the brokers this
-	// worker is configured with.
-	transports, closeBrokers, err := broker.Transports(cfg.brokers)
+	// worker is configured with, each event naming its type's schema in
+	// the catalog as its CloudEvents dataschema.
+	brokers := cfg.brokers
+	brokers.DataSchemas = map[string]string{}
+	for _, et := range events.Catalog().Types() {
+		brokers.DataSchemas[et.Name] = et.SchemaID()
+	}
+	transports, closeBrokers, err := broker.Transports(brokers)
 	if err != nil {
 		return err
 	}

@@ -23,7 +23,9 @@ import (
 	"github.com/outboxkit/orders/internal/proctest"
 	"github.com/outboxkit/orders/internal/relayworker"
 
+	"github.com/outboxkit/orders/internal/contracttest"
 	"github.com/outboxkit/orders/internal/dbtest"
+	"github.com/outboxkit/orders/internal/events/eventstest"
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/outbox"
 	"github.com/outboxkit/orders/internal/webhook"
@@ -52,7 +54,10 @@ func get(url string) (int, string) {
 type proc struct {
 	url  string
 	logs *proctest.Output
-	done chan error
+	// client sends the tests' requests: the api's are checked against
+	// its description (contracttest).
+	client *http.Client
+	done   chan error
 	// signal asks the program to stop, as SIGTERM does.
 	signal func()
 
@@ -102,7 +107,7 @@ func startWorker(t *testing.T, env map[string]string) *proc {
 		full[k] = v
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &proc{url: "http://" + full["WORKER_ADDR"], logs: &proctest.Output{}, done: make(chan error, 1), signal: cancel}
+	p := &proc{url: "http://" + full["WORKER_ADDR"], logs: &proctest.Output{}, client: client, done: make(chan error, 1), signal: cancel}
 	go func() { p.done <- relayworker.Run(ctx, nil, proctest.Environ(full), p.logs) }()
 	t.Cleanup(func() { _ = p.stop() })
 	p.waitReady(t)
@@ -118,7 +123,8 @@ func startAPI(t *testing.T, env map[string]string) *proc {
 		full[k] = v
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &proc{url: "http://" + full["API_ADDR"], logs: &proctest.Output{}, done: make(chan error, 1), signal: cancel}
+	p := &proc{url: "http://" + full["API_ADDR"], logs: &proctest.Output{}, client: contracttest.Client(t, client),
+		done: make(chan error, 1), signal: cancel}
 	go func() { p.done <- apiserver.Run(ctx, nil, proctest.Environ(full), p.logs) }()
 	t.Cleanup(func() { _ = p.stop() })
 	p.waitReady(t)
@@ -137,7 +143,7 @@ func (p *proc) admin(t *testing.T, method, path, body string, out any) int {
 // tryAdmin is admin without a *testing.T, for require.Eventually conditions,
 // which run on another goroutine.
 func (p *proc) tryAdmin(method, path, body string, out any) (int, error) {
-	code, b, err := send(p.url, method, path, "Bearer "+adminToken, body)
+	code, b, err := send(p.client, p.url, method, path, "Bearer "+adminToken, body)
 	if err != nil {
 		return 0, err
 	}
@@ -151,13 +157,13 @@ func (p *proc) tryAdmin(method, path, body string, out any) (int, error) {
 
 func (p *proc) call(t *testing.T, method, path, authz, body string) (int, []byte) {
 	t.Helper()
-	code, b, err := send(p.url, method, path, authz, body)
+	code, b, err := send(p.client, p.url, method, path, authz, body)
 	require.NoError(t, err)
 	return code, b
 }
 
 // send is call without a *testing.T, for use from other goroutines.
-func send(base, method, path, authz, body string) (int, []byte, error) {
+func send(client *http.Client, base, method, path, authz, body string) (int, []byte, error) {
 	var r io.Reader
 	if body != "" {
 		r = strings.NewReader(body)
@@ -311,6 +317,7 @@ func relayEnv(dbURL string) map[string]string {
 func setup(t *testing.T, workerEnv map[string]string) (api, worker *proc, rec *receiver) {
 	t.Helper()
 	dbURL := dbtest.URL(t)
+	eventstest.CheckEvents(t, dbURL)
 	rec = newReceiver(t)
 	api = startAPI(t, map[string]string{"DATABASE_URL": dbURL, "ADMIN_TOKEN": adminToken, "OUTBOX_ALLOW_PRIVATE_TARGETS": "true"})
 	env := relayEnv(dbURL)
@@ -453,7 +460,7 @@ func TestEndToEnd(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			code, body, err := send(api.url, http.MethodPost, "/orders", "",
+			code, body, err := send(api.client, api.url, http.MethodPost, "/orders", "",
 				`{"customer_id":"c-1","lines":[{"sku":"A-1","quantity":2,"unit_price_cents":500}]}`)
 			results[i] = placed{code, body, err}
 		})

@@ -75,6 +75,11 @@ func run(args []string) error {
 			return err
 		}
 		fmt.Println(report)
+		report, err = addToCatalog(".", rest[0], rest[1])
+		if err != nil {
+			return err
+		}
+		fmt.Println(report)
 		return nil
 	}
 	return errors.New(usage)

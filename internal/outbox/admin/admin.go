@@ -153,6 +153,8 @@ type Service struct {
 	// their delivery lags over every endpoint.
 	arrivals minuteCache[int64]
 	lags     minuteCache[[]latencyBucket]
+	// catalog is the event types subscriptions may name; nil names any.
+	catalog *outbox.Catalog
 }
 
 // New returns the admin service; checker vets endpoint URLs.
@@ -214,7 +216,7 @@ func checkIdempotencyKey(key string) error {
 // createEndpoint is CreateEndpointOnce, saying whether it answered a
 // repeat.
 func (a *Service) createEndpoint(ctx context.Context, id uuid.UUID, rawURL string, eventTypes []string) (Endpoint, bool, error) {
-	types, err := subscription(eventTypes)
+	types, err := a.subscription(eventTypes)
 	if err != nil {
 		return Endpoint{}, false, err
 	}
@@ -339,7 +341,7 @@ func (a *Service) checkChange(ctx context.Context, c EndpointChange) ([]string, 
 	var types []string
 	if c.EventTypes != nil {
 		var err error
-		if types, err = subscription(c.EventTypes); err != nil {
+		if types, err = a.subscription(c.EventTypes); err != nil {
 			return nil, err
 		}
 	}
@@ -378,8 +380,8 @@ func (a *Service) checkDestination(ctx context.Context, rawURL string) error {
 }
 
 // subscription sorts and deduplicates a subscription's types, and refuses an
-// empty one.
-func subscription(in []string) ([]string, error) {
+// empty one, and one naming a type the catalog lacks.
+func (a *Service) subscription(in []string) ([]string, error) {
 	types := slices.Compact(slices.Sorted(slices.Values(in)))
 	if len(types) == 0 {
 		return nil, invalid(ErrInvalidEndpoint, "event_types must name at least one event type")
@@ -400,6 +402,11 @@ func subscription(in []string) ([]string, error) {
 		}
 		if len(t) > maxEventTypeBytes {
 			return nil, invalid(ErrInvalidEndpoint, "an event type is at most %d bytes", maxEventTypeBytes)
+		}
+		if !a.known(t) {
+			// A typo subscribed to nothing, silently, and for good.
+			return nil, invalid(ErrInvalidEndpoint, "event type %q is not in the event catalog; the known types are %s (GET /event-types)",
+				t, strings.Join(a.catalog.Names(), ", "))
 		}
 	}
 	return types, nil

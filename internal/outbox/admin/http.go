@@ -17,8 +17,8 @@ import (
 	"github.com/outboxkit/orders/internal/outbox/destination"
 )
 
-// Handler returns the admin HTTP routes: webhook endpoints (with replay)
-// and the outbox's stats, messages, retry and skip. The caller puts authentication in front.
+// Handler returns the admin HTTP routes: webhook endpoints (with replay),
+// the outbox's stats, messages, retry and skip, and the event catalog. The caller puts authentication in front.
 func (a *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /webhook-endpoints", a.handleCreateEndpoint)
@@ -36,6 +36,7 @@ func (a *Service) Handler() http.Handler {
 	mux.HandleFunc("GET /outbox/messages/{id}", a.handleGetMessage)
 	mux.HandleFunc("POST /outbox/messages/{id}/retry", a.handleRetry)
 	mux.HandleFunc("POST /outbox/messages/{id}/skip", a.handleSkip)
+	mux.HandleFunc("GET /event-types", a.handleEventTypes)
 	return mux
 }
 
