@@ -67,7 +67,7 @@ import (
 // skip and retry them, within the run.
 //
 // CI runs two seeds of 40 s each (OUTBOX_INVARIANT_SEEDS,
-// OUTBOX_INVARIANT_FOR); `./task soak -- 30m` runs longer. A failure
+// OUTBOX_INVARIANT_FOR); `./task invariants -- 30m` runs longer. A failure
 // prints the command that replays its seed's schedule (the database and
 // the network are real, so the same seed is the same schedule, not the
 // same interleaving).
