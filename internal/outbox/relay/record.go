@@ -110,6 +110,9 @@ func (rc *recorder) idle() bool { return !rc.busy }
 // waiting is how many messages wait to be written.
 func (rc *recorder) waiting() int { return rc.pending.size() }
 
+// unwritten is how many messages wait to be written or are being written.
+func (rc *recorder) unwritten() int { return rc.pending.size() + rc.writing.size() }
+
 // flush starts writing what is pending, unless a write is in flight (one
 // at a time, so outcomes are written in the order they came) or ctx is
 // done (the job's end writes what is left, on a context of its own).

@@ -63,6 +63,11 @@ const (
 	// poll interval, so none waits longer. A write costs about as much for
 	// one outcome as for dozens.
 	flushSize = 128
+	// unrecordedMax is how many outcomes may wait to be written, or be
+	// in a write, before the job stops claiming: when the database records slower than the
+	// receiver answers, the job slows to the recording's pace instead of
+	// claiming the whole backlog, with ever larger writes left for its end.
+	unrecordedMax = 4 * flushSize
 	// settleTimeout bounds a job's final writes, which run even after its
 	// context was cancelled.
 	settleTimeout = 10 * time.Second
@@ -262,10 +267,11 @@ func (s *session) run(ctx context.Context) error {
 		}
 		// Claim ahead, beside the requests in flight: when less than a
 		// window waits to be sent, up to what the pace lets be claimed
-		// and not yet answered (two windows). The claim's round trip then
+		// and not yet answered (pace.ahead), and while the outcomes keep
+		// being written (unrecordedMax). The claim's round trip then
 		// overlaps the requests, and a claim takes dozens of messages for
 		// about the cost of one.
-		if s.mode == serving && s.pace.sending() && dueLeft && !claiming {
+		if s.mode == serving && s.pace.sending() && dueLeft && !claiming && s.rec.unwritten() < unrecordedMax {
 			ahead := s.pace.ahead()
 			if outstanding := len(s.ready) + s.inFlight; len(s.ready) < s.pace.room(0) && outstanding < ahead {
 				n := min(ahead-outstanding, r.cfg.BatchSize)

@@ -52,21 +52,25 @@ WITH o AS (
     -- (its answer lost, so the job put it back) finds the count past it,
     -- even on a later claim of the message by the same job.
     WHERE m.id = o.id AND m.claim_token = @claim_token::uuid AND m.attempts = o.attempt - 1
-    -- Its attempt too: the rest joins the outcomes on (id, attempt), so an
-    -- outcome recorded already, flushed again beside the message's next,
-    -- is neither summed again nor taken for the endpoint's latest.
-    RETURNING m.id, m.attempts, m.attempts_before, m.status, m.destination, m.ordering_key
+    -- With the outcome it took (an outcome recorded already, flushed again
+    -- beside the message's next, matches no row), so that the rest reads
+    -- the recorded outcomes alone, and reads them without joining again: a
+    -- join of two sets whose sizes the planner cannot know may be a nested
+    -- loop, quadratic in the outcomes (seconds for a job's last few
+    -- thousand).
+    RETURNING m.id, m.attempts, m.attempts_before, m.status, m.destination, m.ordering_key,
+              o.outcome, o.started_at, o.finished_at, o.status_code, o.last_error, o.event_at
 ), latest AS (
     SELECT h.destination,
-           max(o.finished_at) AS attempt_at,
-           (array_agg(o.outcome ORDER BY o.finished_at DESC))[1] AS attempt_outcome,
-           max(o.finished_at) FILTER (WHERE o.outcome = 'delivered') AS success_at,
-           max(o.finished_at) FILTER (WHERE o.outcome <> 'delivered') AS error_at,
-           (array_agg(NULLIF(o.status_code, 0) ORDER BY o.finished_at DESC) FILTER (WHERE o.outcome <> 'delivered'))[1]
+           max(h.finished_at) AS attempt_at,
+           (array_agg(h.outcome ORDER BY h.finished_at DESC))[1] AS attempt_outcome,
+           max(h.finished_at) FILTER (WHERE h.outcome = 'delivered') AS success_at,
+           max(h.finished_at) FILTER (WHERE h.outcome <> 'delivered') AS error_at,
+           (array_agg(NULLIF(h.status_code, 0) ORDER BY h.finished_at DESC) FILTER (WHERE h.outcome <> 'delivered'))[1]
                AS error_status_code,
-           (array_agg(NULLIF(o.last_error, '') ORDER BY o.finished_at DESC) FILTER (WHERE o.outcome <> 'delivered'))[1]
+           (array_agg(NULLIF(h.last_error, '') ORDER BY h.finished_at DESC) FILTER (WHERE h.outcome <> 'delivered'))[1]
                AS error
-    FROM held h JOIN o ON o.id = h.id AND o.attempt = h.attempts
+    FROM held h
     GROUP BY h.destination
 ), endpoint AS (
     UPDATE webhook_endpoints e
@@ -83,12 +87,11 @@ WITH o AS (
     WHERE e.id = l.destination
 ), summed AS (
     INSERT INTO outbox_attempt_minutes AS t (destination, minute, outcome, le_ms, attempts, min_ms, max_ms)
-    SELECT h.destination, date_trunc('minute', o.finished_at), o.outcome,
-           CASE WHEN o.outcome = 'delivered' THEN outbox_latency_bucket_ms(x.ms) ELSE 0 END,
+    SELECT h.destination, date_trunc('minute', h.finished_at), h.outcome,
+           CASE WHEN h.outcome = 'delivered' THEN outbox_latency_bucket_ms(x.ms) ELSE 0 END,
            count(*), min(x.ms), max(x.ms)
     FROM held h
-    JOIN o ON o.id = h.id AND o.attempt = h.attempts
-    CROSS JOIN LATERAL (SELECT GREATEST(EXTRACT(epoch FROM o.finished_at - o.started_at) * 1000, 0)::float8 AS ms) x
+    CROSS JOIN LATERAL (SELECT GREATEST(EXTRACT(epoch FROM h.finished_at - h.started_at) * 1000, 0)::float8 AS ms) x
     GROUP BY 1, 2, 3, 4
     ORDER BY 1, 2, 3, 4
     ON CONFLICT (destination, minute, outcome, le_ms) DO UPDATE
@@ -97,11 +100,10 @@ WITH o AS (
         max_ms = GREATEST(t.max_ms, excluded.max_ms)
 ), lag AS (
     INSERT INTO outbox_delivery_lag_minutes AS t (destination, minute, le_ms, deliveries, min_ms, max_ms)
-    SELECT h.destination, date_trunc('minute', o.finished_at), outbox_lag_bucket_ms(x.ms), count(*), min(x.ms), max(x.ms)
+    SELECT h.destination, date_trunc('minute', h.finished_at), outbox_lag_bucket_ms(x.ms), count(*), min(x.ms), max(x.ms)
     FROM held h
-    JOIN o ON o.id = h.id AND o.attempt = h.attempts
-    CROSS JOIN LATERAL (SELECT GREATEST(EXTRACT(epoch FROM o.finished_at - o.event_at) * 1000, 0)::float8 AS ms) x
-    WHERE o.outcome = 'delivered'
+    CROSS JOIN LATERAL (SELECT GREATEST(EXTRACT(epoch FROM h.finished_at - h.event_at) * 1000, 0)::float8 AS ms) x
+    WHERE h.outcome = 'delivered'
     GROUP BY 1, 2, 3
     ORDER BY 1, 2, 3
     ON CONFLICT (destination, minute, le_ms) DO UPDATE
@@ -110,9 +112,9 @@ WITH o AS (
         max_ms = GREATEST(t.max_ms, excluded.max_ms)
 ), history AS (
     INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, status_code, error)
-    SELECT h.id, h.attempts_before + o.attempt, o.outcome, o.started_at, o.finished_at,
-           NULLIF(o.status_code, 0), NULLIF(o.last_error, '')
-    FROM held h JOIN o ON o.id = h.id AND o.attempt = h.attempts
+    SELECT h.id, h.attempts_before + h.attempts, h.outcome, h.started_at, h.finished_at,
+           NULLIF(h.status_code, 0), NULLIF(h.last_error, '')
+    FROM held h
     ON CONFLICT DO NOTHING
 )
 SELECT h.id, h.attempts, h.status FROM held h;

@@ -55,7 +55,9 @@ WITH lost AS (
                           ELSE 'claim timed out: the relay did not record an outcome' END
     FROM lost l
     WHERE m.id = l.id
-    RETURNING m.id, m.last_error,
+    -- With what the rest needs of the lost claim, so that nothing joins
+    -- the two again (as MessagesRecordOutcomes).
+    RETURNING m.id, m.last_error, m.destination, m.attempts, m.attempts_before, m.ordering_key, l.claimed_at, l.relay_gone,
               CASE WHEN m.status = 'failed' THEN 'failed'
                    WHEN l.relay_gone THEN 'interrupted'
                    ELSE 'timeout' END AS outcome
@@ -68,11 +70,10 @@ WITH lost AS (
     WHERE e.id = @destination::uuid AND EXISTS (SELECT 1 FROM released)
 ), summed AS (
     INSERT INTO outbox_attempt_minutes AS t (destination, minute, outcome, le_ms, attempts, min_ms, max_ms)
-    SELECT l.destination, date_trunc('minute', now()), r.outcome, 0, count(*),
+    SELECT r.destination, date_trunc('minute', now()), r.outcome, 0, count(*),
            min(x.ms), max(x.ms)
-    FROM lost l
-    JOIN released r ON r.id = l.id
-    CROSS JOIN LATERAL (SELECT GREATEST(EXTRACT(epoch FROM now() - l.claimed_at) * 1000, 0)::float8 AS ms) x
+    FROM released r
+    CROSS JOIN LATERAL (SELECT GREATEST(EXTRACT(epoch FROM now() - r.claimed_at) * 1000, 0)::float8 AS ms) x
     GROUP BY 1, 3
     ORDER BY 1, 3
     ON CONFLICT (destination, minute, outcome, le_ms) DO UPDATE
@@ -81,8 +82,8 @@ WITH lost AS (
         max_ms = GREATEST(t.max_ms, excluded.max_ms)
 ), history AS (
     INSERT INTO outbox_attempts (message_id, attempt, outcome, started_at, finished_at, error)
-    SELECT l.id, l.attempts_before + l.attempts + 1, r.outcome, l.claimed_at, now(), r.last_error
-    FROM lost l JOIN released r ON r.id = l.id
+    SELECT r.id, r.attempts_before + r.attempts, r.outcome, r.claimed_at, now(), r.last_error
+    FROM released r
     ON CONFLICT DO NOTHING
 )
-SELECT l.ordering_key, r.outcome, l.relay_gone FROM lost l JOIN released r ON r.id = l.id;
+SELECT r.ordering_key, r.outcome, r.relay_gone FROM released r;
