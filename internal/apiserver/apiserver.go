@@ -202,7 +202,8 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 		adminMux = http.NewServeMux()
 	}
 	opsOpts := ops.Options{Admin: adminSvc, Token: cfg.adminToken, Logger: logger, Warnings: slices.Concat(cfg.misspelt, cfg.warnings()),
-		Pool: adminPool, CookieSecure: cfg.opsCookieSecure, Lookups: []ops.Lookup{orderLookup(ordersSvc)}}
+		Pool: adminPool, CookieSecure: cfg.opsCookieSecure, Lookups: []ops.Lookup{orderLookup(ordersSvc)},
+		UserAgent: process.UserAgent()}
 	// River UI counts River's jobs in the background: only when someone
 	// can sign in to look at it.
 	if cfg.adminToken != "" {

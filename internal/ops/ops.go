@@ -88,6 +88,11 @@ type Options struct {
 	// Lookups make the modules' own ids searchable (an order id): each is
 	// asked, in turn, about what an operator typed into the search box.
 	Lookups []Lookup
+	// UserAgent is the User-Agent the relay's webhooks carry
+	// (process.UserAgent), shown with a message's headers so that an
+	// operator and a receiver's logs name the same sender; empty leaves
+	// the line out.
+	UserAgent string
 }
 
 // Lookup is how a module makes its own ids searchable on the ops page: told
@@ -133,6 +138,7 @@ type Handler struct {
 	sessionKey []byte
 	pages      *pages
 	lookups    []Lookup
+	userAgent  string
 	// jobs: River UI is mounted at JobsPath.
 	jobs      bool
 	mux       *http.ServeMux
@@ -152,6 +158,7 @@ func New(o Options) *Handler {
 		replayFor: cmp.Or(o.ReplayBudget, 10*time.Second),
 		enabled:   o.Token != "",
 		lookups:   o.Lookups,
+		userAgent: o.UserAgent,
 		pages:     mustParsePages(),
 		// A second line behind the CSRF tokens: browsers say where a
 		// request comes from (Sec-Fetch-Site, Origin), and a POST from
@@ -168,8 +175,10 @@ func New(o Options) *Handler {
 	h.tokenSum = sha256.Sum256([]byte(o.Token))
 	// The session key is derived from the token: session ids are stored
 	// under an HMAC keyed with it, so rotating the token ends every session.
+	// The label only sets this key apart from other uses of the token; it
+	// names no service, so a copy of the template carries no trace of it.
 	mac := hmac.New(sha256.New, []byte(o.Token))
-	mac.Write([]byte("outboxkit ops session key v1"))
+	mac.Write([]byte("ops session key v1"))
 	h.sessionKey = mac.Sum(nil)
 
 	mux := http.NewServeMux()

@@ -145,7 +145,7 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 		return err
 	}
 	defer closeBrokers()
-	router := relay.Router{destination.KindWebhook: &relay.HTTPTransport{Client: guard.Client()}}
+	router := relay.Router{destination.KindWebhook: &relay.HTTPTransport{Client: guard.Client(), UserAgent: process.UserAgent()}}
 	for kind, t := range transports {
 		router[kind] = t
 	}
