@@ -97,18 +97,15 @@ type Options struct {
 
 // Lookup is how a module makes its own ids searchable on the ops page: told
 // what an operator typed, it says whether that names one of its entities
-// and, if so, the ordering key of the entity's events and the window of time
-// they were written in. The page lists those events' deliveries, reading
-// only that window of the outbox. ok is false for anything it does not
-// know.
+// and, if so, the ordering key of the entity's events. The page lists those
+// events' deliveries, whenever they were written. ok is false for anything
+// it does not know.
 type Lookup func(ctx context.Context, q string) (found Found, ok bool, err error)
 
 // Found is what a Lookup recognised: where its events are.
 type Found struct {
 	// Key is the ordering key of its events.
 	Key string
-	// From and To bound when they were written.
-	From, To time.Time
 }
 
 const (

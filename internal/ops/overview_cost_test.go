@@ -456,10 +456,11 @@ func TestOverviewCountsArrivalsOnce(t *testing.T) {
 // the page it lands on) reads a few index pages, under the plans the
 // statements start with and under the generic plans PostgreSQL switches
 // them to: a message, an event and an endpoint are each found on their
-// primary key, and a UUID that is none of them is not then looked for as
-// an ordering key among the last day's events. With 200,000 events of the
-// last day, the search for an event id read every message under a generic
-// plan, and a UUID of nothing read every event of the day.
+// primary key, and a UUID that is none of them is looked for as an
+// ordering key on the key's index. With 200,000 events of the last day,
+// the search for an event id read every message under a generic plan, and
+// a UUID of nothing read every event of the day, when a key's events were
+// found by reading a window of time.
 func TestSearchForAnIDReadsAFewPagesWhateverTheHistory(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -484,11 +485,12 @@ func TestSearchForAnIDReadsAFewPagesWhateverTheHistory(t *testing.T) {
 	srv := httptest.NewServer(ops.New(ops.Options{Admin: adm, Pool: pool, Token: token, Logger: slog.New(slog.DiscardHandler)}))
 	t.Cleanup(srv.Close)
 
-	for name, q := range map[string]uuid.UUID{"an event": event, "a message": message, "an endpoint": endpoint, "nothing": uuid.New()} {
+	for name, q := range map[string]string{"an event": event.String(), "a message": message.String(), "an endpoint": endpoint.String(),
+		"nothing": uuid.NewString(), "an ordering key": "order-100000", "an ordering key's first event": "order-200000"} {
 		rec.mu.Lock()
 		rec.on, rec.stmts, rec.runs = true, map[string][]any{}, map[string]int{}
 		rec.mu.Unlock()
-		res, _ := get(t, http.DefaultClient, srv.URL+"/ops/search?q="+q.String(), "Authorization", "Bearer "+token)
+		res, _ := get(t, http.DefaultClient, srv.URL+"/ops/search?q="+q, "Authorization", "Bearer "+token)
 		rec.mu.Lock()
 		rec.on = false
 		stmts := rec.stmts
