@@ -26,10 +26,10 @@ func TestTemplateNamesTellModulesAndMigrationsApart(t *testing.T) {
 		require.LessOrEqual(t, len(tmpl.name+"_building"), 63, "PostgreSQL's longest name holds it while it is built")
 		return tmpl
 	}
-	orders, branch := of("github.com/outboxkit/orders", v1), of("github.com/outboxkit/orders", v2)
+	orders, branch := of("example.org/someone/orders", v1), of("example.org/someone/orders", v2)
 	copied := of("example.com/acme/orders", v1)
 	shop := of("example.com/acme/Shop-API.v2", v1)
-	require.Equal(t, orders, of("github.com/outboxkit/orders", v1), "the same module and migrations: the same template")
+	require.Equal(t, orders, of("example.org/someone/orders", v1), "the same module and migrations: the same template")
 	require.Equal(t, "orders_template_", orders.prefix)
 	require.Equal(t, "shop_api_v2_template_", shop.prefix)
 	for name, other := range map[string]templateDB{"a branch": branch, "a copy": copied, "another service": shop} {

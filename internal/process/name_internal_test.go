@@ -13,7 +13,7 @@ import (
 func TestNameIsTheModulePathsLastElement(t *testing.T) {
 	t.Parallel()
 	for mod, want := range map[string]string{
-		"github.com/outboxkit/orders":  "orders",
+		"github.com/example/orders":    "orders",
 		"example.com/acme/Shop_API":    "shop-api",
 		"example.com/acme/payments/v2": "payments",
 		"payments":                     "payments",
