@@ -176,8 +176,6 @@ func lab7(l *lab) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	// fresh starts a part: no orders, no outbox, no endpoint but one to
-	// path, and the receiver's failures for n new orders.
 	// fresh starts a part: no orders, no outbox, one endpoint, at path, and
 	// n new orders, whose placements the receiver refuses once (a fifth of
 	// them) or always (poisoned of them, until fixed).

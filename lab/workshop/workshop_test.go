@@ -28,6 +28,9 @@ func TestMain(m *testing.M) {
 // same shape (each zero where the sample has zero, and of the same order of
 // magnitude elsewhere), so a sample that a change of the product made
 // wrong fails here instead of misleading a room.
+//
+// Not parallel: the labs show times (a lock's wait, a relay's timeout), and
+// run one at a time, as in a room.
 func TestLabs(t *testing.T) {
 	doc, err := os.ReadFile("README.md")
 	require.NoError(t, err)
