@@ -149,14 +149,17 @@ type Consumer struct {
 	counts   map[Outcome]*atomic.Int64
 	started  time.Time
 
+	// retention is how long the inbox remembers an id (0: for ever).
+	retention time.Duration
+
+	// brokers
+
 	// JetStream redelivery: natsRetryDelay, natsRetryMax and
 	// natsOutOfOrderDeliveries, but in the tests of those bounds.
 	natsRetry, natsRetryMax time.Duration
 	natsOutOfOrder          uint64
 	outOfOrder              outOfOrderCounts
-
-	// retention is how long the inbox remembers an id (0: for ever).
-	retention time.Duration
+	// /brokers
 }
 
 // Option configures a Consumer beyond its required parts.
@@ -172,12 +175,14 @@ func WithInboxRetention(d time.Duration) Option {
 }
 
 // New returns a consumer that verifies deliveries with verifier and applies
-// them in pool's database (migrated with Migrate). A consumer that only
-// reads a broker (ConsumeNATS) verifies nothing: verifier may be nil.
+// them in pool's database (migrated with Migrate). A consumer that receives
+// no webhook verifies nothing: verifier may then be nil.
 func New(pool *pgxpool.Pool, verifier *webhook.Verifier, logger *slog.Logger, opts ...Option) *Consumer {
 	c := &Consumer{pool: pool, verifier: verifier, logger: logger,
-		counts: map[Outcome]*atomic.Int64{}, started: time.Now(),
-		natsRetry: natsRetryDelay, natsRetryMax: natsRetryMax, natsOutOfOrder: natsOutOfOrderDeliveries}
+		counts: map[Outcome]*atomic.Int64{}, started: time.Now()}
+	// brokers
+	c.natsRetry, c.natsRetryMax, c.natsOutOfOrder = natsRetryDelay, natsRetryMax, natsOutOfOrderDeliveries
+	// /brokers
 	for _, o := range outcomes {
 		c.counts[o] = &atomic.Int64{}
 	}

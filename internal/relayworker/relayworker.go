@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/outboxkit/orders/db"
-	"github.com/outboxkit/orders/internal/broker"
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/orders"
 	"github.com/outboxkit/orders/internal/outbox/admin"
@@ -23,6 +22,10 @@ import (
 	"github.com/outboxkit/orders/internal/outbox/relay"
 	"github.com/outboxkit/orders/internal/process"
 	"github.com/outboxkit/orders/internal/telemetry"
+
+	// brokers
+	"github.com/outboxkit/orders/internal/broker"
+	// /brokers
 )
 
 // config is everything the worker reads from its environment, parsed once.
@@ -39,9 +42,12 @@ type config struct {
 	// idempotencyTTL is how long an order's idempotency key dedupes before
 	// the worker clears it.
 	idempotencyTTL time.Duration
+	// brokers
+
 	// brokers are the servers of broker destinations; unset ones leave
 	// their kind unconfigured.
 	brokers broker.Config
+	// /brokers
 	// endpointMetrics reports deliveries by endpoint id too.
 	endpointMetrics bool
 	tracing         telemetry.Config
@@ -140,15 +146,14 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 	// Each destination is sent by the transport of its kind: webhooks over
 	// HTTP through the SSRF guard, broker destinations to the brokers this
 	// worker is configured with.
-	transports, closeBrokers, err := broker.Transports(cfg.brokers)
+	router := relay.Router{destination.KindWebhook: &relay.HTTPTransport{Client: guard.Client(), UserAgent: process.UserAgent()}}
+	// brokers
+	closeBrokers, err := addBrokers(router, cfg.brokers)
 	if err != nil {
 		return err
 	}
 	defer closeBrokers()
-	router := relay.Router{destination.KindWebhook: &relay.HTTPTransport{Client: guard.Client(), UserAgent: process.UserAgent()}}
-	for kind, t := range transports {
-		router[kind] = t
-	}
+	// /brokers
 	relay, err := relay.New(pool, cfg.relay, router, logger, metrics)
 	if err != nil {
 		return err
