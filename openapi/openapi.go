@@ -7,7 +7,7 @@
 // every exchange the API tests make is valid against it, its webhooks are
 // the catalog's types, and every event the tests emit is valid against
 // its type's schema. A receiver reads an event's schema from it
-// (EventSchema), as internal/consumer does.
+// (EventSchema).
 package openapi
 
 import (

@@ -3,6 +3,7 @@ package main
 import (
 	"go/parser"
 	"go/token"
+	"path/filepath"
 	"regexp"
 	"testing"
 
@@ -12,15 +13,22 @@ import (
 )
 
 // Every variable the consumer reads is in its package documentation, the
-// list a reader of `go doc` sees: a setting added without it fails here.
+// lists a reader of `go doc` sees (main.go's, and nats.go's for the
+// JetStream stream): a setting added without it fails here.
 func TestEveryVariableReadIsDocumented(t *testing.T) {
 	t.Parallel()
-	f, err := parser.ParseFile(token.NewFileSet(), "main.go", nil, parser.ParseComments|parser.PackageClauseOnly)
+	files, err := filepath.Glob("*.go")
 	require.NoError(t, err)
-	require.NotNil(t, f.Doc)
 	var documented []string
-	for _, m := range regexp.MustCompile(`(?m)^\t([A-Z][A-Z0-9_]+)\b`).FindAllStringSubmatch(f.Doc.Text(), -1) {
-		documented = append(documented, m[1])
+	for _, file := range files {
+		f, err := parser.ParseFile(token.NewFileSet(), file, nil, parser.ParseComments|parser.PackageClauseOnly)
+		require.NoError(t, err)
+		if f.Doc == nil {
+			continue
+		}
+		for _, m := range regexp.MustCompile(`(?m)^\t([A-Z][A-Z0-9_]+)\b`).FindAllStringSubmatch(f.Doc.Text(), -1) {
+			documented = append(documented, m[1])
+		}
 	}
 	read := proctest.VariablesRead(func(getenv func(string) string) { _, _ = parseConfig(getenv, nil) })
 	require.Contains(t, read, "CONSUMER_INBOX_RETENTION", "the spy sees the reads")

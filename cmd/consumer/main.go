@@ -12,10 +12,6 @@
 //	                  least 24 bytes; several are accepted at once while a
 //	                  secret is rotated
 //	LOG_FORMAT        text or json (default: text on a terminal, else json)
-//	NATS_URL          optional: also apply the events of a JetStream stream
-//	NATS_STREAM       the stream (required with NATS_URL)
-//	NATS_DURABLE      the durable pull consumer to create or resume (default
-//	                  ledger)
 //	CONSUMER_INBOX_RETENTION
 //	                  how long a webhook-id is remembered for dedup (default
 //	                  720h, 30 days); pruned hourly. Keep it beyond the
@@ -24,10 +20,9 @@
 //	                  paused or backing-off endpoint's messages wait) and
 //	                  OUTBOX_RETENTION (its replays re-send retained events
 //	                  under their ids). An event written longer ago than it,
-//	                  and not in the inbox, is refused (422 too_old; a
-//	                  JetStream message is terminated) and logged as an
-//	                  error: its id may have been forgotten after it was
-//	                  applied
+//	                  and not in the inbox, is refused (422 too_old) and
+//	                  logged as an error: its id may have been forgotten
+//	                  after it was applied
 //	CONSUMER_LATE_AFTER
 //	                  an event applied later than this after it was written
 //	                  is logged as a warning, "event applied late" (default
@@ -60,8 +55,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outboxkit/orders/internal/consumer"
@@ -99,11 +92,11 @@ type config struct {
 	addr        string
 	logFormat   string
 	verifier    *webhook.Verifier
-	natsURL     string
-	natsStream  string
-	natsDurable string
 	retention   time.Duration
 	lateAfter   time.Duration
+	// brokers
+	natsURL, natsStream, natsDurable string
+	// /brokers
 	// misspelt are warnings about variables set but never read.
 	misspelt []string
 }
@@ -116,19 +109,19 @@ func parseConfig(getenv func(string) string, environ []string) (config, error) {
 		databaseURL: env.DatabaseURL(),
 		addr:        env.Addr("CONSUMER_ADDR", "127.0.0.1:8090"),
 		logFormat:   env.OneOf("LOG_FORMAT", "", "", "text", "json"),
-		natsURL:     env.String("NATS_URL", ""),
-		natsStream:  env.String("NATS_STREAM", ""),
-		natsDurable: env.String("NATS_DURABLE", "ledger"),
 		retention:   env.Duration("CONSUMER_INBOX_RETENTION", 30*24*time.Hour),
 		lateAfter:   env.Duration("CONSUMER_LATE_AFTER", time.Minute),
 	}
+	// brokers
+	c.natsURL, c.natsStream, c.natsDurable = env.String("NATS_URL", ""), env.String("NATS_STREAM", ""), env.String("NATS_DURABLE", "ledger")
+	if c.natsURL != "" && c.natsStream == "" {
+		env.Fail("NATS_STREAM", errors.New("required with NATS_URL: the stream to consume"))
+	}
+	// /brokers
 	// Shorter than the sender's retries, a late retry would find its id
 	// forgotten and be applied again.
 	if c.retention > 0 && c.retention < minInboxRetention {
 		env.Fail("CONSUMER_INBOX_RETENTION", fmt.Errorf("must be at least %s, beyond the sender's retries (up to 30.3 h), got %s", minInboxRetention, c.retention))
-	}
-	if c.natsURL != "" && c.natsStream == "" {
-		env.Fail("NATS_STREAM", errors.New("required with NATS_URL: the stream to consume"))
 	}
 	var secrets []string
 	for s := range strings.SplitSeq(env.String("WEBHOOK_SECRETS", ""), ",") {
@@ -182,21 +175,20 @@ func run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 	mux.Handle("/webhooks", c)
 	mux.Handle("GET /stats", c.StatsHandler())
 	process.Ops(mux, logger, reg, process.PingReady(pool))
-	var cons jetstream.Consumer
-	if cfg.natsURL != "" {
-		var closeNATS func()
-		if cons, closeNATS, err = natsConsumer(ctx, cfg); err != nil {
-			return err
-		}
-		defer closeNATS()
-	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return process.Serve(gctx, logger, "consumer", cfg.addr, mux, 10*time.Second, nil) })
 	g.Go(func() error { pruneInbox(gctx, c, cfg.retention, logger); return nil })
-	if cons != nil {
-		g.Go(func() error { return c.ConsumeNATS(gctx, cons) })
+	// brokers
+	if cfg.natsURL != "" {
+		consume, closeNATS, err := natsConsumer(ctx, cfg, c)
+		if err != nil {
+			return err
+		}
+		defer closeNATS()
+		g.Go(func() error { return consume(gctx) })
 		logger.InfoContext(ctx, "consuming JetStream", slog.String("stream", cfg.natsStream), slog.String("durable", cfg.natsDurable))
 	}
+	// /brokers
 	return g.Wait()
 }
 
@@ -220,28 +212,4 @@ func pruneInbox(ctx context.Context, c *consumer.Consumer, retention time.Durati
 		case <-tick.C:
 		}
 	}
-}
-
-// natsConsumer resumes the durable pull consumer, or creates it starting
-// where the inbox's memory starts (consumer.Durable).
-func natsConsumer(ctx context.Context, cfg config) (jetstream.Consumer, func(), error) {
-	nc, err := nats.Connect(cfg.natsURL, nats.Name("consumer"), nats.MaxReconnects(-1))
-	if err != nil {
-		return nil, nil, fmt.Errorf("connecting to NATS: %w", err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		return nil, nil, fmt.Errorf("opening JetStream: %w", err)
-	}
-	var start time.Time
-	if cfg.retention > 0 {
-		start = time.Now().Add(-cfg.retention)
-	}
-	cons, err := consumer.Durable(ctx, js, cfg.natsStream, cfg.natsDurable, start)
-	if err != nil {
-		nc.Close()
-		return nil, nil, err
-	}
-	return cons, nc.Close, nil
 }

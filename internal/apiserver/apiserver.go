@@ -209,7 +209,8 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 		adminMux.Handle("GET /openapi.yaml", describe())
 	}
 	opsOpts := ops.Options{Admin: adminSvc, Token: cfg.adminToken, Logger: logger, Warnings: slices.Concat(cfg.misspelt, cfg.warnings()),
-		Pool: adminPool, CookieSecure: cfg.opsCookieSecure, Lookups: []ops.Lookup{orderLookup(ordersSvc)}}
+		Pool: adminPool, CookieSecure: cfg.opsCookieSecure, Lookups: []ops.Lookup{orderLookup(ordersSvc)},
+		UserAgent: process.UserAgent()}
 	// River UI counts River's jobs in the background: only when someone
 	// can sign in to look at it.
 	if cfg.adminToken != "" {
@@ -330,22 +331,22 @@ func (w *routerErrorWriter) Write(b []byte) (int, error) {
 // Unwrap lets http.ResponseController reach the connection's writer.
 func (w *routerErrorWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// orderLookup makes order ids searchable on the ops page: an order's events
-// are keyed by its id and written between its placement and cancellation.
+// orderLookup makes order ids searchable on the ops page: an order's
+// events, whenever they were written, are those of its key.
 func orderLookup(svc *orders.Service) ops.Lookup {
 	return func(ctx context.Context, q string) (ops.Found, bool, error) {
 		id, err := uuid.Parse(q)
 		if err != nil {
 			return ops.Found{}, false, nil
 		}
-		key, from, to, err := svc.EventWindow(ctx, id)
+		key, err := svc.EventKey(ctx, id)
 		if errors.Is(err, orders.ErrNotFound) {
 			return ops.Found{}, false, nil
 		}
 		if err != nil {
 			return ops.Found{}, false, err
 		}
-		return ops.Found{Key: key, From: from, To: to}, true, nil
+		return ops.Found{Key: key}, true, nil
 	}
 }
 

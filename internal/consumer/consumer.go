@@ -208,18 +208,21 @@ type Consumer struct {
 	counts   map[Outcome]*atomic.Int64
 	started  time.Time
 
-	// JetStream redelivery: natsRetryDelay, natsRetryMax and
-	// natsOutOfOrderDeliveries, but in the tests of those bounds.
-	natsRetry, natsRetryMax time.Duration
-	natsOutOfOrder          uint64
-	outOfOrder              outOfOrderCounts
-
 	// retention is how long the inbox remembers an id (0: for ever).
 	retention time.Duration
 	// lag is commit to applied, by event; lateAfter the lag past which an
 	// applied event is logged (0: none is).
 	lag       prometheus.Histogram
 	lateAfter time.Duration
+
+	// brokers
+
+	// JetStream redelivery: natsRetryDelay, natsRetryMax and
+	// natsOutOfOrderDeliveries, but in the tests of those bounds.
+	natsRetry, natsRetryMax time.Duration
+	natsOutOfOrder          uint64
+	outOfOrder              outOfOrderCounts
+	// /brokers
 }
 
 // Option configures a Consumer beyond its required parts.
@@ -243,18 +246,20 @@ func WithLateAfter(d time.Duration) Option {
 }
 
 // New returns a consumer that verifies deliveries with verifier and applies
-// them in pool's database (migrated with Migrate). A consumer that only
-// reads a broker (ConsumeNATS) verifies nothing: verifier may be nil.
+// them in pool's database (migrated with Migrate). A consumer that receives
+// no webhook verifies nothing: verifier may then be nil.
 func New(pool *pgxpool.Pool, verifier *webhook.Verifier, logger *slog.Logger, opts ...Option) *Consumer {
 	c := &Consumer{pool: pool, verifier: verifier, logger: logger,
 		counts: map[Outcome]*atomic.Int64{}, started: time.Now(),
-		natsRetry: natsRetryDelay, natsRetryMax: natsRetryMax, natsOutOfOrder: natsOutOfOrderDeliveries,
 		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "consumer_event_lag_seconds",
 			Help: "From each event's writing (its time, on the sender's database clock) to the commit of its effect here, for the events applied (duplicates and ignored types left out): the sender's queueing, retries and pauses, the transport and this consumer's own wait, all in one.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 1800,
 				3600, 7200, 21600, 43200, 86400},
 		})}
+	// brokers
+	c.natsRetry, c.natsRetryMax, c.natsOutOfOrder = natsRetryDelay, natsRetryMax, natsOutOfOrderDeliveries
+	// /brokers
 	for _, o := range outcomes {
 		c.counts[o] = &atomic.Int64{}
 	}

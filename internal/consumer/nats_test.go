@@ -272,3 +272,28 @@ func TestJetStreamReadsHeadersWhateverTheirCase(t *testing.T) {
 	within(t, 5*time.Second, func() bool { return f.stats(t).Applied == 1 }, "applied")
 	require.Zero(t, f.stats(t).BadRequest)
 }
+
+// The JetStream consumer terminates such an event (redelivering it cannot
+// help: it only gets older), counts and logs it, and applies nothing.
+func TestJetStreamEventsOlderThanTheInboxRetentionAreTerminated(t *testing.T) {
+	t.Parallel()
+	f := setupWith(t, []consumer.Option{consumer.WithInboxRetention(inboxRetention)}, newSecret(t))
+	_, cons, subject, url := jetStream(t)
+	publish := f.consumeNATS(t, cons, subject, url)
+
+	old := orderEvent(consumer.EventPlaced, "c-1", uuid.New(), 100)
+	old.CreatedAt = time.Now().Add(-inboxRetention - time.Hour)
+	publish(old)
+	publish(orderEvent(consumer.EventPlaced, "c-2", uuid.New(), 100))
+	within(t, 10*time.Second, func() bool { s := f.stats(t); return s.TooOld == 1 && s.Applied == 1 },
+		"the old event is refused, the next one applied")
+	within(t, 5*time.Second, func() bool {
+		info, err := cons.Info(context.Background())
+		require.NoError(t, err)
+		return info.NumAckPending == 0 && info.NumPending == 0
+	}, "the old event is terminated, not left to be redelivered")
+	require.EqualValues(t, 1, f.stats(t).LedgerTotal, "nothing of the old event applied")
+	f.mu.Lock()
+	require.True(t, strings.Contains(f.logs.String(), old.EventID.String()), "the log names the refused event")
+	f.mu.Unlock()
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 
@@ -61,29 +60,4 @@ func TestEventsOlderThanTheInboxRetentionAreRefused(t *testing.T) {
 	code, outcome = post(t, f.url, secret, recent, time.Now(), placedAt(t, recent, time.Now().Add(-inboxRetention+time.Hour)))
 	require.Equal(t, http.StatusOK, code)
 	require.Equal(t, consumer.Applied, outcome, "inside the retention, applied")
-}
-
-// The JetStream consumer terminates such an event (redelivering it cannot
-// help: it only gets older), counts and logs it, and applies nothing.
-func TestJetStreamEventsOlderThanTheInboxRetentionAreTerminated(t *testing.T) {
-	t.Parallel()
-	f := setupWith(t, []consumer.Option{consumer.WithInboxRetention(inboxRetention)}, newSecret(t))
-	_, cons, subject, url := jetStream(t)
-	publish := f.consumeNATS(t, cons, subject, url)
-
-	old := orderEvent(consumer.EventPlaced, "c-1", uuid.New(), 100)
-	old.CreatedAt = time.Now().Add(-inboxRetention - time.Hour)
-	publish(old)
-	publish(orderEvent(consumer.EventPlaced, "c-2", uuid.New(), 100))
-	within(t, 10*time.Second, func() bool { s := f.stats(t); return s.TooOld == 1 && s.Applied == 1 },
-		"the old event is refused, the next one applied")
-	within(t, 5*time.Second, func() bool {
-		info, err := cons.Info(context.Background())
-		require.NoError(t, err)
-		return info.NumAckPending == 0 && info.NumPending == 0
-	}, "the old event is terminated, not left to be redelivered")
-	require.EqualValues(t, 1, f.stats(t).LedgerTotal, "nothing of the old event applied")
-	f.mu.Lock()
-	require.True(t, strings.Contains(f.logs.String(), old.EventID.String()), "the log names the refused event")
-	f.mu.Unlock()
 }

@@ -3,14 +3,17 @@
 // and leave nothing behind.
 //
 // The server is TEST_DATABASE_URL, else DATABASE_URL, else the local default
-// postgres://postgres@127.0.0.1:5432/postgres. The template is named after a
-// hash of the migrations, built once and reused until they change.
+// postgres://postgres@127.0.0.1:5432/postgres. The template is named after
+// the module and a hash of its path and its migrations, built once and
+// reused until they change: copies of this template, and branches with
+// other migrations, tested on one server, each keep a template of their own.
 package dbtest
 
 import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -19,6 +22,8 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"path"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"testing"
@@ -40,9 +45,8 @@ var (
 )
 
 // template returns the current template's name, building it if needed.
-// stale names a template that turned out to be gone: another test binary
-// built a template of a different schema (the scaffold's tests do) and
-// dropped this one as stale, so it is built again.
+// stale names a template that turned out to be gone (dropped by hand, or
+// by another branch's tests as unused for a day), so it is built again.
 func template(stale string) (string, error) {
 	templateMu.Lock()
 	defer templateMu.Unlock()
@@ -211,71 +215,147 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	return pool
 }
 
+// templateDB is the migrated template this module's tests clone.
+type templateDB struct {
+	// name is <service>_template_<hash>, the hash taken over the module
+	// path and the migrations: a copy of the template (another module
+	// path) and a branch with other migrations (another hash) each have a
+	// template of their own on a server they share.
+	name string
+	// prefix is the name up to the hash: the templates of every version
+	// of the module's migrations, which dropStaleTemplates looks through.
+	prefix string
+	// lock is the advisory lock of the template's builders, from its name:
+	// builders of one template wait for each other, of two never do.
+	lock int64
+}
+
+// templateFor is the template of module path mod at migrations.
+func templateFor(mod string, migrations fs.FS) (templateDB, error) {
+	sum := sha256.New()
+	sum.Write([]byte(mod + "\n"))
+	err := fs.WalkDir(migrations, ".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := fs.ReadFile(migrations, path)
+		sum.Write([]byte(path))
+		sum.Write(b)
+		return err
+	})
+	if err != nil {
+		return templateDB{}, fmt.Errorf("hashing migrations: %w", err)
+	}
+	t := templateDB{prefix: identifier(mod) + "_template_"}
+	t.name = t.prefix + hex.EncodeToString(sum.Sum(nil))[:12]
+	lock := sha256.Sum256([]byte(t.name))
+	t.lock = int64(binary.BigEndian.Uint64(lock[:8]))
+	return t, nil
+}
+
+// identifier is the last element of module path mod as the start of a
+// database name: lower-case letters, digits and underscores, 20 at most.
+func identifier(mod string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(path.Base(mod)) {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			b.WriteRune(r)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	name := b.String()
+	if name == "" || name[0] < 'a' || name[0] > 'z' {
+		name = "m" + name
+	}
+	return name[:min(len(name), 20)]
+}
+
+// modulePath is the module whose tests run: the test binary's main module.
+func modulePath() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		return bi.Main.Path
+	}
+	return ""
+}
+
 // ensureTemplate builds the template database unless a current one exists.
 // An advisory lock serialises test binaries of different packages, which
 // `go test ./...` runs at the same time.
 func ensureTemplate() (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	sum := sha256.New()
-	err := fs.WalkDir(db.Migrations, ".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		b, err := fs.ReadFile(db.Migrations, path)
-		sum.Write([]byte(path))
-		sum.Write(b)
-		return err
-	})
+	t, err := templateFor(modulePath(), db.Migrations)
 	if err != nil {
-		return "", fmt.Errorf("hashing migrations: %w", err)
+		return "", err
 	}
-	name := "outboxkit_template_" + hex.EncodeToString(sum.Sum(nil))[:12]
+	migrate := func(ctx context.Context, pool *pgxpool.Pool) error {
+		return db.Migrate(ctx, pool, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	}
+	if err := buildTemplate(ctx, ServerURL(), t, migrate); err != nil {
+		return "", err
+	}
+	return t.name, nil
+}
 
-	conn, err := pgx.Connect(ctx, ServerURL())
+// buildTemplate makes t on the server at serverURL with migrate, unless it
+// exists, and marks it used now (see dropStaleTemplates).
+func buildTemplate(ctx context.Context, serverURL string, t templateDB, migrate func(context.Context, *pgxpool.Pool) error) error {
+	conn, err := pgx.Connect(ctx, serverURL)
 	if err != nil {
-		return "", fmt.Errorf("connecting to %s: %w", redact(ServerURL()), err)
+		return fmt.Errorf("connecting to %s: %w", redact(serverURL), err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(4242001)"); err != nil {
-		return "", fmt.Errorf("locking: %w", err)
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", t.lock); err != nil {
+		return fmt.Errorf("locking: %w", err)
 	}
-	defer conn.Exec(context.Background(), "SELECT pg_advisory_unlock(4242001)") //nolint:errcheck
+	defer conn.Exec(context.Background(), "SELECT pg_advisory_unlock($1)", t.lock) //nolint:errcheck
 
 	var exists bool
-	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", name).Scan(&exists); err != nil {
-		return "", fmt.Errorf("looking for template: %w", err)
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", t.name).Scan(&exists); err != nil {
+		return fmt.Errorf("looking for template: %w", err)
 	}
-	if exists {
-		return name, nil
+	if !exists {
+		// Build under a temporary name and rename when complete, so a crash
+		// halfway never leaves a template that looks finished.
+		building := t.name + "_building"
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+building+" WITH (FORCE)"); err != nil {
+			return err
+		}
+		if _, err := conn.Exec(ctx, "CREATE DATABASE "+building); err != nil {
+			return fmt.Errorf("creating template: %w", err)
+		}
+		pool, err := pgxpool.New(ctx, withDatabaseURL(serverURL, building))
+		if err != nil {
+			return err
+		}
+		err = migrate(ctx, pool)
+		pool.Close()
+		if err != nil {
+			return fmt.Errorf("migrating template: %w", err)
+		}
+		if _, err := conn.Exec(ctx, fmt.Sprintf("ALTER DATABASE %s RENAME TO %s", building, t.name)); err != nil {
+			return fmt.Errorf("renaming template: %w", err)
+		}
+		if _, err := conn.Exec(ctx, fmt.Sprintf("ALTER DATABASE %s IS_TEMPLATE true", t.name)); err != nil {
+			return fmt.Errorf("marking template: %w", err)
+		}
 	}
-	// Build under a temporary name and rename when complete, so a crash
-	// halfway never leaves a template that looks finished.
-	building := name + "_building"
-	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+building+" WITH (FORCE)"); err != nil {
-		return "", err
-	}
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+building); err != nil {
-		return "", fmt.Errorf("creating template: %w", err)
-	}
-	pool, err := pgxpool.New(ctx, withDatabaseURL(ServerURL(), building))
-	if err != nil {
-		return "", err
-	}
-	err = db.Migrate(ctx, pool, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	pool.Close()
-	if err != nil {
-		return "", fmt.Errorf("migrating template: %w", err)
-	}
-	if _, err := conn.Exec(ctx, fmt.Sprintf("ALTER DATABASE %s RENAME TO %s", building, name)); err != nil {
-		return "", fmt.Errorf("renaming template: %w", err)
-	}
-	if _, err := conn.Exec(ctx, fmt.Sprintf("ALTER DATABASE %s IS_TEMPLATE true", name)); err != nil {
-		return "", fmt.Errorf("marking template: %w", err)
-	}
-	dropStaleTemplates(ctx, conn, name)
-	return name, nil
+	// Best effort: a template whose mark could not be written looks unused
+	// to the others, and is at worst built again after a drop.
+	_, _ = conn.Exec(ctx, fmt.Sprintf("COMMENT ON DATABASE %s IS '%s%s'", t.name, usedMark, time.Now().UTC().Format(time.RFC3339)))
+	dropStaleTemplates(ctx, conn, t, time.Now())
+	return nil
 }
+
+// usedMark begins a template's comment, which says when a test binary last
+// used it.
+const usedMark = "dbtest template, last used "
+
+// staleAfter is how long a template of the module's other migrations may
+// go unused before it is dropped: another branch, or another checkout,
+// tested on the same server within it keeps its template.
+const staleAfter = 24 * time.Hour
 
 func withDatabaseURL(base, name string) string {
 	u, err := url.Parse(base)
@@ -301,21 +381,32 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// dropStaleTemplates removes templates of earlier schemas once a new one is
-// built, so a machine keeps one template, not one per migration ever tried.
-// Best effort: a template still in use by another test run stays.
-func dropStaleTemplates(ctx context.Context, conn *pgx.Conn, current string) {
-	rows, err := conn.Query(ctx, `SELECT datname FROM pg_database
-		WHERE datname LIKE 'outboxkit\_template\_%' AND datname <> $1 AND datname NOT LIKE '%\_building'`, current)
+// dropStaleTemplates removes the module's templates of other migrations
+// that no test binary has used for staleAfter, so a machine keeps a
+// template per schema in use, not one per migration ever tried. Another
+// module's templates are not its to drop, nor one of this module's that
+// another branch still uses. Best effort: a template being cloned stays.
+func dropStaleTemplates(ctx context.Context, conn *pgx.Conn, current templateDB, now time.Time) {
+	rows, err := conn.Query(ctx, `SELECT datname, COALESCE(shobj_description(oid, 'pg_database'), '') FROM pg_database
+		WHERE left(datname, length($1)) = $1 AND datname <> $2 AND datname NOT LIKE '%\_building'`, current.prefix, current.name)
 	if err != nil {
 		return
 	}
-	stale, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	var stale []string
+	var name, comment string
+	_, err = pgx.ForEachRow(rows, []any{&name, &comment}, func() error {
+		if used, err := time.Parse(time.RFC3339, strings.TrimPrefix(comment, usedMark)); err != nil || now.Sub(used) >= staleAfter {
+			stale = append(stale, name)
+		}
+		return nil
+	})
 	if err != nil {
 		return
 	}
 	for _, name := range stale {
 		_, _ = conn.Exec(ctx, fmt.Sprintf("ALTER DATABASE %s IS_TEMPLATE false", name))
-		_, _ = conn.Exec(ctx, fmt.Sprintf("DROP DATABASE IF EXISTS %s", name))
+		if _, err := conn.Exec(ctx, fmt.Sprintf("DROP DATABASE IF EXISTS %s", name)); err != nil {
+			_, _ = conn.Exec(ctx, fmt.Sprintf("ALTER DATABASE %s IS_TEMPLATE true", name))
+		}
 	}
 }

@@ -50,10 +50,10 @@ type Options struct {
 	// started. Nil discards.
 	Logger *slog.Logger
 	// Dir is where a throwaway cluster lives (its data in Dir/data). Default
-	// os.TempDir()/outboxkit-pg; if another process's cluster holds that,
-	// a fresh os.TempDir()/outboxkit-pg-* is used instead. Data is not kept
-	// between runs: a cluster left behind by a run that died is stopped and
-	// wiped.
+	// os.TempDir()/<LocalDatabase>-pg, named after the service; if another
+	// process's cluster holds that, a fresh os.TempDir()/<LocalDatabase>-pg-*
+	// is used instead. Data is not kept between runs: a cluster left behind
+	// by a run that died is stopped and wiped.
 	Dir string
 	// Port is the port of a throwaway cluster, on 127.0.0.1. Default
 	// DefaultPort (54329), or a free port if that one is taken.

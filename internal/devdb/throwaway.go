@@ -19,7 +19,10 @@ import (
 	"time"
 )
 
-const defaultDirName = "outboxkit-pg"
+// defaultDirName is the throwaway cluster's directory, named after the
+// service's database (LocalDatabase) so that two services made from this
+// template, run on one machine, keep their clusters apart.
+const defaultDirName = LocalDatabase + "-pg"
 
 // cluster is where a throwaway cluster lives and who runs it.
 type cluster struct {
@@ -117,7 +120,7 @@ func startThrowaway(ctx context.Context, opts Options, logger *slog.Logger, leve
 	return srv, nil
 }
 
-// claim takes Options.Dir (default os.TempDir()/outboxkit-pg) for a new
+// claim takes Options.Dir (default os.TempDir()/<LocalDatabase>-pg) for a new
 // cluster. If another live process holds the default directory, it uses a
 // fresh unique one (and a free port) instead, so that concurrent `go test`
 // processes don't fight; an explicit Dir that is in use is an error.

@@ -103,11 +103,6 @@ func (h *Handler) handleMessages(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f := listFilter{Status: q.Get("status"), Type: strings.TrimSpace(q.Get("type")), Endpoint: q.Get("endpoint"),
 		Key: strings.TrimSpace(q.Get("key")), Event: strings.TrimSpace(q.Get("event")), From: q.Get("from"), To: q.Get("to")}
-	if f.Key != "" && f.From == "" {
-		// Nothing indexes the key: a key's search reads a window of events,
-		// the last day unless the form says otherwise.
-		f.From = h.now().UTC().Add(-searchKeyWindow).Truncate(time.Minute).Format(localMinute)
-	}
 	eps, err := h.admin.Endpoints(ctx)
 	if err != nil {
 		h.actionError(w, r, err)
@@ -182,17 +177,9 @@ func (p messagesPage) NewestLink() string {
 	return Prefix + "/messages"
 }
 
-// searchKeyWindow is how far back the search looks for an ordering key that
-// no module recognises.
-const searchKeyWindow = 24 * time.Hour
-
-// keyLink lists the deliveries of one ordering key's events written from
-// from to to, in whole minutes (UTC, as the list's filter reads them).
-func keyLink(key string, from, to time.Time) string {
-	return Prefix + "/messages?" + url.Values{"key": {key},
-		"from": {from.UTC().Truncate(time.Minute).Format(localMinute)},
-		"to":   {to.UTC().Truncate(time.Minute).Add(time.Minute).Format(localMinute)}}.Encode()
-}
+// keyLink lists the deliveries of one ordering key's events, whatever their
+// time: the key's index (outbox_events_ordering_key_idx) finds them.
+func keyLink(key string) string { return Prefix + "/messages?" + url.Values{"key": {key}}.Encode() }
 
 type searchPage struct {
 	Layout
@@ -225,9 +212,7 @@ func (h *Handler) handleSearch(w http.ResponseWriter, r *http.Request) {
 		h.render(w, r, http.StatusBadRequest, "search", p)
 		return
 	}
-	id, err := uuid.Parse(q)
-	isID := err == nil
-	if isID {
+	if id, err := uuid.Parse(q); err == nil {
 		switch _, err := h.admin.Message(ctx, id); {
 		case err == nil:
 			to(Prefix + "/messages/" + id.String())
@@ -264,7 +249,7 @@ func (h *Handler) handleSearch(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	// An id a module knows (an order's): its events, in their window.
+	// An id a module knows (an order's): its events, by their key.
 	for _, look := range h.lookups {
 		f, ok, err := look(ctx, q)
 		if err != nil {
@@ -272,28 +257,20 @@ func (h *Handler) handleSearch(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if ok {
-			to(keyLink(f.Key, f.From, f.To))
+			to(keyLink(f.Key))
 			return
 		}
 	}
-	// Any other ordering key, among the last day's events: nothing indexes
-	// the key, so the search reads a bounded window. Not for a UUID: no
-	// message, event or endpoint has it (each was looked up on its primary
-	// key) and no module knows it, and a day of events read for every id
-	// pasted that is not there is what made a search grow with the outbox;
-	// a module whose keys are UUIDs says where they are with a Lookup, as
-	// orders do.
-	if !isID {
-		since := h.now().Add(-searchKeyWindow)
-		msgs, _, err := h.admin.Messages(ctx, admin.MessageFilter{OrderingKey: q, CreatedFrom: &since, Limit: 1})
-		if err != nil {
-			h.actionError(w, r, err)
-			return
-		}
-		if len(msgs) > 0 {
-			to(keyLink(q, since, h.now()))
-			return
-		}
+	// Any other ordering key, whatever its events' time: a few pages of the
+	// key's index, for a key that is there or not.
+	msgs, _, err := h.admin.Messages(ctx, admin.MessageFilter{OrderingKey: q, Limit: 1})
+	if err != nil {
+		h.actionError(w, r, err)
+		return
+	}
+	if len(msgs) > 0 {
+		to(keyLink(q))
+		return
 	}
 	eps, err := h.admin.Endpoints(ctx)
 	if err != nil {

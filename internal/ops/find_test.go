@@ -25,22 +25,25 @@ import (
 func TestSearchFindsMessagesEventsOrdersAndEndpoints(t *testing.T) {
 	t.Parallel()
 	// A module's lookup, as the orders module's is wired in the api: it
-	// knows one entity, whose events carry its id as their key and were
-	// written in the last few minutes.
+	// knows one entity, whose events carry its id as their key.
 	entity := uuid.New()
 	e := newEnv(t, token, func(o *ops.Options) {
 		o.Lookups = []ops.Lookup{func(_ context.Context, q string) (ops.Found, bool, error) {
 			if q != entity.String() {
 				return ops.Found{}, false, nil
 			}
-			return ops.Found{Key: q, From: time.Now().Add(-5 * time.Minute), To: time.Now().Add(time.Minute)}, true, nil
+			return ops.Found{Key: "entity-" + q}, true, nil
 		}}
 	})
 	c := e.loggedIn(t)
-	billing := e.endpoint(t, "http://127.0.0.1:9/billing", "order.placed", "order.cancelled")
+	billing := e.endpoint(t, "http://127.0.0.1:9/billing", "order.placed", "order.cancelled", "order.shipped")
 	e.endpoint(t, "http://127.0.0.1:9/shipping", "order.placed")
-	e.enqueueKeyed(t, "order.placed", entity.String(), map[string]string{"id": entity.String()})
-	e.enqueueKeyed(t, "order.cancelled", entity.String(), map[string]string{"id": entity.String()})
+	// The entity was placed three days ago and cancelled two days ago; a
+	// module's later event about it is written now: its events are found
+	// whatever their time.
+	e.enqueueKeyedAt(t, "order.placed", "entity-"+entity.String(), time.Now().Add(-72*time.Hour))
+	e.enqueueKeyedAt(t, "order.cancelled", "entity-"+entity.String(), time.Now().Add(-48*time.Hour))
+	e.enqueueKeyed(t, "order.shipped", "entity-"+entity.String(), map[string]string{"id": entity.String()})
 	order := "invoice-" + uuid.NewString()[:8]
 	placed := e.enqueueKeyed(t, "order.placed", order, map[string]string{"id": order})
 	cancelled := e.enqueueKeyed(t, "order.cancelled", order, map[string]string{"id": order})
@@ -60,16 +63,13 @@ func TestSearchFindsMessagesEventsOrdersAndEndpoints(t *testing.T) {
 	redirect(placed[1].String(), "/ops/messages/"+placed[1].String())
 	redirect("  "+placed[1].String()+" ", "/ops/messages/"+placed[1].String())
 	redirect(e.eventOf(t, placed[0]).String(), "/ops/messages?event="+e.eventOf(t, placed[0]).String())
-	// A key no module knows, not a UUID: found among the last day's events.
+	// A key no module knows: its events, whatever their time.
 	res, _ := search(order)
 	require.Equal(t, http.StatusSeeOther, res.StatusCode)
 	loc, err := url.Parse(res.Header.Get("Location"))
 	require.NoError(t, err)
 	require.Equal(t, "/ops/messages", loc.Path)
-	require.Equal(t, order, loc.Query().Get("key"))
-	from, err := time.Parse("2006-01-02T15:04", loc.Query().Get("from"))
-	require.NoError(t, err)
-	require.WithinDuration(t, time.Now().Add(-24*time.Hour), from, 2*time.Minute)
+	require.Equal(t, url.Values{"key": {order}}, loc.Query(), "no window of time bounds a key's events")
 	redirect(billing.ID.String(), "/ops/endpoints/"+billing.ID.String())
 	redirect("BILLING", "/ops/endpoints/"+billing.ID.String())
 
@@ -86,16 +86,17 @@ func TestSearchFindsMessagesEventsOrdersAndEndpoints(t *testing.T) {
 	require.Contains(t, body, "…"+placed[1].String()[24:])
 	require.NotEqual(t, placed[0].String()[24:], placed[1].String()[24:])
 
-	// The module's entity: its events' key, in the window it gives.
+	// The module's entity: every event of its key, days apart.
 	res, body = search(entity.String())
 	require.Equal(t, http.StatusSeeOther, res.StatusCode)
 	loc, err = url.Parse(res.Header.Get("Location"))
 	require.NoError(t, err)
-	require.Equal(t, entity.String(), loc.Query().Get("key"))
+	require.Equal(t, "entity-"+entity.String(), loc.Query().Get("key"))
 	_, body = get(t, c, e.srv.URL+loc.String())
-	require.Equal(t, 3, strings.Count(body, `<tr id="message-`), "placed to both endpoints, cancelled to billing: %s", loc)
-	require.Equal(t, 2, strings.Count(body, ">order.placed<"))
-	require.Equal(t, 1, strings.Count(body, ">order.cancelled<"))
+	require.Equal(t, 4, strings.Count(body, `<tr id="message-`), "placed and cancelled days ago, shipped now: %s", loc)
+	for typ, n := range map[string]int{"order.placed": 2, "order.cancelled": 1, "order.shipped": 1} {
+		require.Equal(t, n, strings.Count(body, ">"+typ+"<"), "the entity's %s is listed, to each endpoint it went to", typ)
+	}
 
 	// An event nobody subscribed to is recorded all the same.
 	var lonely uuid.UUID
@@ -116,17 +117,31 @@ func TestSearchFindsMessagesEventsOrdersAndEndpoints(t *testing.T) {
 	res, body = search(uuid.NewString())
 	require.Equal(t, http.StatusOK, res.StatusCode)
 	require.Contains(t, body, `id="nothing-found"`)
-	// A UUID is looked up by id, not as a key among the last day's events
-	// (that is what a module's lookup is for): a key no module knows that
-	// is a UUID is not found by the search box, only by the list's filter.
+	// A key that is a UUID no module knows is found as a key too: the
+	// key's index reads a few pages for it, there or not.
 	uuidKey := uuid.NewString()
 	e.enqueueKeyed(t, "order.placed", uuidKey, map[string]string{"id": uuidKey})
-	res, body = search(uuidKey)
-	require.Equal(t, http.StatusOK, res.StatusCode)
-	require.Contains(t, body, `id="nothing-found"`)
+	redirect(uuidKey, "/ops/messages?"+url.Values{"key": {uuidKey}}.Encode())
 	res, body = search("no-such-thing")
 	require.Equal(t, http.StatusOK, res.StatusCode)
 	require.Contains(t, body, `id="nothing-found"`)
+}
+
+// enqueueKeyedAt records an event of key written at, and its delivery to
+// each endpoint subscribed to typ, delivered then: what Enqueue and the
+// relay would have written at that time.
+func (e *env) enqueueKeyedAt(t *testing.T, typ, key string, at time.Time) {
+	t.Helper()
+	_, err := e.pool.Exec(context.Background(), `
+		WITH ev AS (
+			INSERT INTO outbox_events (id, type, payload, ordering_key, created_at)
+			VALUES (outbox_uuid_v7_at($3), $1, '{}', $2, $3)
+			RETURNING id, type, ordering_key, created_at
+		)
+		INSERT INTO outbox_messages (id, event_id, type, destination, ordering_key, status, attempts, delivered_at, next_attempt_at, created_at)
+		SELECT outbox_uuid_sibling(ev.id), ev.id, ev.type, w.id, ev.ordering_key, 'delivered', 1, ev.created_at, ev.created_at, ev.created_at
+		FROM ev JOIN webhook_endpoints w ON w.event_types @> ARRAY[ev.type]`, typ, key, at)
+	require.NoError(t, err)
 }
 
 var messageRowRe = regexp.MustCompile(`<tr id="message-([0-9a-f-]{36})" data-status="(\w+)">`)

@@ -88,22 +88,24 @@ type Options struct {
 	// Lookups make the modules' own ids searchable (an order id): each is
 	// asked, in turn, about what an operator typed into the search box.
 	Lookups []Lookup
+	// UserAgent is the User-Agent the relay's webhooks carry
+	// (process.UserAgent), shown with a message's headers so that an
+	// operator and a receiver's logs name the same sender; empty leaves
+	// the line out.
+	UserAgent string
 }
 
 // Lookup is how a module makes its own ids searchable on the ops page: told
 // what an operator typed, it says whether that names one of its entities
-// and, if so, the ordering key of the entity's events and the window of time
-// they were written in. The page lists those events' deliveries, reading
-// only that window of the outbox. ok is false for anything it does not
-// know.
+// and, if so, the ordering key of the entity's events. The page lists those
+// events' deliveries, whenever they were written. ok is false for anything
+// it does not know.
 type Lookup func(ctx context.Context, q string) (found Found, ok bool, err error)
 
 // Found is what a Lookup recognised: where its events are.
 type Found struct {
 	// Key is the ordering key of its events.
 	Key string
-	// From and To bound when they were written.
-	From, To time.Time
 }
 
 const (
@@ -133,6 +135,7 @@ type Handler struct {
 	sessionKey []byte
 	pages      *pages
 	lookups    []Lookup
+	userAgent  string
 	// jobs: River UI is mounted at JobsPath.
 	jobs      bool
 	mux       *http.ServeMux
@@ -152,6 +155,7 @@ func New(o Options) *Handler {
 		replayFor: cmp.Or(o.ReplayBudget, 10*time.Second),
 		enabled:   o.Token != "",
 		lookups:   o.Lookups,
+		userAgent: o.UserAgent,
 		pages:     mustParsePages(),
 		// A second line behind the CSRF tokens: browsers say where a
 		// request comes from (Sec-Fetch-Site, Origin), and a POST from
@@ -168,8 +172,10 @@ func New(o Options) *Handler {
 	h.tokenSum = sha256.Sum256([]byte(o.Token))
 	// The session key is derived from the token: session ids are stored
 	// under an HMAC keyed with it, so rotating the token ends every session.
+	// The label only sets this key apart from other uses of the token; it
+	// names no service, so a copy of the template carries no trace of it.
 	mac := hmac.New(sha256.New, []byte(o.Token))
-	mac.Write([]byte("outboxkit ops session key v1"))
+	mac.Write([]byte("ops session key v1"))
 	h.sessionKey = mac.Sum(nil)
 
 	mux := http.NewServeMux()

@@ -679,7 +679,7 @@ func TestRetryAllFailedForOneEndpoint(t *testing.T) {
 
 func TestMessageDetail(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, token)
+	e := newEnv(t, token, func(o *ops.Options) { o.UserAgent = "shop-relay/1" })
 	ep := e.endpoint(t, "http://127.0.0.1:9/hook", "order.placed")
 	id := e.enqueue(t, "order.placed", map[string]any{"order_id": "o-1", "total_cents": 1000, "note": "<b>bold</b>"})[0]
 	e.fail(t, id)
@@ -712,6 +712,8 @@ func TestMessageDetail(t *testing.T) {
 	for _, h := range []string{"content-type", "application/json", "webhook-id", "webhook-timestamp", "webhook-signature", "computed for each attempt"} {
 		require.Contains(t, body, h)
 	}
+	// The sender as the relay names it: the service's, whatever the template's.
+	require.Regexp(t, `user-agent</th><td><span class="mono">shop-relay/1</span>`, body)
 	// webhook-id is the event id, not the message's.
 	require.Regexp(t, `webhook-id</th><td><span class="mono">`+event.String()+`</span><div class="sub">the event id: the same on every attempt and at every endpoint; receivers deduplicate on it</div>`, body)
 	// The attempt history.

@@ -517,10 +517,11 @@ func TestOverviewReadsADayOfLagsOnce(t *testing.T) {
 // the page it lands on) reads a few index pages, under the plans the
 // statements start with and under the generic plans PostgreSQL switches
 // them to: a message, an event and an endpoint are each found on their
-// primary key, and a UUID that is none of them is not then looked for as
-// an ordering key among the last day's events. With 200,000 events of the
-// last day, the search for an event id read every message under a generic
-// plan, and a UUID of nothing read every event of the day.
+// primary key, and a UUID that is none of them is looked for as an
+// ordering key on the key's index. With 200,000 events of the last day,
+// the search for an event id read every message under a generic plan, and
+// a UUID of nothing read every event of the day, when a key's events were
+// found by reading a window of time.
 func TestSearchForAnIDReadsAFewPagesWhateverTheHistory(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -545,10 +546,11 @@ func TestSearchForAnIDReadsAFewPagesWhateverTheHistory(t *testing.T) {
 	srv := httptest.NewServer(ops.New(ops.Options{Admin: adm, Pool: pool, Token: token, Logger: slog.New(slog.DiscardHandler)}))
 	t.Cleanup(srv.Close)
 
-	for name, q := range map[string]uuid.UUID{"an event": event, "a message": message, "an endpoint": endpoint, "nothing": uuid.New()} {
+	for name, q := range map[string]string{"an event": event.String(), "a message": message.String(), "an endpoint": endpoint.String(),
+		"nothing": uuid.NewString(), "an ordering key": "order-100000", "an ordering key's first event": "order-200000"} {
 		var res *http.Response
 		stmts := rec.during(func() {
-			res, _ = get(t, http.DefaultClient, srv.URL+"/ops/search?q="+q.String(), "Authorization", "Bearer "+token)
+			res, _ = get(t, http.DefaultClient, srv.URL+"/ops/search?q="+q, "Authorization", "Bearer "+token)
 		})
 		require.Equal(t, http.StatusOK, res.StatusCode, name)
 		require.NotEmpty(t, stmts)

@@ -259,13 +259,15 @@ func (h *Handler) handleMessage(w http.ResponseWriter, r *http.Request) {
 	if ep, err := h.admin.Endpoint(r.Context(), m.Destination); err == nil {
 		p.Endpoint = &ep
 	}
-	p.Headers = []header{
-		{"content-type", "application/json", ""},
-		{"user-agent", "outboxkit-relay/1", ""},
+	p.Headers = []header{{"content-type", "application/json", ""}}
+	if h.userAgent != "" {
+		p.Headers = append(p.Headers, header{"user-agent", h.userAgent, ""})
+	}
+	p.Headers = append(p.Headers, []header{
 		{"webhook-id", m.EventID.String(), "the event id: the same on every attempt and at every endpoint; receivers deduplicate on it"},
 		{"webhook-timestamp", "", "Unix seconds, set when each attempt is sent"},
 		{"webhook-signature", "v1,…", "HMAC-SHA256 of id.timestamp.body with the endpoint's secret, computed for each attempt"},
-	}
+	}...)
 	h.render(w, r, http.StatusOK, "message", p)
 }
 

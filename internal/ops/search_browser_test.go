@@ -161,7 +161,7 @@ func TestBrowserSearchLandsOnTheRightPage(t *testing.T) {
 	require.Equal(t, orders[1], attr("#f-key", "value"))
 	shot("44-search-order-id.png")
 
-	// Another module's ordering key, among the last day's events: the
+	// Another module's ordering key, whenever its events were written: the
 	// deliveries of its events.
 	const invoice = "invoice-77"
 	for i := range 2 {

@@ -287,25 +287,18 @@ func (s *Service) Get(ctx context.Context, id uuid.UUID) (Order, error) {
 	return s.load(ctx, q, row)
 }
 
-// EventWindow says where an order's events are in the outbox: under their
-// ordering key, the order id, written between its placement and its
-// cancellation (a minute either side, for the clocks of the transactions
-// that wrote them). The ops page's search uses it to answer "what happened
-// to order X" by reading that window of the outbox instead of an index on
-// the key that every order transaction would have to maintain.
-func (s *Service) EventWindow(ctx context.Context, id uuid.UUID) (key string, from, to time.Time, err error) {
+// EventKey is the ordering key of order id's events, its id, once the
+// order is known: the ops page's search lists an order's events, whenever
+// they were written, by their key (outbox_events_ordering_key_idx).
+func (s *Service) EventKey(ctx context.Context, id uuid.UUID) (string, error) {
 	row, err := ordersdb.New(s.pool).OrderGet(ctx, id)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return "", time.Time{}, time.Time{}, ErrNotFound
+		return "", ErrNotFound
 	}
 	if err != nil {
-		return "", time.Time{}, time.Time{}, fmt.Errorf("reading order: %w", err)
+		return "", fmt.Errorf("reading order: %w", err)
 	}
-	last := row.CreatedAt
-	if row.CancelledAt != nil {
-		last = *row.CancelledAt
-	}
-	return row.ID.String(), row.CreatedAt.Add(-time.Minute), last.Add(time.Minute), nil
+	return row.ID.String(), nil
 }
 
 // Cancel cancels a placed order and emits "order.cancelled" in the same

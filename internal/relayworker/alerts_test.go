@@ -2,52 +2,42 @@ package relayworker_test
 
 import (
 	"context"
-	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
-	"os"
-	"os/exec"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxkit/orders/internal/consumer"
 	"github.com/outboxkit/orders/internal/dbtest"
+	"github.com/outboxkit/orders/internal/proctest"
 )
 
 // The alert rules docs/operations.md gives are valid rules, as Prometheus
 // itself reads them (its rule file parser, which also parses each
-// expression), and every metric they name is one a running api, worker or
-// reference consumer exports: a rule on a metric renamed or never made
+// expression), and every metric they name is one a running api or worker
+// exports: a rule on a metric renamed or never made
 // would never fire. The metrics are read from the processes' /metrics,
 // after a delivery and beside a poisoned message, so that each family has
 // a series and its type (a histogram's _bucket, _sum and _count).
 func TestTheDocumentedAlertRulesParseAndNameMetricsThatExist(t *testing.T) {
 	t.Parallel()
-	doc, err := os.ReadFile("../../docs/operations.md")
-	require.NoError(t, err)
-	m := regexp.MustCompile("(?s)Example Prometheus rules:\n\n```yaml\n(.*?)```").FindSubmatch(doc)
-	require.NotNil(t, m, "operations.md has its example rules")
-	named := promrules(t, m[1]) // metric: the alerts naming it
+	named := proctest.AlertRules(t, "Example Prometheus rules:") // metric: the alerts naming it
 	alerts := map[string]bool{}
 	for _, by := range named {
 		for _, a := range by {
 			alerts[a] = true
 		}
 	}
-	for _, a := range []string{"OutboxDeliveryLate", "OutboxPoisonMessages", "ConsumerEventsLate"} {
+	for _, a := range []string{"OutboxDeliveryLate", "OutboxPoisonMessages"} {
 		require.True(t, alerts[a], "the rules have %s", a)
 	}
-	_, err = runPromrules("groups:\n- name: x\n  rules:\n  - alert: Broken\n    expr: sum(rate(x[5m]) > 1\n")
+	_, err := proctest.Promrules("../..", "groups:\n- name: x\n  rules:\n  - alert: Broken\n    expr: sum(rate(x[5m]) > 1\n")
 	require.Error(t, err, "the checker refuses a rule Prometheus would refuse")
 
 	dbURL := dbtest.URL(t)
@@ -101,50 +91,10 @@ func TestTheDocumentedAlertRulesParseAndNameMetricsThatExist(t *testing.T) {
 			addFamily(exported, name, f.GetType())
 		}
 	}
-	reg := prometheus.NewPedanticRegistry()
-	c := consumer.New(nil, nil, slog.New(slog.DiscardHandler))
-	for _, col := range c.Collectors() {
-		require.NoError(t, reg.Register(col))
-	}
-	families, err := reg.Gather()
-	require.NoError(t, err)
-	for _, f := range families {
-		addFamily(exported, f.GetName(), f.GetType())
-	}
-
 	require.NotEmpty(t, named)
 	for name, by := range named {
 		require.True(t, exported[name], "%s (in %v) is exported by no process", name, by)
 	}
-}
-
-// promrules checks rules with tools/promrules (Prometheus's own rule
-// parser, kept out of the service's module) and returns the metrics they
-// name, each with the rules naming it.
-func promrules(t *testing.T, rules []byte) map[string][]string {
-	t.Helper()
-	out, err := runPromrules(string(rules))
-	require.NoError(t, err, "the rules parse as Prometheus reads them")
-	named := map[string][]string{}
-	for line := range strings.Lines(out) {
-		metric, rule, ok := strings.Cut(strings.TrimSpace(line), "\t")
-		require.True(t, ok, "promrules printed %q", line)
-		named[metric] = append(named[metric], rule)
-	}
-	return named
-}
-
-func runPromrules(rules string) (string, error) {
-	cmd := exec.Command("go", "run", "./promrules")
-	cmd.Dir = "../../tools"
-	cmd.Stdin = strings.NewReader(rules)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("%w: %s", err, stderr.String())
-	}
-	return string(out), nil
 }
 
 // addFamily adds the series names of a metric family: a histogram's

@@ -16,8 +16,6 @@ import (
 	"time"
 
 	"github.com/outboxkit/orders/db"
-	"github.com/outboxkit/orders/internal/broker"
-	"github.com/outboxkit/orders/internal/events"
 	"github.com/outboxkit/orders/internal/netguard"
 	"github.com/outboxkit/orders/internal/orders"
 	"github.com/outboxkit/orders/internal/outbox/admin"
@@ -25,6 +23,11 @@ import (
 	"github.com/outboxkit/orders/internal/outbox/relay"
 	"github.com/outboxkit/orders/internal/process"
 	"github.com/outboxkit/orders/internal/telemetry"
+
+	// brokers
+	"github.com/outboxkit/orders/internal/broker"
+	"github.com/outboxkit/orders/internal/events"
+	// /brokers
 )
 
 // config is everything the worker reads from its environment, parsed once.
@@ -41,9 +44,12 @@ type config struct {
 	// idempotencyTTL is how long an order's idempotency key dedupes before
 	// the worker clears it.
 	idempotencyTTL time.Duration
+	// brokers
+
 	// brokers are the servers of broker destinations; unset ones leave
 	// their kind unconfigured.
 	brokers broker.Config
+	// /brokers
 	// endpointMetrics reports deliveries by endpoint id too.
 	endpointMetrics bool
 	tracing         telemetry.Config
@@ -143,20 +149,19 @@ func Run(ctx context.Context, args []string, environ []string, stdout io.Writer)
 	// HTTP through the SSRF guard, broker destinations to the brokers this
 	// worker is configured with, each event naming its type's schema in
 	// the catalog as its CloudEvents dataschema.
+	router := relay.Router{destination.KindWebhook: &relay.HTTPTransport{Client: guard.Client(), UserAgent: process.UserAgent()}}
+	// brokers
 	brokers := cfg.brokers
 	brokers.DataSchemas = map[string]string{}
 	for _, et := range events.Catalog().Types() {
 		brokers.DataSchemas[et.Name] = et.SchemaID()
 	}
-	transports, closeBrokers, err := broker.Transports(brokers)
+	closeBrokers, err := addBrokers(router, brokers)
 	if err != nil {
 		return err
 	}
 	defer closeBrokers()
-	router := relay.Router{destination.KindWebhook: &relay.HTTPTransport{Client: guard.Client()}}
-	for kind, t := range transports {
-		router[kind] = t
-	}
+	// /brokers
 	maxAttempts := cmp.Or(cfg.relay.MaxAttempts, relay.DefaultConfig().MaxAttempts)
 	rl, err := relay.New(pool, cfg.relay, router, logger, metrics)
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/outboxkit/orders/internal/apiserver"
 	"github.com/outboxkit/orders/internal/outbox/admin"
+	"github.com/outboxkit/orders/internal/process"
 	"github.com/outboxkit/orders/internal/proctest"
 	"github.com/outboxkit/orders/internal/relayworker"
 
@@ -503,6 +504,8 @@ func TestEndToEnd(t *testing.T) {
 	var cancelledEvents int
 	for id, d := range delivered {
 		require.Equal(t, "application/json", d.header.Get("Content-Type"))
+		require.Equal(t, process.UserAgent(), d.header.Get("User-Agent"),
+			"the worker names itself after its module, never after the template a copy came from")
 		var env envelope
 		require.NoError(t, json.Unmarshal(d.body, &env), "body: %s", d.body)
 		var fields map[string]json.RawMessage

@@ -3,10 +3,10 @@ package relayworker
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
-	"github.com/outboxkit/orders/internal/broker"
 	"github.com/outboxkit/orders/internal/orders"
 	"github.com/outboxkit/orders/internal/outbox/admin"
 	"github.com/outboxkit/orders/internal/outbox/relay"
@@ -89,27 +89,6 @@ var settings = []setting{
 	{"ORDERS_IDEMPOTENCY_TTL", "",
 		"how long an `Idempotency-Key` dedupes `POST /orders`; then a job clears it (within `OUTBOX_PRUNE_INTERVAL`) and the same key places a new order",
 		func(c *config) any { return &c.idempotencyTTL }},
-	{"OUTBOX_NATS_URL", "",
-		"NATS servers for `nats` destinations (`nats://user:pass@host:4222`, `tls://` for TLS; comma-separated for a cluster). Unset: `nats` destinations fail and back off (docs/brokers.md)",
-		func(c *config) any { return &c.brokers.NATSURL }},
-	{"OUTBOX_KAFKA_BROKERS", "",
-		"comma-separated seed brokers (`host:port`) for `kafka` destinations",
-		func(c *config) any { return &c.brokers.KafkaBrokers }},
-	{"OUTBOX_KAFKA_TLS", "",
-		"`true`: dial the Kafka brokers with TLS (the system's roots)",
-		func(c *config) any { return &c.brokers.KafkaTLS }},
-	{"OUTBOX_KAFKA_USER", "",
-		"with `OUTBOX_KAFKA_PASSWORD`: SASL SCRAM-SHA-512 credentials for Kafka",
-		func(c *config) any { return &c.brokers.KafkaUser }},
-	{"OUTBOX_KAFKA_PASSWORD", "",
-		"the SASL password (never logged)",
-		func(c *config) any { return &c.brokers.KafkaPassword }},
-	{"OUTBOX_AMQP_URL", "",
-		"RabbitMQ for `rabbitmq` destinations (`amqp://user:pass@host:5672/vhost`, `amqps://` for TLS)",
-		func(c *config) any { return &c.brokers.AMQPURL }},
-	{"OUTBOX_EVENT_SOURCE", "",
-		"the CloudEvents `source` of events published to brokers",
-		func(c *config) any { return &c.brokers.Source }},
 	{"OUTBOX_ENDPOINT_METRICS", "",
 		"`false` leaves out `outbox_endpoint_deliveries_total`, `outbox_endpoint_delivery_duration_seconds` and `outbox_endpoint_delivery_lag_seconds`, whose series grow with the endpoints (about 140 per endpoint; a deleted endpoint's are dropped within about 10 s)",
 		func(c *config) any { return &c.endpointMetrics }},
@@ -138,14 +117,26 @@ func defaults() config {
 		shutdownGrace:   15 * time.Second,
 		idempotencyTTL:  orders.DefaultIdempotencyTTL,
 		stallThreshold:  admin.DefaultStallThreshold,
-		brokers:         broker.Config{Source: "urn:outboxkit:orders"},
 		endpointMetrics: true,
+		// brokers
+		brokers: defaultBrokers,
+		// /brokers
 	}
 }
 
-// parseSettings reads every setting of the table from env into c.
+// allSettings is every setting the worker reads: the table's, then the
+// brokers'.
+func allSettings() []setting {
+	all := slices.Clip(settings)
+	// brokers
+	all = append(all, brokerSettings...)
+	// /brokers
+	return all
+}
+
+// parseSettings reads every setting from env into c.
 func parseSettings(env *process.Env, c *config) {
-	for _, s := range settings {
+	for _, s := range allSettings() {
 		switch p := s.bind(c).(type) {
 		case *time.Duration:
 			*p = env.Duration(s.env, *p)
@@ -183,18 +174,9 @@ func validateSettings(env *process.Env, getenv func(string) string, c config) {
 	if getenv("OUTBOX_RETRY_SCHEDULE") != "" && getenv("OUTBOX_BACKOFF_BASE") != "" {
 		env.Fail("OUTBOX_BACKOFF_BASE", errors.New("set OUTBOX_RETRY_SCHEDULE or OUTBOX_BACKOFF_BASE, not both"))
 	}
-	if (c.brokers.KafkaUser == "") != (c.brokers.KafkaPassword == "") {
-		env.Fail("OUTBOX_KAFKA_PASSWORD", errors.New("set OUTBOX_KAFKA_USER and OUTBOX_KAFKA_PASSWORD together"))
-	}
-	if err := broker.CheckNATSURL(c.brokers.NATSURL); err != nil {
-		env.Fail("OUTBOX_NATS_URL", err)
-	}
-	if err := broker.CheckAMQPURL(c.brokers.AMQPURL); err != nil {
-		env.Fail("OUTBOX_AMQP_URL", err)
-	}
-	if c.brokers.Source == "" {
-		env.Fail("OUTBOX_EVENT_SOURCE", errors.New("must not be empty: it is every broker event's CloudEvents source"))
-	}
+	// brokers
+	validateBrokers(env, c.brokers)
+	// /brokers
 	if c.idempotencyTTL <= 0 {
 		env.Fail("ORDERS_IDEMPOTENCY_TTL", fmt.Errorf("must be positive, got %s", c.idempotencyTTL))
 	}
@@ -208,7 +190,7 @@ func validateSettings(env *process.Env, getenv func(string) string, c config) {
 			continue
 		}
 		name := fe.Field
-		for _, s := range settings {
+		for _, s := range allSettings() {
 			if s.field == fe.Field {
 				name = s.env
 			}
@@ -217,9 +199,9 @@ func validateSettings(env *process.Env, getenv func(string) string, c config) {
 	}
 }
 
-// settingsTable renders the settings as the Markdown table in
-// docs/reference.md, with their defaults.
-func settingsTable() string {
+// settingsTable renders settings as a Markdown table of docs/reference.md,
+// with their defaults.
+func settingsTable(settings []setting) string {
 	d := defaults()
 	var b strings.Builder
 	b.WriteString("| Variable | Default | Meaning |\n|---|---|---|\n")

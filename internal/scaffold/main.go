@@ -1,7 +1,8 @@
 // Command scaffold makes the common changes to this template the same way
 // every time. Run it from the repository root (the Taskfile does):
 //
-//	go run ./internal/scaffold service [-with-lab] MODULE DIR   copy the template into DIR as module MODULE
+//	go run ./internal/scaffold service [-with-lab] [-without PARTS] MODULE DIR
+//	                                       copy the template into DIR as module MODULE
 //	go run ./internal/scaffold migration MODULE NAME           create the next goose migration for a module
 //	go run ./internal/scaffold event MODULE TYPE               add an event type to internal/MODULE
 //
@@ -12,8 +13,10 @@ package main
 import (
 	"bytes"
 	"errors"
+	"flag"
 	"fmt"
 	"go/format"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -36,8 +39,10 @@ func main() {
 }
 
 const usage = `usage:
-  scaffold service [-with-lab] MODULE DIR   copy this template into DIR with module path MODULE
-                                            (the lab, lab/, only with -with-lab)
+  scaffold service [-with-lab] [-without PARTS] MODULE DIR
+                                            copy this template into DIR with module path MODULE
+                                            (the lab, lab/, only with -with-lab), leaving out
+                                            PARTS, comma-separated: brokers, consumer
   scaffold migration MODULE NAME            create the next numbered migration in db/migrations
                                             and add it to MODULE's block in sqlc.yaml
   scaffold event MODULE TYPE                add event TYPE (e.g. payment.captured) to internal/MODULE`
@@ -47,17 +52,27 @@ func run(args []string) error {
 		return errors.New(usage)
 	}
 	switch cmd, rest := args[0], args[1:]; {
-	case cmd == "service" && (len(rest) == 2 || len(rest) == 3 && rest[0] == "-with-lab"):
-		withLab := len(rest) == 3
-		if withLab {
-			rest = rest[1:]
+	case cmd == "service":
+		fs := flag.NewFlagSet("service", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		withLab := fs.Bool("with-lab", false, "")
+		without := fs.String("without", "", "")
+		if err := fs.Parse(rest); err != nil || fs.NArg() != 2 {
+			return errors.New(usage)
 		}
-		files, err := copyService(".", rest[1], rest[0], withLab)
+		var leave []string
+		for p := range strings.SplitSeq(*without, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				leave = append(leave, p)
+			}
+		}
+		mod, dir := fs.Arg(0), fs.Arg(1)
+		files, err := copyService(".", dir, mod, *withLab, leave...)
 		if err != nil {
 			return err
 		}
 		fmt.Printf("copied %d files into %s as module %s\n\nnext:\n  cd %s\n  git init && git add -A\n  go build ./... && ./task test\n",
-			files, rest[1], rest[0], rest[1])
+			files, dir, mod, dir)
 		return nil
 	case cmd == "migration" && len(rest) == 2:
 		path, err := newMigration("db/migrations", rest[1])
@@ -105,13 +120,31 @@ var validModule = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._~-]*(/[a-zA-Z0-9._
 // it: go.mod, tools/go.mod, Go imports, and any other text file. It copies
 // the files git knows (tracked, or untracked and not ignored); outside a
 // git checkout, every file but .git and bin/. The lab (lab/: the bench,
-// the workshop, the crash suite) stays behind unless withLab, and with it
-// the text the product's files mark as the lab's (stripLab). The copy gets
-// a README of its own, its development database is named after it, and so
-// are its processes and its events' source (serviceNames).
-func copyService(src, dst, newMod string, withLab bool) (int, error) {
+// the workshop, the crash suite) stays behind unless withLab, and so do
+// the parts named in without (brokers, consumer): their files, and the text
+// the product's files mark as theirs (stripPart), after which go mod tidy
+// drops the libraries only they used. The copy gets a README of its own,
+// saying what it left out; its development database is named after it,
+// and so are its processes and its events' source (serviceNames).
+func copyService(src, dst, newMod string, withLab bool, without ...string) (int, error) {
 	if !validModule.MatchString(newMod) || strings.Contains(newMod, "//") {
 		return 0, fmt.Errorf("module path %q: want something like github.com/acme/payments", newMod)
+	}
+	var leave []part
+	if !withLab {
+		leave = append(leave, parts[0])
+	}
+	for _, name := range without {
+		i := slices.IndexFunc(parts, func(p part) bool { return p.name == name })
+		if i <= 0 {
+			return 0, fmt.Errorf("-without %s: a copy may leave out %s", name, strings.Join(partNames(), " and "))
+		}
+		if withLab {
+			return 0, fmt.Errorf("-without %s: the lab (-with-lab) uses every part of the template", name)
+		}
+		if !slices.ContainsFunc(leave, func(p part) bool { return p.name == name }) {
+			leave = append(leave, parts[i])
+		}
 	}
 	oldMod, err := modulePath(src)
 	if err != nil {
@@ -128,7 +161,7 @@ func copyService(src, dst, newMod string, withLab bool) (int, error) {
 	names := serviceNames(oldMod, newMod)
 	n := 0
 	for _, rel := range files {
-		if !withLab && strings.HasPrefix(filepath.ToSlash(rel), "lab/") {
+		if slices.ContainsFunc(leave, func(p part) bool { return p.owns(rel) }) {
 			continue
 		}
 		from := filepath.Join(src, rel)
@@ -145,14 +178,14 @@ func copyService(src, dst, newMod string, withLab bool) (int, error) {
 			for _, n := range names {
 				b = renameName(b, n[0], n[1])
 			}
-			if !withLab {
-				if b, err = stripLab(rel, b); err != nil {
+			for _, p := range leave {
+				if b, err = stripPart(rel, b, p.name); err != nil {
 					return n, err
 				}
 			}
 			switch filepath.ToSlash(rel) {
 			case "README.md":
-				b = []byte(copyReadme(name, withLab))
+				b = []byte(copyReadme(name, leave))
 			case "internal/devdb/devdb.go":
 				b = localDatabase.ReplaceAll(b, []byte(`${1}"`+name+`"`))
 			case "scripts/db-backup", "scripts/db-restore":
@@ -175,7 +208,58 @@ func copyService(src, dst, newMod string, withLab bool) (int, error) {
 		}
 		n++
 	}
+	if len(without) > 0 {
+		// The libraries only the parts left out used go from go.mod.
+		cmd := exec.Command("go", "mod", "tidy")
+		cmd.Dir = dst
+		cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return n, fmt.Errorf("go mod tidy in %s: %w\n%s", dst, err, out)
+		}
+	}
 	return n, nil
+}
+
+// part is what a service made from the template may leave out: the files
+// and directories wholly its own, and the text the product's files mark as
+// its own (stripPart).
+type part struct {
+	name string
+	// paths are its files, and its directories ending in "/".
+	paths []string
+	// leftOut is what the README of a copy without it says.
+	leftOut string
+}
+
+// owns reports whether rel, a path relative to the template's root, is
+// wholly the part's.
+func (p part) owns(rel string) bool {
+	rel = filepath.ToSlash(rel)
+	return slices.ContainsFunc(p.paths, func(path string) bool {
+		return rel == path || strings.HasSuffix(path, "/") && strings.HasPrefix(rel, path)
+	})
+}
+
+// parts are what a copy may leave out: the lab (unless -with-lab), then
+// what -without names.
+var parts = []part{
+	{name: "lab", paths: []string{"lab/"}, leftOut: labLeftBehind},
+	{name: "brokers", paths: []string{
+		"internal/broker/", "internal/brokertest/", "docs/brokers.md", ".ci/ensure-brokers",
+		"internal/relayworker/brokers.go", "internal/relayworker/brokers_test.go", "internal/relayworker/brokers_internal_test.go",
+		"internal/outbox/secrets_broker_test.go",
+		"internal/consumer/nats.go", "internal/consumer/nats_test.go", "internal/consumer/nats_export_test.go", "cmd/consumer/nats.go",
+	}, leftOut: brokersLeftOut},
+	{name: "consumer", paths: []string{"internal/consumer/", "cmd/consumer/"}, leftOut: consumerLeftOut},
+}
+
+// partNames are the parts -without takes.
+func partNames() []string {
+	var names []string
+	for _, p := range parts[1:] {
+		names = append(names, p.name)
+	}
+	return names
 }
 
 // serviceName is the last element of a module path, as a database name.
@@ -259,57 +343,66 @@ var localDatabase = regexp.MustCompile(`(LocalDatabase\s*=\s*)"[^"]*"`)
 // DATABASE_URL of the backup and restore scripts.
 var scriptDatabase = regexp.MustCompile(`(127\.0\.0\.1:5432/)[a-z0-9_]+\?`)
 
-// copyReadme is the README of a copy named name.
-func copyReadme(name string, withLab bool) string {
+// copyReadme is the README of a copy named name, which left out parts.
+func copyReadme(name string, leftOut []part) string {
 	readme := strings.ReplaceAll(readmeTemplate, "NAME", name)
-	if !withLab {
-		readme += labLeftBehind
+	for _, p := range leftOut {
+		readme += p.leftOut
 	}
 	return readme
 }
 
-// The lab's text in the product's files, which a copy made without the lab
-// leaves out: in Markdown, whatever stands between these markers, inline
-// or on lines of their own; in YAML and .gitignore, the lines from "# lab"
-// to "# /lab". A copy made with the lab keeps the text and its markers.
+// A part's text in the product's files, which a copy made without the
+// part leaves out: in Markdown, whatever stands between "<!-- name -->" and
+// "<!-- /name -->", inline or on lines of their own; in YAML, .gitignore
+// and the shell scripts of .ci/, the lines from "# name" to "# /name"; in
+// Go, the lines from "// name" to "// /name" (never inside a doc comment,
+// which go doc would show them in: what a file documents for a part goes
+// in a file of the part's own, such as cmd/consumer/nats.go's package
+// comment). A copy that keeps the part keeps the text and its markers.
 const (
-	labBegin, labEnd         = "<!-- lab -->", "<!-- /lab -->"
-	labBeginLine, labEndLine = "# lab", "# /lab"
+	labBegin, labEnd = "<!-- lab -->", "<!-- /lab -->"
+	labBeginLine     = "# lab"
 )
 
-// stripLab removes the text marked as the lab's from the file rel (a path
-// relative to the template's root), refusing markers that do not pair up.
-// Files of other kinds are returned as they are.
-func stripLab(rel string, b []byte) ([]byte, error) {
+// stripLab removes the text marked as the lab's from the file rel.
+func stripLab(rel string, b []byte) ([]byte, error) { return stripPart(rel, b, "lab") }
+
+// stripPart removes the text marked as part name's from the file rel (a
+// path relative to the template's root), refusing markers that do not pair
+// up. Files of other kinds are returned as they are.
+func stripPart(rel string, b []byte, name string) ([]byte, error) {
 	base := filepath.Base(rel)
 	switch ext := filepath.Ext(base); {
 	case ext == ".md":
-		return stripLabMarkdown(rel, string(b))
-	case ext == ".yml" || ext == ".yaml" || base == ".gitignore":
-		return stripLabLines(rel, string(b))
+		return stripMarkdown(rel, string(b), "<!-- "+name+" -->", "<!-- /"+name+" -->")
+	case ext == ".yml" || ext == ".yaml" || base == ".gitignore" || path.Dir(filepath.ToSlash(rel)) == ".ci":
+		return stripLines(rel, string(b), "# "+name, "# /"+name)
+	case ext == ".go":
+		return stripLines(rel, string(b), "// "+name, "// /"+name)
 	}
 	return b, nil
 }
 
-func stripLabMarkdown(rel, s string) ([]byte, error) {
+func stripMarkdown(rel, s, begin, end string) ([]byte, error) {
 	var out strings.Builder
 	for {
-		i := strings.Index(s, labBegin)
-		j := strings.Index(s, labEnd)
+		i := strings.Index(s, begin)
+		j := strings.Index(s, end)
 		if i < 0 && j < 0 {
 			out.WriteString(s)
 			return []byte(out.String()), nil
 		}
 		if i < 0 || j < i {
-			return nil, fmt.Errorf("%s: %s without a %s before it", rel, labEnd, labBegin)
+			return nil, fmt.Errorf("%s: %s without a %s before it", rel, end, begin)
 		}
 		if j < 0 {
-			return nil, fmt.Errorf("%s: %s without a %s after it", rel, labBegin, labEnd)
+			return nil, fmt.Errorf("%s: %s without a %s after it", rel, begin, end)
 		}
-		if k := strings.Index(s[i+len(labBegin):j], labBegin); k >= 0 {
-			return nil, fmt.Errorf("%s: %s inside another", rel, labBegin)
+		if k := strings.Index(s[i+len(begin):j], begin); k >= 0 {
+			return nil, fmt.Errorf("%s: %s inside another", rel, begin)
 		}
-		before, after := s[:i], s[j+len(labEnd):]
+		before, after := s[:i], s[j+len(end):]
 		// A block on lines of its own goes with its lines, and with one
 		// of the blank lines that set it apart.
 		if (before == "" || strings.HasSuffix(before, "\n")) && strings.HasPrefix(after, "\n") {
@@ -326,20 +419,20 @@ func stripLabMarkdown(rel, s string) ([]byte, error) {
 	}
 }
 
-func stripLabLines(rel, s string) ([]byte, error) {
+func stripLines(rel, s, begin, end string) ([]byte, error) {
 	var out []string
 	in, ended := false, false
 	for n, line := range strings.SplitAfter(s, "\n") {
 		switch strings.TrimSpace(line) {
-		case labBeginLine:
+		case begin:
 			if in {
-				return nil, fmt.Errorf("%s:%d: %q inside another", rel, n+1, labBeginLine)
+				return nil, fmt.Errorf("%s:%d: %q inside another", rel, n+1, begin)
 			}
 			in = true
 			continue
-		case labEndLine:
+		case end:
 			if !in {
-				return nil, fmt.Errorf("%s:%d: %q without a %q before it", rel, n+1, labEndLine, labBeginLine)
+				return nil, fmt.Errorf("%s:%d: %q without a %q before it", rel, n+1, end, begin)
 			}
 			in, ended = false, true
 			continue
@@ -357,7 +450,7 @@ func stripLabLines(rel, s string) ([]byte, error) {
 		out = append(out, line)
 	}
 	if in {
-		return nil, fmt.Errorf("%s: %q without a %q after it", rel, labBeginLine, labEndLine)
+		return nil, fmt.Errorf("%s: %q without a %q after it", rel, begin, end)
 	}
 	return []byte(strings.Join(out, "")), nil
 }
@@ -386,6 +479,25 @@ The template's lab, which this copy leaves out (the performance suite, the
 crash suite, the workshop), measured the figures the docs state and put the
 product through its crashes; to keep it, copy the template with
 ` + "`-with-lab`" + `.
+`
+
+// brokersLeftOut ends the README of a copy made without broker destinations.
+const brokersLeftOut = `
+This copy was made without broker destinations (` + "`-without brokers`" + `): its
+worker delivers webhooks only. It has no NATS JetStream, Kafka or RabbitMQ
+transports, no broker settings and none of their client libraries, and its
+reference consumer, if it kept one, reads no JetStream stream. The admin API
+still knows the broker kinds: an endpoint of one fails and backs off, as on
+a worker with no broker configured.
+`
+
+// consumerLeftOut ends the README of a copy made without the reference
+// consumer.
+const consumerLeftOut = `
+This copy was made without the reference consumer (` + "`-without consumer`" + `):
+the receiver, written to be copied into a service that receives these
+webhooks, with its command, its schema and its block of sqlc.yaml. Its
+receivers must deduplicate on the webhook-id all the same.
 `
 
 func templateFiles(src string) ([]string, error) {

@@ -207,6 +207,12 @@ func TestCopyAndAddAModule(t *testing.T) {
 		if !bytes.Equal(renameModule(b, oldMod, "X"), b) {
 			t.Errorf("%s still names %s", path, oldMod)
 		}
+		// What reaches another system or the database server (a webhook's
+		// User-Agent, a test template's name, a directory) names the copy.
+		if strings.HasSuffix(path, ".go") && !strings.HasSuffix(path, "_test.go") && !strings.Contains(path, "scaffold") &&
+			bytes.Contains(bytes.ToLower(b), []byte(strings.ToLower(filepath.Base(filepath.Dir(oldMod))))) {
+			t.Errorf("%s names the template's owner, %s", path, filepath.Base(filepath.Dir(oldMod)))
+		}
 		if !strings.Contains(path, "scaffold") && (bytes.Contains(b, []byte(labBegin)) || bytes.Contains(b, []byte("\n"+labBeginLine+"\n"))) {
 			t.Errorf("%s keeps text marked as the lab's", path)
 		}

@@ -29,7 +29,7 @@ import (
 // options are the workshop's knobs; zero means the lab's default.
 type options struct {
 	N       int // orders or messages
-	History int // lab 7: delivered rows of history
+	History int // lab 8: delivered rows of history
 	Window  time.Duration
 	Seed    uint64 // 0: random
 	Verbose bool

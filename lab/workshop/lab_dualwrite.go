@@ -1,8 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -48,6 +51,17 @@ CREATE CONSTRAINT TRIGGER workshop_credit_check AFTER INSERT ON orders
 
 // startConsumer runs the reference consumer behind srv, verifying with secret.
 func (l *lab) startConsumer(srv *server, secret string) (*consumer.Consumer, error) {
+	c, err := l.newConsumer(secret)
+	if err != nil {
+		return nil, err
+	}
+	srv.Handle(c)
+	return c, nil
+}
+
+// newConsumer is the reference consumer, its tables in the lab's database,
+// verifying with secret.
+func (l *lab) newConsumer(secret string) (*consumer.Consumer, error) {
 	if err := consumer.Migrate(l.ctx, l.pool, discardLogger()); err != nil {
 		return nil, err
 	}
@@ -55,29 +69,31 @@ func (l *lab) startConsumer(srv *server, secret string) (*consumer.Consumer, err
 	if err != nil {
 		return nil, err
 	}
-	c := consumer.New(l.pool, v, discardLogger())
-	srv.Handle(c)
-	return c, nil
+	return consumer.New(l.pool, v, discardLogger()), nil
 }
 
-// tally compares what exists (orders) with what the consumer applied.
+// tally compares what exists (orders) with what a consumer applied.
 type tally struct {
 	orders, announced, phantom, lost, once, more int64
 }
 
-func (l *lab) tally() (tally, error) {
+// tally reads the reference consumer's ledger.
+func (l *lab) tally() (tally, error) { return l.tallyOf("consumer_ledger") }
+
+// tallyOf reads the ledger in table, which holds an order_id per entry.
+func (l *lab) tallyOf(table string) (tally, error) {
 	var t tally
-	err := l.pool.QueryRow(l.ctx, `
+	err := l.pool.QueryRow(l.ctx, strings.ReplaceAll(`
 SELECT
   (SELECT count(*) FROM orders),
-  (SELECT count(DISTINCT order_id) FROM consumer_ledger),
-  (SELECT count(DISTINCT c.order_id) FROM consumer_ledger c WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.id = c.order_id)),
-  (SELECT count(*) FROM orders o WHERE NOT EXISTS (SELECT 1 FROM consumer_ledger c WHERE c.order_id = o.id)),
-  (SELECT count(*) FROM orders o WHERE (SELECT count(*) FROM consumer_ledger c WHERE c.order_id = o.id) = 1),
-  (SELECT count(*) FROM orders o WHERE (SELECT count(*) FROM consumer_ledger c WHERE c.order_id = o.id) > 1)`).
+  (SELECT count(DISTINCT order_id) FROM LEDGER),
+  (SELECT count(DISTINCT c.order_id) FROM LEDGER c WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.id = c.order_id)),
+  (SELECT count(*) FROM orders o WHERE NOT EXISTS (SELECT 1 FROM LEDGER c WHERE c.order_id = o.id)),
+  (SELECT count(*) FROM orders o WHERE (SELECT count(*) FROM LEDGER c WHERE c.order_id = o.id) = 1),
+  (SELECT count(*) FROM orders o WHERE (SELECT count(*) FROM LEDGER c WHERE c.order_id = o.id) > 1)`, "LEDGER", table)).
 		Scan(&t.orders, &t.announced, &t.phantom, &t.lost, &t.once, &t.more)
 	if err != nil {
-		return t, fmt.Errorf("comparing orders with the consumer's ledger: %w", err)
+		return t, fmt.Errorf("comparing orders with the ledger %s: %w", table, err)
 	}
 	return t, nil
 }
@@ -213,6 +229,12 @@ func lab2(l *lab) (*Report, error) {
 	return r, nil
 }
 
+// consumerWork is what each webhook costs lab 3's consumers, longer than
+// the relay's poll interval (50 ms), between which it writes the outcomes
+// of its requests: the relay that is killed has then recorded every
+// webhook it sent but the last one or two, whatever the machine's speed.
+const consumerWork = 60 * time.Millisecond
+
 func lab3(l *lab) (*Report, error) {
 	n := l.size(200)
 	held := l.pick(n, 0.2)
@@ -245,11 +267,37 @@ func lab3(l *lab) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Count every request the consumer answers, whatever the answer.
+	if _, err := l.pool.Exec(l.ctx, noInboxLedger); err != nil {
+		return nil, fmt.Errorf("creating the ledger without an inbox: %w", err)
+	}
+	verifier, err := webhook.NewVerifier(ep.Secret)
+	if err != nil {
+		return nil, err
+	}
+	// The same webhooks go to two consumers side by side: the reference
+	// consumer, with its inbox, and one without. Every request is counted,
+	// whatever the answer.
+	noInbox := &noInboxConsumer{pool: l.pool, verifier: verifier}
 	var requests atomic.Int64
 	srv.Handle(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		cons.ServeHTTP(w, r)
+		time.Sleep(consumerWork) // the consumers' own work on each webhook
+		body, err := io.ReadAll(io.LimitReader(r.Body, consumer.MaxBody))
+		if err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		status := http.StatusNoContent
+		for _, h := range []http.Handler{cons, noInbox} {
+			rec := httptest.NewRecorder()
+			req := r.Clone(r.Context())
+			req.Body = io.NopCloser(bytes.NewReader(body))
+			h.ServeHTTP(rec, req)
+			if rec.Code/100 != 2 {
+				status = rec.Code
+			}
+		}
 		requests.Add(1)
+		w.WriteHeader(status)
 	}))
 
 	l.p.Step("placing %d orders with the real service (order + outbox row, one transaction), with lab 1's failing COMMITs and lab 2's kills", n)
@@ -259,15 +307,11 @@ func lab3(l *lab) (*Report, error) {
 	}
 
 	cfg := labRelayConfig()
-	committed, err := l.count("SELECT count(*) FROM outbox_messages")
-	if err != nil {
-		return nil, err
-	}
-	after := 1 + l.rng.Int64N(max(1, committed/4))
-	l.p.Step("a relay process delivers, and is SIGKILLed after %d webhooks went out, before recording them", after)
+	after := int64(max(1, n/10))
+	l.p.Step("a relay process delivers, one webhook at a time, and is SIGKILLed after %d went out, before recording the last", after)
 	var reported int64
 	// The relay that dies sends one webhook at a time, so "sent before the
-	// kill" is exact: each was answered, and applied, by the consumer.
+	// kill" is exact: each was answered, and applied, by the consumers.
 	crashCfg := cfg
 	crashCfg.DestinationConcurrency = 1
 	dyingURL, err := url.Parse(l.url)
@@ -289,8 +333,9 @@ func lab3(l *lab) (*Report, error) {
 	if !killed {
 		return nil, fmt.Errorf("the relay process exited without being killed")
 	}
-	// What the consumer got from the dead relay (once the requests it was
-	// answering when the relay died are done), and what the relay recorded.
+	died := time.Now()
+	// What the consumers got from the dead relay (once the requests they
+	// were answering when it died are done), and what the relay recorded.
 	sentBeforeKill := requests.Load()
 	// A statement the relay sent just before it died still runs to its end
 	// on the server, and may record an outcome: what it recorded is read
@@ -307,25 +352,36 @@ func lab3(l *lab) (*Report, error) {
 		return nil, err
 	}
 
-	l.p.Step("starting a healthy relay: once the dead relay's heartbeat is %s old it is declared dead, and what it held is delivered with the rest",
-		seconds(relay.DefaultConfig().RelayTimeout))
+	timeout := relay.DefaultConfig().RelayTimeout
+	l.p.Step("a healthy relay starts; the dead relay's deliver job holds the endpoint (its lease) until its heartbeat is %s old: nothing is sent until then",
+		seconds(timeout))
 	if _, err := l.startRelay(cfg, nil); err != nil {
 		return nil, err
 	}
-	start := time.Now()
+	var silence time.Duration
 	err = l.waitFor(time.Minute, "every message delivered", func() (bool, string, error) {
 		s, err := l.stats()
 		if err != nil {
 			return false, "", err
 		}
 		total := s.Pending + s.Claimed + s.Delivered + s.Failed
-		return s.Pending+s.Claimed == 0, fmt.Sprintf("%s · %d still held by the dead relay · %s",
-			countText(s.Delivered, total, "delivered"), s.Claimed, seconds(time.Since(start))), nil
+		status := countText(s.Delivered, total, "delivered")
+		if requests.Load() == sentBeforeKill {
+			status += fmt.Sprintf(" · %d held by the dead relay, whose lease holds the endpoint: %s since the kill, the relay timeout is %s",
+				s.Claimed, seconds(time.Since(died)), seconds(timeout))
+		} else if silence == 0 {
+			silence = time.Since(died)
+		}
+		return s.Pending+s.Claimed == 0, status, nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	t, err := l.tally()
+	with, err := l.tally()
+	if err != nil {
+		return nil, err
+	}
+	without, err := l.tallyOf("workshop_ledger_no_inbox")
 	if err != nil {
 		return nil, err
 	}
@@ -339,23 +395,30 @@ func lab3(l *lab) (*Report, error) {
 	r.Count("attempted", "orders attempted", int64(n), "")
 	r.Count("refused", "commits refused", w.refused, "lab 1's failing COMMIT: the outbox row rolled back too")
 	r.Count("killed", "writer killed after COMMIT", w.killed, "lab 2's crash: the outbox row is already committed")
-	r.Count("orders", "orders committed", t.orders, "")
+	r.Count("orders", "orders committed", with.orders, "")
 	r.Section("relaying: the outbox relay, killed between send and mark")
 	r.Count("relay_killed", "relay process killed", 1, "after sending, before recording (SIGKILL)")
-	r.Count("sent_by_dead", "webhooks it sent", sentBeforeKill, "the consumer applied each one")
+	r.Count("sent_by_dead", "webhooks it sent", sentBeforeKill, "each applied by both consumers")
 	r.Count("recorded_by_dead", "of which it recorded", recorded, "marked delivered before the kill; the rest were not")
 	r.Count("held_by_dead", "messages it held claimed", heldClaims, "released when the dead relay's heartbeat is 5 s old")
+	r.Duration("silence", "nothing sent for", silence, "after the kill: the dead relay's job held the endpoint's lease")
 	r.Count("received", "webhooks received in all", requests.Load(), "")
-	r.Count("duplicates", "duplicates", cs.Duplicates, "same webhook-id again; the consumer's inbox skipped them")
-	r.Section("outcome")
-	r.Count("phantom", "phantom events", t.phantom, "")
-	r.Count("lost", "lost events", t.lost, "")
-	r.OutOf("once", "applied exactly once", t.once, t.orders, "orders")
-	r.Count("more", "applied more than once", t.more, "")
-	r.Verdict("Every committed order was announced and applied once; no refused order was announced.")
-	r.Verdict("Delivery was at-least-once (duplicates: %d); the consumer's dedup on webhook-id made it exactly-once.", cs.Duplicates)
-	if t.phantom != 0 || t.lost != 0 || t.once != t.orders || t.more != 0 || cs.Duplicates == 0 || cs.Duplicates < sentBeforeKill-recorded {
-		return r, fmt.Errorf("%w: lab 3's invariants do not hold (consumer %+v, sent %d, recorded %d)", errInvariant, cs, sentBeforeKill, recorded)
+	r.Count("sent_again", "sent again", requests.Load()-with.orders, "sent, not recorded, so sent again: same webhook-id")
+	r.Section("the consumer with an inbox: the webhook-id recorded in the transaction of the effect")
+	r.Count("phantom", "phantom events", with.phantom, "")
+	r.Count("lost", "lost events", with.lost, "")
+	r.OutOf("once", "applied exactly once", with.once, with.orders, "orders")
+	r.Count("more", "applied more than once", with.more, "")
+	r.Count("duplicates", "duplicates skipped", cs.Duplicates, "the inbox had the webhook-id already")
+	r.Section("the same webhooks, to a consumer without an inbox")
+	r.OutOf("no_inbox.once", "applied exactly once", without.once, without.orders, "orders")
+	r.Count("no_inbox.more", "applied more than once", without.more, "each webhook sent again was applied again")
+	r.Verdict("Every committed order was announced, no refused one: delivery was at-least-once (%d sent again).", r.Counts["sent_again"])
+	r.Verdict("The consumer with an inbox applied each order once; the one without applied %d of them twice.", without.more)
+	if with.phantom != 0 || with.lost != 0 || with.once != with.orders || with.more != 0 || cs.Duplicates == 0 ||
+		cs.Duplicates != r.Counts["sent_again"] || without.more != cs.Duplicates || without.lost != 0 {
+		return r, fmt.Errorf("%w: lab 3's invariants do not hold (consumer %+v, sent %d, recorded %d, without an inbox %+v)",
+			errInvariant, cs, sentBeforeKill, recorded, without)
 	}
 	return r, nil
 }

@@ -148,7 +148,7 @@ FROM src`, n, age.Seconds())
 	return err
 }
 
-func lab7(l *lab) (*Report, error) {
+func lab8(l *lab) (*Report, error) {
 	history := l.opts.History
 	if history == 0 {
 		history = 100_000
@@ -237,7 +237,7 @@ func lab7(l *lab) (*Report, error) {
 		return nil, err
 	}
 
-	r := newReport("Lab 7: growth and pruning")
+	r := newReport("Lab 8: growth and pruning")
 	r.Section("the claim (EXPLAIN ANALYZE, batch of 100): how it finds the pending rows, and what that reads")
 	r.Text("plan.before", "with no history", before.scan, fmt.Sprintf("%d buffers, %.2f ms", before.buffers, before.ms))
 	r.Text("plan.grown", fmt.Sprintf("with %d delivered rows", history), grown.scan, fmt.Sprintf("%d buffers, %.2f ms", grown.buffers, grown.ms))
@@ -259,7 +259,7 @@ func lab7(l *lab) (*Report, error) {
 	if !strings.Contains(grown.scan, idx) || !strings.Contains(after.scan, idx) ||
 		strings.Contains(noIndex.scan, idx) || noIndex.buffers <= 10*grown.buffers || pruned != int64(old) || prunedEvents != int64(old) ||
 		sizeRefilled >= sizeGrown+(sizeGrown-sizeBefore)*int64(old)/int64(history) {
-		return r, fmt.Errorf("%w: lab 7's invariants do not hold", errInvariant)
+		return r, fmt.Errorf("%w: lab 8's invariants do not hold", errInvariant)
 	}
 	return r, nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -33,110 +34,219 @@ func (l *lab) enqueue(typ string, n int, data func(i int) any) ([]uuid.UUID, err
 	return all, err
 }
 
-// countingTransport counts successful sends, to show how relays split work.
-type countingTransport struct {
-	relay.Transport
-	sent atomic.Int64
+// leaseWatch sees, from the relays' side, which relay sends to which
+// endpoint, and whether two relays ever have requests in flight to one
+// endpoint at once.
+type leaseWatch struct {
+	mu       sync.Mutex
+	inFlight map[string]*[2]int // by endpoint URL, by relay
+	served   [2]map[string]bool
+	sent     [2]int64
+	overlaps int64
 }
 
-func (t *countingTransport) Deliver(ctx context.Context, d relay.Delivery) relay.Result {
-	res := t.Transport.Deliver(ctx, d)
-	if res.Err == nil && res.StatusCode/100 == 2 {
-		t.sent.Add(1)
+func newLeaseWatch() *leaseWatch {
+	return &leaseWatch{inFlight: map[string]*[2]int{}, served: [2]map[string]bool{{}, {}}}
+}
+
+// transport is relay number i's transport (0 is A, 1 is B), watched.
+func (w *leaseWatch) transport(i int) relay.Transport {
+	return watchedTransport{Transport: httpTransport(), watch: w, relay: i}
+}
+
+type watchedTransport struct {
+	relay.Transport
+	watch *leaseWatch
+	relay int
+}
+
+func (t watchedTransport) Deliver(ctx context.Context, d relay.Delivery) relay.Result {
+	w := t.watch
+	w.mu.Lock()
+	n := w.inFlight[d.URL]
+	if n == nil {
+		n = &[2]int{}
+		w.inFlight[d.URL] = n
 	}
+	if n[1-t.relay] > 0 {
+		w.overlaps++
+	}
+	n[t.relay]++
+	w.served[t.relay][d.URL] = true
+	w.mu.Unlock()
+	res := t.Transport.Deliver(ctx, d)
+	w.mu.Lock()
+	n[t.relay]--
+	if res.Err == nil && res.StatusCode/100 == 2 {
+		w.sent[t.relay]++
+	}
+	w.mu.Unlock()
 	return res
 }
+
+// receiverWork is what each webhook costs lab 4's receiver: enough that
+// sending, not the database, sets the pace, so one relay waiting for the
+// other shows in the time.
+const receiverWork = 2 * time.Millisecond
 
 func lab4(l *lab) (*Report, error) {
 	n := l.size(500)
 	rc := newReceiver()
+	rc.respond = func(*http.Request, []byte) int {
+		time.Sleep(receiverWork) // the receiver's own work on each webhook
+		return http.StatusNoContent
+	}
 	srv, err := l.serve(rc)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := l.endpoint(srv.URL, "order.placed"); err != nil {
-		return nil, err
-	}
 	data := func(i int) any { return map[string]int{"n": i} }
-	r := newReport("Lab 4: two relays, without and with a claim")
+	r := newReport("Lab 4: two relays: without a claim, with a lock, with SKIP LOCKED, and the outbox relay")
 
-	// Without a claim.
-	if _, err := l.enqueue("order.placed", n, data); err != nil {
-		return nil, err
-	}
-	l.p.Step("two relays without a claim: each SELECTs pending rows, sends them, then UPDATEs them to delivered")
-	var a, b atomic.Int64
-	var wg sync.WaitGroup
-	errs := make([]error, 2)
-	start := time.Now()
-	for i, counter := range []*atomic.Int64{&a, &b} {
-		wg.Go(func() { errs[i] = naiveRelayNoClaim(l.ctx, l.pool, httpTransport(), counter) })
-	}
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	for waiting := true; waiting; {
-		select {
-		case <-done:
-			waiting = false
-		case <-time.After(100 * time.Millisecond):
+	// fresh empties the outbox and enqueues n messages, one to each
+	// endpoint in turn.
+	fresh := func(endpoints int) error {
+		if _, err := l.pool.Exec(l.ctx, "TRUNCATE outbox_messages, outbox_events CASCADE; DELETE FROM webhook_endpoints"); err != nil {
+			return err
 		}
+		rc.reset()
+		for e := range endpoints {
+			if _, err := l.endpoint(fmt.Sprintf("%s/endpoint-%d", srv.URL, e+1), fmt.Sprintf("order.placed.%d", e+1)); err != nil {
+				return err
+			}
+			if _, err := l.enqueue(fmt.Sprintf("order.placed.%d", e+1), n/endpoints, data); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	// naive runs two naive relays to the end and reports them.
+	naive := func(key, heading, dupNote, timeNote string, relays [2]func(*atomic.Int64) error) error {
+		if err := fresh(1); err != nil {
+			return err
+		}
+		var sent [2]atomic.Int64
+		var errs [2]error
+		var wg sync.WaitGroup
+		start := time.Now()
+		for i := range relays {
+			wg.Go(func() { errs[i] = relays[i](&sent[i]) })
+		}
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		for waiting := true; waiting; {
+			select {
+			case <-done:
+				waiting = false
+			case <-time.After(100 * time.Millisecond):
+			}
+			d, u, _ := rc.counts()
+			l.p.Status("%s · %d webhooks received", countText(u, int64(n), "messages"), d)
+		}
+		if err := errors.Join(errs[:]...); err != nil {
+			return err
+		}
+		took := time.Since(start)
 		d, u, _ := rc.counts()
-		l.p.Status("%s · %d webhooks received", countText(u, int64(n), "messages"), d)
-	}
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
+		r.Section(heading)
+		if key == "naive" {
+			r.Count(key+".messages", "messages", int64(n), "")
+			r.Count(key+".received", "webhooks received", d, "")
 		}
+		r.Counts[key+".unique"] = u
+		r.Count(key+".duplicates", "duplicates", d-u, dupNote)
+		r.Text(key+".split", "sent by relay A / relay B", fmt.Sprintf("%d / %d", sent[0].Load(), sent[1].Load()), "")
+		r.Duration(key+".time", "time", took, timeNote)
+		return nil
 	}
-	naiveTime := time.Since(start)
-	d, u, _ := rc.counts()
-	r.Section("without a claim: SELECT ... WHERE status = 'pending', send, UPDATE")
-	r.Count("naive.messages", "messages", int64(n), "")
-	r.Count("naive.received", "webhooks received", d, "")
-	r.Count("naive.unique", "distinct messages received", u, "")
-	r.Count("naive.duplicates", "duplicates", d-u, "both relays read the same rows before either marked them")
-	r.Text("naive.split", "sent by relay A / relay B", fmt.Sprintf("%d / %d", a.Load(), b.Load()), "")
-	r.Duration("naive.time", "time", naiveTime, "")
 
-	// With the claim: the real relay, twice.
-	if _, err := l.pool.Exec(l.ctx, "TRUNCATE outbox_messages, outbox_events CASCADE"); err != nil {
+	l.p.Step("two relays without a claim: each SELECTs pending rows, sends them, then UPDATEs them to delivered")
+	err = naive("naive", "without a claim: SELECT ... WHERE status = 'pending', send, UPDATE",
+		"both relays read the same rows before either marked them", "",
+		[2]func(*atomic.Int64) error{
+			func(sent *atomic.Int64) error { return naiveRelayNoClaim(l.ctx, l.pool, httpTransport(), sent) },
+			func(sent *atomic.Int64) error { return naiveRelayNoClaim(l.ctx, l.pool, httpTransport(), sent) },
+		})
+	if err != nil {
 		return nil, err
 	}
-	rc.reset()
-	if _, err := l.enqueue("order.placed", n, data); err != nil {
+	locking := func(skipLocked bool) [2]func(*atomic.Int64) error {
+		run := func(sent *atomic.Int64) error {
+			lr := &lockingRelay{pool: l.pool, transport: httpTransport(), skipLocked: skipLocked, batch: 50, retryAfter: time.Second}
+			err := lr.run(l.ctx)
+			sent.Store(lr.sent.Load())
+			return err
+		}
+		return [2]func(*atomic.Int64) error{run, run}
+	}
+	l.p.Step("two relays that lock what they send: SELECT ... FOR UPDATE, send, UPDATE, COMMIT")
+	err = naive("lock", "a lock held while sending: SELECT ... FOR UPDATE, send, UPDATE, COMMIT",
+		"each row was locked by one relay", "each relay waited for the other's locks: they took turns", locking(false))
+	if err != nil {
 		return nil, err
 	}
-	l.p.Step("two outbox relays (two River clients): the claim moves rows to claimed in one statement, FOR UPDATE SKIP LOCKED")
+	l.p.Step("two relays that skip what the other locked: SELECT ... FOR UPDATE SKIP LOCKED, send, UPDATE, COMMIT")
+	err = naive("skip", "with SKIP LOCKED: SELECT ... FOR UPDATE SKIP LOCKED, send, UPDATE, COMMIT",
+		"each row was locked by one relay", "each relay took the rows the other had not locked", locking(true))
+	if err != nil {
+		return nil, err
+	}
+
+	// The outbox relay: a lease per endpoint, then the claim.
+	const endpoints = 4
+	if err := fresh(endpoints); err != nil {
+		return nil, err
+	}
+	total := int64(endpoints * (n / endpoints))
+	l.p.Step("two outbox relays (two River clients, each serving 2 endpoints at a time) on %d endpoints: a lease per endpoint, then the claim", endpoints)
 	cfg := labRelayConfig()
-	cfg.BatchSize = 50
-	ta, tb := &countingTransport{Transport: httpTransport()}, &countingTransport{Transport: httpTransport()}
-	start = time.Now()
-	for _, t := range []relay.Transport{ta, tb} {
-		if _, err := l.startRelay(cfg, t); err != nil {
+	// Each relay serves two endpoints at once: with four, neither can take
+	// them all, so both have work from the start.
+	cfg.DeliverWorkers = 2
+	watch := newLeaseWatch()
+	start := time.Now()
+	for i := range 2 {
+		if _, err := l.startRelay(cfg, watch.transport(i)); err != nil {
 			return nil, err
 		}
 	}
 	err = l.waitFor(time.Minute, "every message delivered", func() (bool, string, error) {
 		s, err := l.stats()
 		d, _, _ := rc.counts()
-		return s.Delivered == int64(n), fmt.Sprintf("%s · %d webhooks received", countText(s.Delivered, int64(n), "delivered"), d), err
+		return s.Delivered == total, fmt.Sprintf("%s · %d webhooks received", countText(s.Delivered, total, "delivered"), d), err
 	})
 	if err != nil {
 		return nil, err
 	}
-	claimTime := time.Since(start)
-	d, u, _ = rc.counts()
-	r.Section("with the claim: UPDATE ... FROM (SELECT ... FOR UPDATE SKIP LOCKED)")
-	r.Count("claim.messages", "messages", int64(n), "")
-	r.Count("claim.received", "webhooks received", d, "")
-	r.Count("claim.unique", "distinct messages received", u, "")
-	r.Count("claim.duplicates", "duplicates", d-u, "each row was claimed by exactly one relay")
-	r.Text("claim.split", "sent by relay A / relay B", fmt.Sprintf("%d / %d", ta.sent.Load(), tb.sent.Load()), "")
-	r.Duration("claim.time", "time", claimTime, "")
+	took := time.Since(start)
+	d, u, _ := rc.counts()
+	watch.mu.Lock()
+	sentA, sentB, servedA, servedB, overlaps := watch.sent[0], watch.sent[1], len(watch.served[0]), len(watch.served[1]), watch.overlaps
+	watch.mu.Unlock()
+	r.Section("the outbox relay: a lease per endpoint, then the claim, UPDATE ... FROM (SELECT ... FOR UPDATE SKIP LOCKED)")
+	r.Count("relay.endpoints", "endpoints", endpoints, "")
+	r.Counts["relay.unique"] = u
+	r.Count("relay.duplicates", "duplicates", d-u, "each row was claimed by one relay")
+	r.Text("relay.split", "sent by relay A / relay B", fmt.Sprintf("%d / %d", sentA, sentB), "")
+	r.Text("relay.served", "endpoints relay A / relay B served", fmt.Sprintf("%d / %d", servedA, servedB), "")
+	r.Count("relay.overlaps", "sent to one endpoint by both at once", overlaps, "its lease: one relay serves an endpoint at a time")
+	r.Duration("relay.time", "time", took, "")
+	r.Counts["relay.sent_a"], r.Counts["relay.sent_b"] = sentA, sentB
+	r.Counts["relay.served_a"], r.Counts["relay.served_b"] = int64(servedA), int64(servedB)
+
 	r.Verdict("Without a claim, a second relay doubles the traffic instead of sharing it: %d duplicates.", r.Counts["naive.duplicates"])
-	r.Verdict("With the claim, the relays partition the rows: %d duplicates.", d-u)
-	if r.Counts["naive.duplicates"] == 0 || d != u || u != int64(n) {
-		return r, fmt.Errorf("%w: lab 4 expects duplicates without the claim and none with it", errInvariant)
+	r.Verdict("A lock held while sending stops them, but the relays take turns: %s, against %s with SKIP LOCKED.",
+		r.Texts["lock.time"], r.Texts["skip.time"])
+	r.Verdict("The outbox relay leases each endpoint to one relay at a time, then claims its rows with SKIP LOCKED:")
+	r.Verdict("the relays share the endpoints, not one endpoint's rows, so each endpoint keeps one order and one pace.")
+	c := r.Counts
+	switch {
+	case c["naive.duplicates"] == 0:
+		return r, fmt.Errorf("%w: lab 4 expects duplicates without a claim", errInvariant)
+	case c["lock.duplicates"] != 0 || c["skip.duplicates"] != 0 || c["relay.duplicates"] != 0 || c["relay.overlaps"] != 0:
+		return r, fmt.Errorf("%w: lab 4 expects no duplicates with a lock, and one relay per endpoint at a time", errInvariant)
+	case c["lock.unique"] != int64(n) || c["skip.unique"] != int64(n) || c["relay.unique"] != total:
+		return r, fmt.Errorf("%w: lab 4 expects every message delivered", errInvariant)
 	}
 	return r, nil
 }
@@ -195,7 +305,7 @@ func lab5(l *lab) (*Report, error) {
 	d, u, _ := rc.counts()
 	r := newReport("Lab 5: a relay dies holding claims")
 	r.Count("messages", "messages", int64(n), "")
-	r.Count("claimed", "claimed by the relay that died", claimed, "as many as its requests in flight: no other relay touches them")
+	r.Count("claimed", "claimed by the relay that died", claimed, "as many as its pace let it send at once: no other relay touches them")
 	r.Duration("timeout", "relay timeout", relayTimeout, "a heartbeat older than this means dead")
 	r.Duration("held", "longest claim held", time.Duration(held*float64(time.Second)), "from the claim to its release")
 	r.Count("released", "released when it was declared dead", released, "recorded as an 'interrupted' attempt")
@@ -318,7 +428,7 @@ func lab6(l *lab) (*Report, error) {
 	return r, nil
 }
 
-func lab8(l *lab) (*Report, error) {
+func lab9(l *lab) (*Report, error) {
 	n := l.size(30)
 	window := l.opts.Window
 	if window == 0 {
@@ -345,7 +455,7 @@ func lab8(l *lab) (*Report, error) {
 		}
 	}
 	data := func(i int) any { return map[string]int{"n": i} }
-	r := newReport("Lab 8: head-of-line blocking")
+	r := newReport("Lab 9: head-of-line blocking")
 	watch := func(label string) time.Duration {
 		start := time.Now()
 		var all time.Duration
@@ -413,7 +523,7 @@ func lab8(l *lab) (*Report, error) {
 	r.Verdict("One hanging receiver held the single queue: each of its messages cost a timeout, and the")
 	r.Verdict("healthy receiver's messages waited behind them. Per destination, the healthy one never waits.")
 	if r.Counts["isolated.healthy"] != int64(n) || r.Counts["naive.healthy"] >= int64(n) {
-		return r, fmt.Errorf("%w: lab 8 expects the single queue to fall behind and the outbox relay not to", errInvariant)
+		return r, fmt.Errorf("%w: lab 9 expects the single queue to fall behind and the outbox relay not to", errInvariant)
 	}
 	return r, nil
 }

@@ -4,7 +4,7 @@
 // at the end) and real HTTP receivers on 127.0.0.1. Each lab injects a
 // failure, shows its progress, and prints a short report with counts.
 //
-//	workshop [flags] LAB       LAB is 1 to 9, "all" or "list"
+//	workshop [flags] LAB       LAB is 1 to 10, "all" or "list"
 //	./task workshop -- 3       the same, through the Taskfile
 //
 // lab/workshop/README.md walks an instructor through the labs. The server is
@@ -37,12 +37,13 @@ var labs = []labDef{
 	{"Publish, then commit", lab1},
 	{"Commit, then publish", lab2},
 	{"The outbox", lab3},
-	{"Two relays without a claim, and with one", lab4},
+	{"Two relays: without a claim, with a lock, with SKIP LOCKED, and the outbox relay", lab4},
 	{"A relay dies holding claims", lab5},
 	{"A poison message", lab6},
-	{"Growth and pruning", lab7},
-	{"Head-of-line blocking", lab8},
-	{"The broker's dedup window and the consumer's inbox", lab9},
+	{"Per-key order", lab7},
+	{"Growth and pruning", lab8},
+	{"Head-of-line blocking", lab9},
+	{"The broker's dedup window and the consumer's inbox", lab10},
 }
 
 func main() {
@@ -62,12 +63,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	var opts options
 	fs.IntVar(&opts.N, "n", 0, "orders or messages per lab (0: the lab's default, sized to run in seconds)")
-	fs.IntVar(&opts.History, "history", 0, "lab 7: delivered rows of history (0: 100000)")
-	fs.DurationVar(&opts.Window, "window", 0, "lab 8: how long each relay is watched (0: 2s)")
+	fs.IntVar(&opts.History, "history", 0, "lab 8: delivered rows of history (0: 100000)")
+	fs.DurationVar(&opts.Window, "window", 0, "lab 9: how long each relay is watched (0: 2s)")
 	fs.Uint64Var(&opts.Seed, "seed", 0, "random seed for which orders fail (0: random)")
 	fs.BoolVar(&opts.Verbose, "v", false, "show the relay's warnings")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: workshop [flags] LAB   (LAB: 1-9, all, list; flags may follow LAB)")
+		fmt.Fprintln(stderr, "usage: workshop [flags] LAB   (LAB: 1-10, all, list; flags may follow LAB)")
 		for i, l := range labs {
 			fmt.Fprintf(stderr, "  %d  %s\n", i+1, l.title)
 		}

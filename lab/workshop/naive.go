@@ -24,8 +24,10 @@ import (
 )
 
 // This file holds the designs the outbox replaces, written plainly so a
-// learner can read them: the dual writes (labs 1 and 2) and the relays
-// without a claim or without per-destination isolation (labs 4 and 8).
+// learner can read them: the dual writes (labs 1 and 2), a consumer without
+// an inbox (lab 3), the relays without a claim, with a lock held while
+// sending, without per-key order (labs 4 and 7) or without per-destination
+// isolation (lab 9), and a consumer that assumes commit order (lab 7).
 
 // customer names order i's customer; a credit hold on it fails the commit.
 func customer(i int) string { return fmt.Sprintf("customer-%04d", i) }
@@ -92,6 +94,60 @@ func (p *publisher) publish(ctx context.Context, o orders.Order) error {
 		return fmt.Errorf("publishing: receiver answered %s", resp.Status)
 	}
 	return nil
+}
+
+// noInboxConsumer is lab 3's consumer without an inbox: it verifies each
+// webhook and appends it to a ledger of its own, as the reference consumer
+// does, but remembers no webhook-id, so a webhook sent again is applied
+// again.
+type noInboxConsumer struct {
+	pool     *pgxpool.Pool
+	verifier *webhook.Verifier
+}
+
+// noInboxLedger is its ledger: one row per webhook it applied.
+const noInboxLedger = `CREATE TABLE workshop_ledger_no_inbox (
+	webhook_id text NOT NULL,
+	order_id   uuid NOT NULL,
+	event_type text NOT NULL,
+	applied_at timestamptz NOT NULL DEFAULT now())`
+
+func (c *noInboxConsumer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	if err != nil || c.verifier.Verify(r.Header, body) != nil {
+		w.WriteHeader(http.StatusUnauthorized)
+		return
+	}
+	var env struct {
+		Type string `json:"type"`
+		Data struct {
+			ID uuid.UUID `json:"id"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(body, &env); err != nil {
+		w.WriteHeader(http.StatusBadRequest)
+		return
+	}
+	if _, err := c.pool.Exec(r.Context(), `INSERT INTO workshop_ledger_no_inbox (webhook_id, order_id, event_type) VALUES ($1, $2, $3)`,
+		r.Header.Get(webhook.HeaderID), env.Data.ID, env.Type); err != nil {
+		w.WriteHeader(http.StatusInternalServerError)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// statusConsumer is lab 7's consumer that assumes commit order: it keeps
+// each order's status as the last webhook it received says, as if webhooks
+// came in the order their events happened.
+type statusConsumer struct{ pool *pgxpool.Pool }
+
+// statusTable is its state: each order's status, as last told.
+const statusTable = `CREATE TABLE workshop_order_status (order_id uuid PRIMARY KEY, status text NOT NULL)`
+
+func (c *statusConsumer) apply(ctx context.Context, order uuid.UUID, status string) error {
+	_, err := c.pool.Exec(ctx, `INSERT INTO workshop_order_status (order_id, status) VALUES ($1, $2)
+		ON CONFLICT (order_id) DO UPDATE SET status = excluded.status`, order, status)
+	return err
 }
 
 // publishThenCommit is design 1: announce, then commit. When the commit
@@ -251,11 +307,13 @@ func readPending(ctx context.Context, pool *pgxpool.Pool, limit int) ([]pendingR
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (pendingRow, error) {
-		var p pendingRow
-		err := r.Scan(&p.id, &p.eventID, &p.typ, &p.url, &p.secret, &p.payload, &p.eventCreatedAt)
-		return p, err
-	})
+	return pgx.CollectRows(rows, scanPending)
+}
+
+func scanPending(r pgx.CollectableRow) (pendingRow, error) {
+	var p pendingRow
+	err := r.Scan(&p.id, &p.eventID, &p.typ, &p.url, &p.secret, &p.payload, &p.eventCreatedAt)
+	return p, err
 }
 
 // send delivers one row as the real relay's transport would: webhook-id and
@@ -292,7 +350,80 @@ func naiveRelayNoClaim(ctx context.Context, pool *pgxpool.Pool, t relay.Transpor
 	}
 }
 
-// naiveRelaySingleQueue is lab 8's relay without per-destination isolation:
+// lockingRelay is a relay that holds a lock on what it sends: in one
+// transaction it SELECTs due rows FOR UPDATE (lab 4 tries it with SKIP
+// LOCKED and without), sends them, marks each delivered, or due again
+// after retryAfter when it failed, and commits. Its locks keep every other
+// relay off its rows until the commit; without SKIP LOCKED the others wait
+// for them. Lab 7 runs several of them, one row at a time, as a relay that
+// delivers in parallel and retries, with no per-key order.
+type lockingRelay struct {
+	pool       *pgxpool.Pool
+	transport  relay.Transport
+	skipLocked bool
+	batch      int
+	retryAfter time.Duration
+	sent       atomic.Int64 // answered 2xx
+}
+
+// run delivers until nothing is pending.
+func (r *lockingRelay) run(ctx context.Context) error {
+	lock := " FOR UPDATE OF m"
+	if r.skipLocked {
+		lock += " SKIP LOCKED"
+	}
+	for {
+		var n int
+		err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+			rows, err := tx.Query(ctx, naiveSelect+lock, r.batch)
+			if err != nil {
+				return err
+			}
+			batch, err := pgx.CollectRows(rows, scanPending)
+			if err != nil {
+				return err
+			}
+			n = len(batch)
+			for _, p := range batch {
+				res := send(ctx, r.transport, p, 5*time.Second)
+				if res.Err == nil && res.StatusCode/100 == 2 {
+					r.sent.Add(1)
+					_, err = tx.Exec(ctx, `UPDATE outbox_messages SET status = 'delivered', delivered_at = now(), attempts = attempts + 1
+						WHERE id = $1`, p.id)
+				} else {
+					_, err = tx.Exec(ctx, `UPDATE outbox_messages SET attempts = attempts + 1, last_error = 'refused',
+						next_attempt_at = now() + make_interval(secs => $2) WHERE id = $1`, p.id, r.retryAfter.Seconds())
+				}
+				if err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			continue
+		}
+		// Nothing due that another relay has not locked: done once nothing
+		// is pending, else look again when a retry may be due.
+		var pending bool
+		if err := r.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM outbox_messages WHERE status = 'pending')").Scan(&pending); err != nil {
+			return err
+		}
+		if !pending {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// naiveRelaySingleQueue is lab 9's relay without per-destination isolation:
 // one queue, oldest first, one delivery at a time. A failure backs the row
 // off; but every row for a receiver that hangs costs a full timeout first,
 // and everything behind it waits.

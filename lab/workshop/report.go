@@ -51,9 +51,11 @@ func (r *Report) Text(key, label, value, note string) {
 }
 
 // Duration adds a duration in seconds with one decimal, a fixed format so
-// reports read the same from run to run.
+// reports read the same from run to run, kept under key as text and in
+// milliseconds as a count.
 func (r *Report) Duration(key, label string, d time.Duration, note string) {
 	r.Text(key, label, seconds(d), note)
+	r.Counts[key] = d.Milliseconds()
 }
 
 // Verdict adds a closing sentence.

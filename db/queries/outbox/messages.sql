@@ -107,13 +107,12 @@ LIMIT @max_rows;
 
 -- name: MessageListByKey :many
 -- MessageList for the events of one ordering key (an order's, say) written
--- from @events_from to @events_to. Event ids begin with their time, so the
--- window is a range of the events' primary key, read newest first and
--- filtered by key; each event's deliveries come from the deliveries'
--- primary key, whose ids share the event's time prefix. There is no index
--- on the key (the order transaction would maintain it): the cost follows
--- the window, which the caller keeps narrow (a module knows when its
--- entity's events were written).
+-- from @events_from to @events_to. The key's index
+-- (outbox_events_ordering_key_idx, on the key and the event id, which
+-- begins with its time) reads the key's events in the window, newest
+-- first, whatever the window's width: every event of an order, however
+-- long after its placement; each event's deliveries come from the
+-- deliveries' primary key, whose ids share the event's time prefix.
 SELECT m.id, m.event_id, m.type, m.destination, m.status, m.attempts,
        m.parked, m.next_attempt_at,
        m.claimed_at, m.delivered_at, m.discarded_at, m.last_error, m.created_at, m.ordering_key,

@@ -798,10 +798,9 @@ type MessageFilter struct {
 	// Event selects the deliveries of one event.
 	Event *uuid.UUID
 	// OrderingKey selects the deliveries of the events of one ordering key
-	// (the orders module's events are keyed by order id). With it,
-	// CreatedFrom and CreatedTo should be given: nothing indexes the key,
-	// so the search reads every event of the window (all of the retention
-	// when they are nil).
+	// (the orders module's events are keyed by order id), read on the
+	// key's index: all of them, whatever their time, unless CreatedFrom
+	// and CreatedTo say otherwise.
 	OrderingKey string
 	// CreatedFrom (inclusive) and CreatedTo (exclusive) bound the time the
 	// messages' events were written (event_created_at), the order Messages

@@ -83,6 +83,11 @@ type HTTPTransport struct {
 	Client *http.Client
 	// Now stamps webhook-timestamp; nil means time.Now.
 	Now func() time.Time
+	// UserAgent names the sender to receivers and their logs: the worker
+	// sets its service's name (process.UserAgent), so a service made from
+	// this template never calls itself by the template's. Empty leaves Go's
+	// default.
+	UserAgent string
 }
 
 // maxErrorBody bounds how much of a failed answer is read: enough for an
@@ -115,7 +120,9 @@ func (t *HTTPTransport) Deliver(ctx context.Context, d Delivery) Result {
 				webhook.Sign(key, d.EventID.String(), ts, d.Body))
 		}
 	}
-	req.Header.Set("User-Agent", "outboxkit-relay/1")
+	if t.UserAgent != "" {
+		req.Header.Set("User-Agent", t.UserAgent)
+	}
 
 	resp, err := t.Client.Do(req)
 	if err != nil {
