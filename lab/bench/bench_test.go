@@ -50,7 +50,7 @@ func TestSmoke(t *testing.T) {
 	for _, want := range []string{"## Targets", "## 1. Write path", "## 2. Drain", "## 3. Latency",
 		"## 4. History does not slow the claim", "## 5. Scale-out", "## 6. Prune under load", "## 7. Knobs",
 		"## 8. Head-of-line isolation at the defaults", "## 9. Recovery after SIGKILL", "## 10. Ordered drain",
-		"Ordered drain: ", "| keyed |", "Poll or NOTIFY", "Index Scan"} {
+		"## 13. Many endpoints", "Ordered drain: ", "| keyed |", "Poll or NOTIFY", "Index Scan"} {
 		if !strings.Contains(doc, want) {
 			t.Errorf("report lacks %q", want)
 		}

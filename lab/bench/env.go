@@ -205,6 +205,9 @@ type receiver struct {
 	trackIDs bool
 	arrivals map[string]time.Time // order id → arrival
 	trackArr bool
+	// latest: an order's arrival is its last webhook's (to several
+	// endpoints), not its first.
+	latest bool
 }
 
 func newReceiver(delay time.Duration) (*receiver, error) {
@@ -237,7 +240,7 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if json.Unmarshal(body, &env) == nil {
 			rc.mu.Lock()
-			if _, seen := rc.arrivals[env.Data.ID]; !seen {
+			if _, seen := rc.arrivals[env.Data.ID]; !seen || rc.latest {
 				rc.arrivals[env.Data.ID] = at
 			}
 			rc.mu.Unlock()

@@ -67,6 +67,10 @@ type config struct {
 	IsolationDuration time.Duration
 	RecoveryReps      int
 
+	ManyEndpoints int
+	DownBacklog   int
+	EndpointsRate int
+
 	CPUProfile string
 
 	command string
@@ -87,6 +91,7 @@ var scenarios = []struct {
 	{"ordered", scenarioOrdered},
 	{"brokers", scenarioBrokers},
 	{"backlog", scenarioBacklog},
+	{"endpoints", scenarioEndpoints},
 }
 
 func defaultConfig() config {
@@ -102,6 +107,7 @@ func defaultConfig() config {
 		History: 1_000_000, ClaimSamples: 500, PruneRows: 1_000_000,
 		Relays: []int{1, 2, 4}, RelayProcs: true, ScaleDrain: 100_000, ScaleReps: 2,
 		IsolationRate: 50, IsolationDuration: 20 * time.Second, RecoveryReps: 3,
+		ManyEndpoints: 10_000, DownBacklog: 3, EndpointsRate: 50,
 	}
 }
 
@@ -119,6 +125,7 @@ func smokeConfig(c config) config {
 	c.History, c.ClaimSamples, c.PruneRows = 10_000, 20, 10_000
 	c.Relays, c.ScaleDrain, c.ScaleReps = []int{1, 2}, 2_000, 1
 	c.IsolationDuration, c.RecoveryReps = time.Second, 1
+	c.ManyEndpoints, c.DownBacklog, c.EndpointsRate = 200, 1, 20
 	return c
 }
 
@@ -172,6 +179,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.IsolationRate, "isolation-rate", c.IsolationRate, "isolation: orders per second")
 	fs.DurationVar(&c.IsolationDuration, "isolation-duration", c.IsolationDuration, "isolation: length of each row")
 	fs.IntVar(&c.RecoveryReps, "recovery-reps", c.RecoveryReps, "recovery: SIGKILLs measured")
+	fs.IntVar(&c.ManyEndpoints, "many-endpoints", c.ManyEndpoints, "endpoints: endpoints of the fan-out, and of the idle cost beside endpoints that are down")
+	fs.IntVar(&c.DownBacklog, "down-backlog", c.DownBacklog, "endpoints: pending messages of each endpoint that is down")
+	fs.IntVar(&c.EndpointsRate, "endpoints-rate", c.EndpointsRate, "endpoints: orders per second to the healthy endpoints")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	fs.BoolVar(&c.RelayProcs, "relay-procs", c.RelayProcs, "scale-out: run each relay as a separate process (else River clients in this process)")
 	if err := fs.Parse(args); err != nil {

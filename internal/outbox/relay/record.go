@@ -149,13 +149,18 @@ func (rc *recorder) finished(ctx context.Context, w written) []outcome {
 }
 
 // queue adds b's statements to q: the destination's lock (only when keys
-// are to be promoted), the outcomes, the releases, the promotion. The
+// are to be promoted), then, under generic plans (planned once per
+// connection, see TransactionPlanGeneric), the outcomes, the releases,
+// the promotion. The
 // returned func checks what the statements did once q has been sent, and
 // sets *recorded to the outcomes that were recorded.
 func (rc *recorder) queue(q *pgx.Batch, b batch, recorded *[]outcome) func() error {
 	keys := slices.Sorted(maps.Keys(b.keys))
 	if len(keys) > 0 {
 		outboxdb.QueueDestinationLock(q, rc.dest)
+	}
+	if !b.empty() {
+		outboxdb.QueueTransactionPlanGeneric(q)
 	}
 	var rows []outboxdb.MessagesRecordOutcomesRow
 	if len(b.outcomes) > 0 {

@@ -102,6 +102,11 @@ type Relay struct {
 	wakeMu      sync.Mutex
 	sessions    map[uuid.UUID]chan struct{}
 
+	// othersDue: at the last dispatch, deliver jobs waited for a worker,
+	// or more destinations were due than it could take. Then a job with
+	// nothing left to do ends instead of lingering (session.go).
+	othersDue atomic.Bool
+
 	mu sync.Mutex
 	// unsettled holds the final writes of jobs that could not reach the
 	// database as they ended; the recovery pass retries them.

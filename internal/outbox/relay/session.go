@@ -10,7 +10,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxkit/orders/internal/outbox"
@@ -56,7 +55,9 @@ const (
 	deliverSlice = 5 * time.Second
 	// idlePolls is how many polls in a row may find nothing due before the
 	// job ends: a destination with steady traffic keeps its job, an idle
-	// one frees the worker within a fraction of a second.
+	// one frees the worker within a fraction of a second. While other
+	// destinations wait for a worker, a job ends as soon as it finds
+	// nothing due: its worker is another destination's turn.
 	idlePolls = 4
 	// flushSize is how many outcomes wait before a write starts (while one
 	// is in flight, more gather for the next); fewer are written at every
@@ -133,14 +134,15 @@ func (w *deliverWorker) Work(ctx context.Context, job *river.Job[deliverArgs]) e
 	return s.run(ctx)
 }
 
-// lease takes the destination's lease under its lock (order.go), in one
-// round trip: pgx.ErrNoRows when a live relay's job holds it, or the
+// lease takes the destination's lease under its lock (order.go) and a
+// generic plan, in one round trip: pgx.ErrNoRows when a live relay's job holds it, or the
 // destination may not be served now.
 func (r *Relay) lease(ctx context.Context, dest, token uuid.UUID) (outboxdb.DestinationLeaseRow, error) {
 	var row outboxdb.DestinationLeaseRow
 	var found bool
 	b := &pgx.Batch{}
 	outboxdb.QueueDestinationLock(b, dest)
+	outboxdb.QueueTransactionPlanGeneric(b)
 	outboxdb.QueueDestinationLease(b, token, r.id, dest, &row, &found)
 	if err := r.pool.SendBatch(ctx, b).Close(); err != nil {
 		return row, err
@@ -283,7 +285,7 @@ func (s *session) run(ctx context.Context) error {
 			}
 		}
 		if s.inFlight == 0 && !claiming && len(s.ready) == 0 && s.rec.idle() &&
-			(s.mode != serving || !s.pace.sending() || idle >= idlePolls) {
+			(s.mode != serving || !s.pace.sending() || idle >= idlePolls || !dueLeft && r.othersDue.Load()) {
 			break
 		}
 		select {
@@ -485,9 +487,8 @@ func (s *session) announceRecovered(ctx context.Context, attrs ...any) {
 
 // settle ends the job: in one transaction it records what the recorder has
 // left, releases what was claimed and never sent, promotes their keys,
-// stores the destination's health and pace and frees its lease, queues the
-// next job when due work remains, and completes this River job. It runs
-// even when the job's context was cancelled. If the database cannot be
+// stores the destination's health and pace and frees its lease, and queues
+// the next job when due work remains. It runs even when the job's context was cancelled. If the database cannot be
 // reached, the relay retries the same writes at its next heartbeats
 // (deferSettle); until then the destination stays leased by this live
 // relay, and its claims wait, recorded late rather than sent twice.
@@ -502,15 +503,10 @@ func (s *session) settle(ctx context.Context) error {
 	}
 	settleCtx, cancel := context.WithTimeout(ctx, settleTimeout)
 	defer cancel()
-	err := pgx.BeginFunc(settleCtx, r.pool, func(tx pgx.Tx) error {
-		if err := write(settleCtx, tx); err != nil {
-			return err
-		}
-		if _, err := river.JobCompleteTx[*riverpgxv5.Driver](settleCtx, tx, s.job); err != nil {
-			return fmt.Errorf("completing deliver job: %w", err)
-		}
-		return nil
-	})
+	// River completes the job once Work returns, in batches with others';
+	// a job whose completion is lost with its process is rescued later and
+	// finds nothing to do, or serves the destination as any job would.
+	err := pgx.BeginFunc(settleCtx, r.pool, func(tx pgx.Tx) error { return write(settleCtx, tx) })
 	if err != nil {
 		// Retried by the heartbeat loop until it succeeds; the River job is
 		// left to River's retry, which finds the lease and does nothing.
@@ -530,7 +526,8 @@ func (s *session) settle(ctx context.Context) error {
 	return nil
 }
 
-// settleWrite is the settle's writes but the River job's completion: the
+// settleWrite is the settle's writes, in one transaction under generic
+// plans (planned once per connection, see TransactionPlanGeneric): the
 // destination's lock, the last outcomes recorded and the unsent released
 // with their keys promoted (the recorder's batch), the claims of a failed
 // claim statement released and promoted, the destination's health and
@@ -540,7 +537,10 @@ func (s *session) settleWrite(ctx context.Context, tx pgx.Tx, left batch, record
 	health string, backoffUntil *time.Time, reason *string, failures int,
 ) error {
 	q := outboxdb.New(tx)
-	if err := q.DestinationLock(ctx, s.dest); err != nil {
+	lock := &pgx.Batch{}
+	outboxdb.QueueDestinationLock(lock, s.dest)
+	outboxdb.QueueTransactionPlanGeneric(lock)
+	if err := tx.SendBatch(ctx, lock).Close(); err != nil {
 		return fmt.Errorf("locking destination: %w", err)
 	}
 	if err := s.r.sendBatch(ctx, tx, func(b *pgx.Batch) func() error {

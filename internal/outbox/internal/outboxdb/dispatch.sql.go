@@ -12,6 +12,20 @@ import (
 	"github.com/google/uuid"
 )
 
+const deliverJobsWaiting = `-- name: DeliverJobsWaiting :one
+SELECT count(*) FROM river_job WHERE state = 'available' AND queue = 'outbox_deliver'
+`
+
+// How many deliver jobs wait for a worker, in every relay: the dispatch
+// adds jobs only while fewer than a relay's workers wait, and a job with
+// nothing left to do ends at once rather than linger while others wait.
+func (q *Queries) DeliverJobsWaiting(ctx context.Context) (int64, error) {
+	row := q.db.QueryRow(ctx, deliverJobsWaiting)
+	var count int64
+	err := row.Scan(&count)
+	return count, err
+}
+
 const destinationLease = `-- name: DestinationLease :one
 UPDATE webhook_endpoints e
 SET lease_token = $1::uuid, lease_relay = $2::uuid, dispatched_at = NULL
@@ -83,30 +97,52 @@ func (q *Queries) DestinationUndispatch(ctx context.Context, id uuid.UUID) error
 
 const destinationsDispatch = `-- name: DestinationsDispatch :many
 
-WITH RECURSIVE heads AS (
-    (SELECT destination, next_attempt_at FROM outbox_messages
-     WHERE status = 'pending' AND NOT parked ORDER BY destination, next_attempt_at LIMIT 1)
+WITH RECURSIVE walk AS (
+    (SELECT p.destination AS d,
+            (SELECT s.id FROM webhook_endpoints s
+             WHERE s.enabled AND s.backoff_until IS NULL AND s.id >= p.destination
+             ORDER BY s.id LIMIT 1) AS s
+     FROM outbox_messages p
+     WHERE p.status = 'pending' AND NOT p.parked AND p.destination > $1::uuid
+     ORDER BY p.destination LIMIT 1)
     UNION ALL
-    SELECT n.destination, n.next_attempt_at
-    FROM heads h, LATERAL (
-        SELECT m.destination, m.next_attempt_at FROM outbox_messages m
-        WHERE m.status = 'pending' AND NOT m.parked AND m.destination > h.destination
-        ORDER BY m.destination, m.next_attempt_at LIMIT 1
+    SELECT n.d,
+           (SELECT s.id FROM webhook_endpoints s
+            WHERE s.enabled AND s.backoff_until IS NULL AND s.id >= n.d
+            ORDER BY s.id LIMIT 1)
+    FROM walk w, LATERAL (
+        SELECT p.destination AS d FROM outbox_messages p
+        WHERE p.status = 'pending' AND NOT p.parked AND p.destination > w.d AND p.destination >= w.s
+        ORDER BY p.destination LIMIT 1
     ) n
+    WHERE w.s IS NOT NULL
+), candidates AS (
+    SELECT b.id FROM webhook_endpoints b
+    WHERE b.enabled AND b.backoff_until IS NOT NULL AND b.backoff_until <= now()
+    UNION ALL
+    SELECT w.d FROM walk w WHERE w.d = w.s
 ), ready AS (
-    SELECT e.id FROM heads h
-    JOIN webhook_endpoints e ON e.id = h.destination
-    WHERE h.next_attempt_at <= now()
-      AND e.enabled
-      AND (e.backoff_until IS NULL OR e.backoff_until <= now())
-      AND (e.dispatched_at IS NULL
-           OR e.dispatched_at < now() - make_interval(secs => $1::float8))
+    SELECT e.id FROM candidates c
+    JOIN webhook_endpoints e ON e.id = c.id
+    -- The oldest pending message, read in the pending index's order (an
+    -- EXISTS may be planned as a scan of the table, every delivered row
+    -- of the destination read on the way).
+    JOIN LATERAL (
+        SELECT m.next_attempt_at FROM outbox_messages m
+        WHERE m.destination = e.id AND m.status = 'pending' AND NOT m.parked
+        ORDER BY m.next_attempt_at LIMIT 1
+    ) h ON h.next_attempt_at <= now()
+    WHERE (e.dispatched_at IS NULL
+           OR e.dispatched_at < now() - make_interval(secs => $2::float8)
+              AND NOT EXISTS (
+                  SELECT 1 FROM river_job j
+                  WHERE j.state = 'available' AND j.queue = 'outbox_deliver'
+                    AND j.args->>'destination' = e.id::text))
       AND NOT EXISTS (
           SELECT 1 FROM outbox_relays r
           WHERE r.id = e.lease_relay
             AND r.heartbeat_at >= now() - make_interval(secs => r.timeout_seconds))
-    ORDER BY GREATEST(h.next_attempt_at, e.backoff_until)
-    LIMIT $2
+    LIMIT $3
     FOR UPDATE OF e SKIP LOCKED
 )
 UPDATE webhook_endpoints e SET dispatched_at = now()
@@ -117,17 +153,27 @@ RETURNING e.id
 
 // Dispatch and the lease: which destinations have work, and the lease that
 // lets one deliver job at a time serve a destination.
-// Finds destinations with due messages that no live job serves, marks them
-// dispatched and returns them; the caller inserts one deliver job for each
-// in the same transaction. Finding them is a skip scan of the pending index
-// (one probe per destination with pending messages, whatever the backlog or
-// history) joined to the endpoints: enabled, not backing off (or due for a
-// probe), not leased by a live relay (alive by its own timeout, as
-// everywhere: a lease lasts as long as its relay lives), and not dispatched
-// in the last @redispatch_after_seconds (a job already waits for it). SKIP
-// LOCKED lets every worker run this at once without waiting on one another.
-func (q *Queries) DestinationsDispatch(ctx context.Context, redispatchAfterSeconds float64, maxDestinations int32) ([]uuid.UUID, error) {
-	rows, err := q.db.Query(ctx, destinationsDispatch, redispatchAfterSeconds, maxDestinations)
+// Finds up to @max_destinations destinations with due messages that no
+// live job serves, after the destination @after (the caller goes round
+// them all, poll after poll), marks them dispatched and returns them; the
+// caller inserts one deliver job for each in the same transaction.
+//
+// The candidates are the endpoints whose backoff is over (found by time),
+// then the servable endpoints with pending messages, found by walking two
+// indexes side by side: from a destination with pending messages, the
+// first servable endpoint at or after it; if it is that destination, a
+// candidate; either way, the next destination with pending messages at or
+// after that endpoint. Each step passes at least one row of each index, so
+// a poll costs at most twice the smaller of the two sets: not one probe per
+// destination with a backlog when thousands are down and backing off, nor
+// one per endpoint when thousands are idle. A candidate is dispatched when its oldest
+// message is due, it is not leased by a live relay (alive by its own
+// timeout, as everywhere), and it was not dispatched in the last
+// @redispatch_after_seconds, or was but its job no longer waits (it was
+// lost with a relay that fetched it). SKIP LOCKED lets every worker run
+// this at once without waiting on one another.
+func (q *Queries) DestinationsDispatch(ctx context.Context, after uuid.UUID, redispatchAfterSeconds float64, maxDestinations int32) ([]uuid.UUID, error) {
+	rows, err := q.db.Query(ctx, destinationsDispatch, after, redispatchAfterSeconds, maxDestinations)
 	if err != nil {
 		return nil, err
 	}

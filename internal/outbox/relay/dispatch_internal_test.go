@@ -1,0 +1,138 @@
+package relay
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxkit/orders/internal/dbtest"
+	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
+)
+
+// A dispatch poll visits about the smaller of two sets, the destinations
+// with pending messages and the endpoints that may be served, not every
+// destination of the larger one: 2,000 endpoints down and backing off with
+// a backlog each, beside a few healthy ones, cost a poll a few dozen index
+// probes, as do 2,000 idle healthy endpoints beside a few with work.
+// Either way the poll finds exactly the healthy endpoints with due
+// messages and those whose backoff is over.
+func TestADispatchPollVisitsTheSmallerSet(t *testing.T) {
+	t.Parallel()
+	for name, setup := range map[string]string{
+		"2,000 down with a backlog": `
+			INSERT INTO webhook_endpoints (url, secret, event_types, health, consecutive_failures, backoff_until)
+			SELECT 'http://127.0.0.1:9/down', 'whsec_AAAA', '{order.placed}', 'backing_off', 9, now() + interval '1 hour'
+			FROM generate_series(1, 2000);`,
+		"2,000 idle": `
+			INSERT INTO webhook_endpoints (url, secret, event_types)
+			SELECT 'http://127.0.0.1:9/idle', 'whsec_AAAA', '{order.placed}' FROM generate_series(1, 2000);`,
+		// The common case: one endpoint, draining, and its history. Its
+		// oldest due message is read from the pending index, never by a
+		// scan of the table that reads the delivered rows on the way.
+		"one endpoint draining, 100,000 delivered": `
+			INSERT INTO webhook_endpoints (url, secret, event_types, dispatched_at) VALUES ('http://127.0.0.1:9/idle', 'whsec_AAAA', '{order.placed}', now());
+			INSERT INTO outbox_messages (event_id, type, destination, status, attempts, delivered_at)
+			SELECT gen_random_uuid(), 'order.placed', id, 'delivered', 1, now() FROM webhook_endpoints, generate_series(1, 100000);
+			INSERT INTO outbox_messages (event_id, type, destination)
+			SELECT gen_random_uuid(), 'order.placed', id FROM webhook_endpoints, generate_series(1, 100000);`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool, trace := dbtest.TracedPool(t)
+			_, err := pool.Exec(ctx, setup+`
+				-- 10 healthy with due work, 3 whose backoff is over with due
+				-- work, 2 healthy whose messages are not due yet, 2 paused.
+				INSERT INTO webhook_endpoints (url, secret, event_types, enabled, backoff_until)
+				SELECT 'http://127.0.0.1:9/' || g, 'whsec_AAAA', '{order.placed}', g <= 15,
+				       CASE WHEN g BETWEEN 11 AND 13 THEN now() - interval '1 second' END
+				FROM generate_series(1, 17) g;
+				INSERT INTO outbox_messages (event_id, type, destination, next_attempt_at)
+				SELECT gen_random_uuid(), 'order.placed', e.id,
+				       CASE WHEN e.url IN ('http://127.0.0.1:9/14', 'http://127.0.0.1:9/15') THEN now() + interval '1 hour' ELSE now() END
+				FROM webhook_endpoints e, generate_series(1, 3)
+				WHERE e.url <> 'http://127.0.0.1:9/idle';
+				ANALYZE;`)
+			require.NoError(t, err)
+
+			var want []uuid.UUID
+			require.NoError(t, pool.QueryRow(ctx, `SELECT array_agg(id ORDER BY id) FROM webhook_endpoints
+				WHERE url ~ '/([1-9]|1[0-3])$'`).Scan(&want))
+			require.Len(t, want, 13)
+			var got []uuid.UUID
+			plan := trace.Explain(t, pool, func(tx pgx.Tx) error {
+				got, err = outboxdb.New(tx).DestinationsDispatch(ctx, uuid.Nil, redispatchAfter.Seconds(), 100)
+				return err
+			})
+			t.Logf("dispatch:\n%s", plan)
+			if strings.Contains(name, "delivered") {
+				require.NotRegexp(t, `Seq Scan on outbox_messages`, plan, "the dispatch reads the history")
+			}
+			require.ElementsMatch(t, want, got, "the healthy endpoints with due work and those whose backoff is over")
+
+			// Every scan of the two tables, as often as it ran.
+			scan := regexp.MustCompile(`Scan.* on (outbox_messages|webhook_endpoints) .*loops=(\d+)`)
+			visits := 0
+			for _, m := range scan.FindAllStringSubmatch(plan, -1) {
+				n, _ := strconv.Atoi(m[2])
+				visits += n
+			}
+			require.Less(t, visits, 150, "a poll visits about the smaller set, not each of the 2,000")
+		})
+	}
+}
+
+// One event to 2,000 endpoints at the defaults: every endpoint gets its
+// webhook once, each destination by one deliver job. The dispatch queues
+// no more jobs than the relay has workers, so no job waits long enough to
+// be taken for lost and its destination dispatched again; before, every
+// poll queued 50 more, the queue outgrew what the workers ran in five
+// seconds, and destinations were dispatched again and again (56,436 jobs
+// for 10,000 endpoints).
+func TestAFanOutRunsOneDeliverJobPerDestination(t *testing.T) {
+	t.Parallel()
+	const endpoints = 2000
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	var requests atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		requests.Add(1)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(srv.Close)
+	_, err := pool.Exec(ctx, `INSERT INTO webhook_endpoints (url, secret, event_types)
+		SELECT $1, 'whsec_AAAA', '{order.placed}' FROM generate_series(1, $2::int)`, srv.URL+"/hook", endpoints)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `
+		WITH ev AS (
+			INSERT INTO outbox_events (id, type, payload, created_at)
+			VALUES (outbox_uuid_v7_at(now()), 'order.placed', '{"id":"x"}', now()) RETURNING id, created_at)
+		INSERT INTO outbox_messages (id, event_id, type, destination, created_at)
+		SELECT gen_random_uuid(), ev.id, 'order.placed', e.id, ev.created_at FROM ev, webhook_endpoints e`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "ANALYZE")
+	require.NoError(t, err)
+	startRelay(t, pool, nil)
+
+	require.Eventually(t, func() bool {
+		var left int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE status <> 'delivered'`).Scan(&left))
+		return left == 0
+	}, 2*time.Minute, 50*time.Millisecond, "every endpoint's message delivered")
+	require.EqualValues(t, endpoints, requests.Load(), "each endpoint got its webhook once")
+	var jobs, most int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), max(n) FROM (
+		SELECT count(*) AS n FROM river_job WHERE kind = 'outbox_deliver' GROUP BY args->>'destination') j`).Scan(&jobs, &most))
+	require.Equal(t, endpoints, jobs, "a deliver job for every destination")
+	require.Equal(t, 1, most, "and one only")
+}
