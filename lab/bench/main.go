@@ -5,6 +5,7 @@
 //	go run ./lab/bench                 # the full suite (≈20 min), writes lab/bench/PERFORMANCE.md
 //	go run ./lab/bench -smoke -out -   # every scenario at tiny size (CI runs this via go test)
 //	go run ./lab/bench -only drain,latency
+//	go run ./lab/bench -only endpoints -out lab/bench/ENDPOINTS.md   # 10,000 endpoints (≈5 min)
 //
 // The server is TEST_DATABASE_URL, else DATABASE_URL, else
 // postgres://postgres@127.0.0.1:5432/postgres. Only loopback receivers are
