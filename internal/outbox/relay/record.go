@@ -150,10 +150,9 @@ func (rc *recorder) finished(ctx context.Context, w written) []outcome {
 
 // queue adds b's statements to q: the destination's lock (only when keys
 // are to be promoted), then, under generic plans (planned once per
-// connection, see TransactionPlanGeneric), the outcomes, the releases,
-// the promotion. The
-// returned func checks what the statements did once q has been sent, and
-// sets *recorded to the outcomes that were recorded.
+// connection, see TransactionPlanGeneric), the outcomes, the releases, the
+// promotion. The returned func checks what the statements did once q has
+// been sent, and sets *recorded to the outcomes that were recorded.
 func (rc *recorder) queue(q *pgx.Batch, b batch, recorded *[]outcome) func() error {
 	keys := slices.Sorted(maps.Keys(b.keys))
 	if len(keys) > 0 {

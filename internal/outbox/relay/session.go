@@ -124,7 +124,7 @@ func (w *deliverWorker) Work(ctx context.Context, job *river.Job[deliverArgs]) e
 	}
 	r.metrics.deliverJobs.Inc()
 	s := &session{
-		r: r, job: job, dest: dest, token: token, ep: lease,
+		r: r, dest: dest, token: token, ep: lease,
 		pace:    newPace(r.cfg, lease),
 		rec:     newRecorder(r, dest, token),
 		results: make(chan sent, r.cfg.DestinationConcurrency),
@@ -135,8 +135,8 @@ func (w *deliverWorker) Work(ctx context.Context, job *river.Job[deliverArgs]) e
 }
 
 // lease takes the destination's lease under its lock (order.go) and a
-// generic plan, in one round trip: pgx.ErrNoRows when a live relay's job holds it, or the
-// destination may not be served now.
+// generic plan, in one round trip: pgx.ErrNoRows when a live relay's job
+// holds it, or the destination may not be served now.
 func (r *Relay) lease(ctx context.Context, dest, token uuid.UUID) (outboxdb.DestinationLeaseRow, error) {
 	var row outboxdb.DestinationLeaseRow
 	var found bool
@@ -172,7 +172,6 @@ const (
 // recorder's writes report back on channels.
 type session struct {
 	r     *Relay
-	job   *river.Job[deliverArgs]
 	dest  uuid.UUID
 	token uuid.UUID
 	ep    outboxdb.DestinationLeaseRow
@@ -488,10 +487,11 @@ func (s *session) announceRecovered(ctx context.Context, attrs ...any) {
 // settle ends the job: in one transaction it records what the recorder has
 // left, releases what was claimed and never sent, promotes their keys,
 // stores the destination's health and pace and frees its lease, and queues
-// the next job when due work remains. It runs even when the job's context was cancelled. If the database cannot be
-// reached, the relay retries the same writes at its next heartbeats
-// (deferSettle); until then the destination stays leased by this live
-// relay, and its claims wait, recorded late rather than sent twice.
+// the next job when due work remains. It runs even when the job's context
+// was cancelled. If the database cannot be reached, the relay retries the
+// same writes at its next heartbeats (deferSettle); until then the
+// destination stays leased by this live relay, and its claims wait,
+// recorded late rather than sent twice.
 func (s *session) settle(ctx context.Context) error {
 	r := s.r
 	ctx = context.WithoutCancel(ctx)
