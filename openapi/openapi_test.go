@@ -80,6 +80,6 @@ func TestEventSchemaReadsTheWebhooks(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, version)
 	require.Contains(t, string(schema), `"customer_id"`)
-	_, _, err = openapi.EventSchema("order.shipped")
+	_, _, err = openapi.EventSchema("order.unknown")
 	require.ErrorIs(t, err, openapi.ErrUnknownEventType)
 }

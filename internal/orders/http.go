@@ -12,8 +12,7 @@ import (
 	"github.com/outboxkit/orders/internal/httpjson"
 )
 
-// Handler returns the orders routes: POST /orders, GET /orders/{id} and
-// POST /orders/{id}/cancel.
+// Handler returns the orders routes, as openapi/openapi.yaml describes them.
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /orders", s.handlePlace)

@@ -151,7 +151,7 @@ func FuzzPlaceOrderDecode(f *testing.F) {
 	eventstest.CheckEvents(f, pool.Config().ConnString())
 	_, err := pool.Exec(context.Background(),
 		`INSERT INTO webhook_endpoints (url, secret, event_types)
-		 VALUES ('http://127.0.0.1:9/x', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', '{order.placed,order.cancelled}')`)
+		 VALUES ('http://127.0.0.1:9/x', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', $1)`, orders.Events)
 	require.NoError(f, err)
 	handler := orders.NewService(pool, slog.New(slog.DiscardHandler)).Handler()
 	count := func(t *testing.T) (n [3]int) {

@@ -310,7 +310,7 @@ func (s *Service) Cancel(ctx context.Context, id uuid.UUID) (Order, error) {
 		q := ordersdb.New(tx)
 		row, err := q.OrderCancel(ctx, id)
 		if errors.Is(err, pgx.ErrNoRows) {
-			// Not placed: either missing or already cancelled.
+			// Not placed: missing, or past placing (cancelled before).
 			row, err = q.OrderGet(ctx, id)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return ErrNotFound

@@ -44,8 +44,9 @@ type fixture struct {
 }
 
 // setup gives the test its own database with one webhook endpoint subscribed
-// to both order events, so every emitted event becomes exactly one outbox
-// row, and the real handler behind a test server.
+// to every event the module emits (its Events list, so an event added to the
+// module is subscribed here too), so every emitted event becomes exactly one
+// outbox row, and the real handler behind a test server.
 func setup(t testing.TB) *fixture {
 	t.Helper()
 	pool := dbtest.Pool(t)
@@ -53,8 +54,8 @@ func setup(t testing.TB) *fixture {
 	var endpoint uuid.UUID
 	require.NoError(t, pool.QueryRow(context.Background(),
 		`INSERT INTO webhook_endpoints (url, secret, event_types)
-		 VALUES ('http://127.0.0.1:9/x', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', '{order.placed,order.cancelled}')
-		 RETURNING id`).Scan(&endpoint))
+		 VALUES ('http://127.0.0.1:9/x', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', $1)
+		 RETURNING id`, orders.Events).Scan(&endpoint))
 	svc := orders.NewService(pool, slog.New(slog.DiscardHandler))
 	srv := httptest.NewServer(svc.Handler())
 	t.Cleanup(srv.Close)

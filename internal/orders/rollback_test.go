@@ -23,7 +23,7 @@ type rollbackFixture struct {
 	svc  *orders.Service
 }
 
-// setupRollback gives an endpoint subscribed to both events and a trigger
+// setupRollback gives an endpoint subscribed to the module's events and a trigger
 // that refuses, after checking the order's own rows are written, the outbox
 // row of an order of customer "refused", while refusing is on.
 func setupRollback(t *testing.T) *rollbackFixture {
@@ -31,7 +31,9 @@ func setupRollback(t *testing.T) *rollbackFixture {
 	pool := dbtest.Pool(t)
 	_, err := pool.Exec(context.Background(), `
 		INSERT INTO webhook_endpoints (url, secret, event_types)
-		VALUES ('http://127.0.0.1:9/x', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', '{order.placed,order.cancelled}');
+		VALUES ('http://127.0.0.1:9/x', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', $1)`, orders.Events)
+	require.NoError(t, err)
+	_, err = pool.Exec(context.Background(), `
 		CREATE TABLE refusing (on_ boolean NOT NULL);
 		INSERT INTO refusing VALUES (true);
 		CREATE FUNCTION refuse_outbox_row() RETURNS trigger LANGUAGE plpgsql AS $$

@@ -95,6 +95,7 @@ func run(args []string) error {
 			return err
 		}
 		fmt.Println(report)
+		fmt.Print(eventChecklist(rest[0], rest[1]))
 		return nil
 	}
 	return errors.New(usage)
@@ -655,6 +656,27 @@ func newEvent(internalDir, mod, typ string) (string, error) {
 		return "", err
 	}
 	return report, nil
+}
+
+// eventChecklist is what new:event leaves to a person: what the event
+// means, when it is emitted, and the route that emits it. The module's test
+// setups subscribe to its Events list, so its tests see the new type's
+// messages without a change.
+func eventChecklist(mod, typ string) string {
+	return strings.NewReplacer("MOD", mod, "TYPE", typ, "CONST", eventConstant(mod, typ)).Replace(`
+next, by hand (docs/adding-a-module.md, "Adding an event to an existing module", walks through one):
+  1. say what it means and what its payload is: CONST's comment in internal/MOD/events.go,
+     its Description in internal/MOD/eventtypes.go, its data in internal/MOD/events/TYPE.schema.json
+     and an example in TYPE.example.json
+  2. ./task generate: writes TYPE into the webhooks of openapi/openapi.yaml
+  3. enqueue it with outbox.Enqueue(ctx, tx, outbox.Event{Type: CONST, ...}) in the transaction
+     that makes it true, with the entity's id as OrderingKey; a new state the table's CHECK refuses
+     needs a migration (./task new:migration -- MOD NAME)
+  4. the route that emits it: its handler, its path in openapi/openapi.yaml, its line in
+     docs/reference.md
+  5. a test: the module's setups subscribe an endpoint to MOD.Events, so TYPE is a message there;
+     eventstest.CheckEvents checks its data against the schema
+`)
 }
 
 // insertBefore inserts text before the first end that follows start.

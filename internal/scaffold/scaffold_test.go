@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -123,6 +124,14 @@ func TestNewEventFollowsTheOrdersModule(t *testing.T) {
 	}
 	if _, err := newEvent(internal, "payments", "payment.captured"); err == nil {
 		t.Error("the same event was added twice")
+	}
+	// What it cannot write, it names: the files to fill in, by the constant.
+	for _, want := range []string{"EventCaptured's comment in internal/payments/events.go",
+		"internal/payments/events/payment.captured.schema.json", "./task generate", "outbox.Event{Type: EventCaptured",
+		"openapi/openapi.yaml", "docs/reference.md", "payments.Events"} {
+		if list := eventChecklist("payments", "payment.captured"); !strings.Contains(list, want) {
+			t.Errorf("the checklist new:event prints lacks %q:\n%s", want, list)
+		}
 	}
 	// The orders module follows the same shape, so the scaffold can extend it.
 	orders, err := os.ReadFile(filepath.Join("..", "orders", "events.go"))
@@ -258,16 +267,22 @@ func TestCopyAndAddAModule(t *testing.T) {
 	if len(steps) < 8 {
 		t.Fatalf("docs/adding-a-module.md: found only %d steps", len(steps))
 	}
-	number := func() string {
-		m, _ := filepath.Glob(filepath.Join(dst, "db", "migrations", "*_payments.sql"))
-		if len(m) != 1 {
-			return "NNNNN"
+	// A migration's number, NNNNN in the page, is the one new:migration
+	// gave the file the step names.
+	migration := func(arg string) string {
+		if !strings.Contains(arg, "NNNNN") {
+			return arg
 		}
-		return strings.SplitN(filepath.Base(m[0]), "_", 2)[0]
+		m, _ := filepath.Glob(filepath.Join(dst, filepath.FromSlash(strings.ReplaceAll(arg, "NNNNN", "[0-9][0-9][0-9][0-9][0-9]"))))
+		if len(m) != 1 {
+			t.Fatalf("%s: want one migration of that name, found %q", arg, m)
+		}
+		rel, _ := filepath.Rel(dst, m[0])
+		return filepath.ToSlash(rel)
 	}
 	for _, s := range steps {
-		body := string(renameModule([]byte(strings.ReplaceAll(s.body, "NNNNN", number())), oldMod, newMod))
-		target := filepath.Join(dst, filepath.FromSlash(strings.ReplaceAll(s.arg, "NNNNN", number())))
+		body := string(renameModule([]byte(s.body), oldMod, newMod))
+		target := filepath.Join(dst, filepath.FromSlash(migration(s.arg)))
 		switch s.kind {
 		case "run":
 			t.Logf("run: %s", strings.TrimSpace(body))
@@ -287,6 +302,18 @@ func TestCopyAndAddAModule(t *testing.T) {
 			_, err = f.WriteString(body)
 			f.Close()
 			if err != nil {
+				t.Fatal(err)
+			}
+		case "edit":
+			b, err := os.ReadFile(target)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := applyEdit(string(b), body)
+			if err != nil {
+				t.Fatalf("docs/adding-a-module.md, the edit of %s: %v", s.arg, err)
+			}
+			if err := os.WriteFile(target, []byte(out), 0o644); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -311,7 +338,35 @@ func TestCopyAndAddAModule(t *testing.T) {
 
 type step struct{ kind, arg, body string }
 
-var stepMarker = regexp.MustCompile("(?m)^<!-- (run|file|append)(?:: (\\S+))? -->\n```[a-z]*\n")
+var stepMarker = regexp.MustCompile("(?m)^<!-- (run|file|append|edit)(?:: (\\S+))? -->\n```[a-z]*\n")
+
+// applyEdit applies an edit block, written as a diff hunk without its
+// header: lines starting with "+" are added, "-" removed, " " kept. The kept
+// and removed lines, in order, must appear exactly once in src, so an edit
+// that no longer fits the file it edits fails instead of landing elsewhere.
+func applyEdit(src, edit string) (string, error) {
+	var before, after []string
+	for _, line := range strings.Split(strings.TrimSuffix(edit, "\n"), "\n") {
+		if line == "" {
+			line = " "
+		}
+		switch text := line[1:]; line[0] {
+		case ' ':
+			before, after = append(before, text), append(after, text)
+		case '-':
+			before = append(before, text)
+		case '+':
+			after = append(after, text)
+		default:
+			return "", fmt.Errorf("line %q starts with neither +, - nor a space", line)
+		}
+	}
+	old, new := strings.Join(before, "\n")+"\n", strings.Join(after, "\n")+"\n"
+	if n := strings.Count(src, old); n != 1 {
+		return "", fmt.Errorf("the lines it keeps and removes appear %d times, want once:\n%s", n, old)
+	}
+	return strings.Replace(src, old, new, 1), nil
+}
 
 // docSteps reads the marked blocks of a document, in order.
 func docSteps(t *testing.T, doc string) []step {
