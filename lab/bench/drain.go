@@ -363,14 +363,30 @@ func scenarioDrain(ctx context.Context, cfg config, rep *report) error {
 		"The receiver is a `net/http` server on 127.0.0.1 in the same process (it does not verify signatures); the relay and the raw HTTP loop use `relay.HTTPTransport` with `netguard.Guard{AllowPrivate: true}.Client()`. "+
 		"The raw loops claim with one statement over the whole outbox, the relay one destination at a time under its lease.\n\n",
 		commas(int64(cfg.Drain)), cfg.Endpoints, cfg.Reps)
-	b.WriteString("| case | msgs/s | vs best (a) | PostgreSQL CPU per message | bench-process CPU per message |\n|---|---:|---:|---:|---:|\n")
+	row := func(c drainCase) {
+		fmt.Fprintf(&b, "| %s | %s | %.2f | %.0f µs | %.0f µs | %.0f %% |\n", c.label, rate(med[c.key]), med[c.key]/ceiling,
+			median(pgPer[c.key]), median(selfPer[c.key]), 100*median(idle[c.key]))
+	}
+	b.WriteString("| case | msgs/s | vs best (a) | PostgreSQL CPU per message | bench-process CPU per message | cores idle |\n|---|---:|---:|---:|---:|---:|\n")
 	for _, c := range cases {
-		fmt.Fprintf(&b, "| %s | %s | %.2f | %.0f µs | %.0f µs |\n", c.label, rate(med[c.key]), med[c.key]/ceiling, median(pgPer[c.key]), median(selfPer[c.key]))
+		row(c)
 	}
 	if med["h"] > 0 {
 		fmt.Fprintf(&b, "\nThe relay's HTTP drain (c) is **%.2f ×** the raw HTTP loop (h) in this run: what the relay's guarantees cost (River jobs, the lease, per-destination claims, the attempt history, outcomes recorded as they come).\n", med["c"]/med["h"])
 	}
-	b.WriteString("\nCPU per message (this database's PostgreSQL backends, and this process: relay, River, receiver) is the figure that noise on a shared machine disturbs least: msgs/s ≈ 2 cores / (sum of the two), when the cores are ours alone.\n")
+	b.WriteString("\nCPU per message (this database's PostgreSQL backends, and this process: relay, River, receiver) is the figure that noise on a shared machine disturbs least: msgs/s ≈ 2 cores / (sum of the two), when the cores are ours alone. " +
+		"Cores idle: the share of the machine's cores that neither used while the case ran; a case below its raw loop with cores idle waits on its own pipeline, not on the machine.\n")
+	if len(single) > 0 {
+		fmt.Fprintf(&b, "\n**One destination.** The same backlog for a single endpoint, as an outage leaves it, interleaved with the cases above: the raw loop with the relay's ceiling per destination in flight in all (4 × %d), and the relay at its defaults.\n\n",
+			def.DestinationConcurrency/4)
+		b.WriteString("| case | msgs/s | vs best (a) | PostgreSQL CPU per message | bench-process CPU per message | cores idle |\n|---|---:|---:|---:|---:|---:|\n")
+		for _, c := range single {
+			row(c)
+		}
+		if med["h1"] > 0 {
+			fmt.Fprintf(&b, "\nThe relay's one-destination drain (c1) is **%.2f ×** the raw loop (h1) in this run.\n", med["c1"]/med["h1"])
+		}
+	}
 	fmt.Fprintf(&b, "\n**(d) the receiver answers after 20 ms.** Webhooks received per second (counted at the receiver) over a %s window after %s of warm-up (backlog %s over %d endpoints), at each `DestinationConcurrency` (`OUTBOX_DESTINATION_CONCURRENCY`): at most that many requests in flight per destination, so the ideal is endpoints × concurrency / 20 ms.\n\n",
 		cfg.SlowWindow, cfg.SlowWarmup, commas(int64(cfg.SlowDrain)), cfg.Endpoints)
 	b.WriteString("| DestinationConcurrency | max in flight | ideal msgs/s | measured msgs/s | vs best (a) |\n|---:|---:|---:|---:|---:|\n")
@@ -390,6 +406,30 @@ func scenarioDrain(ctx context.Context, cfg config, rep *report) error {
 		fmt.Sprintf("%s msgs/s = %.2f × (a) %s", rate(med["b"]), med["b"]/ceiling, rate(ceiling)), med["b"] >= 0.43*ceiling)
 	rep.target("Drain (c) relay, real HTTP, 204 at once", "≥ 0.26 × (a), and reported against (h)",
 		fmt.Sprintf("%s msgs/s = %.2f × (a); %.2f × (h) %s", rate(med["c"]), med["c"]/ceiling, med["c"]/med["h"], rate(med["h"])), med["c"] >= 0.26*ceiling)
+	// The bars of the next step (issue "one destination at full speed"):
+	// the relay against its raw loops, side by side.
+	if med["h1"] > 0 && med["c1"] > 0 {
+		rep.target("Drain (c1) one destination: relay vs raw HTTP loop (h1), same in flight", "≥ 0.7",
+			fmt.Sprintf("%.2f (%s vs %s msgs/s)", med["c1"]/med["h1"], rate(med["c1"]), rate(med["h1"])), med["c1"] >= 0.7*med["h1"])
+	}
+	if med["h"] > 0 && med["c"] > 0 {
+		rep.target("Drain (c) four destinations: relay vs raw HTTP loop (h)", "≥ 0.8",
+			fmt.Sprintf("%.2f", med["c"]/med["h"]), med["c"] >= 0.8*med["h"])
+	}
+	if med["b"] > 0 && ceiling > 0 {
+		rep.target("Drain (b) no-op transport vs raw SQL loop (a)", "≥ 0.6",
+			fmt.Sprintf("%.2f", med["b"]/ceiling), med["b"] >= 0.6*ceiling)
+		best := "a1"
+		for _, k := range []string{"a2", "a4"} {
+			if med[k] == ceiling {
+				best = k
+			}
+		}
+		if pgB, pgA := median(pgPer["b"]), median(pgPer[best]); pgA > 0 {
+			rep.target("PostgreSQL CPU per message: relay (b) vs raw SQL loop (best a)", "≤ 1.5×",
+				fmt.Sprintf("%.2f× (%.0f vs %.0f µs)", pgB/pgA, pgB, pgA), pgB <= 1.5*pgA)
+		}
+	}
 	rising := true
 	for i := 1; i < len(dRates); i++ {
 		if dRates[i] < dRates[i-1] {

@@ -2,10 +2,10 @@
 // PERFORMANCE.md (beside it) measured side by side in one run, against the local
 // PostgreSQL, on fresh databases it creates (dbtest.Create) and drops.
 //
-//	go run ./lab/bench                 # the full suite (≈20 min), writes lab/bench/PERFORMANCE.md
+//	go run ./lab/bench                 # the full suite (≈25 min), writes lab/bench/PERFORMANCE.md
 //	go run ./lab/bench -smoke -out -   # every scenario at tiny size (CI runs this via go test)
 //	go run ./lab/bench -only drain,latency
-//	go run ./lab/bench -only endpoints -out lab/bench/ENDPOINTS.md   # 10,000 endpoints (≈5 min)
+//	go run ./lab/bench -only endpoints -out -   # 10,000 endpoints (≈3 min)
 //
 // The server is TEST_DATABASE_URL, else DATABASE_URL, else
 // postgres://postgres@127.0.0.1:5432/postgres. Only loopback receivers are
