@@ -150,11 +150,12 @@ func (p *pace) room(inFlight int) int {
 	}
 }
 
-// ahead is how many messages may be claimed and not yet answered: four
-// windows while sending, so the next claim's round trip overlaps the
-// requests in flight, and a claim takes a few windows' worth for about
-// the cost of one (its statement's fixed cost is most of it below a
-// hundred rows); the one probe while probing.
+// ahead is how many messages may be claimed and not yet answered, for each
+// window the session keeps ready (session.lead): four windows while
+// sending, so the next claim's round trip overlaps the requests in flight,
+// and a claim takes a few windows' worth for about the cost of one (its
+// statement's fixed cost is most of it below a hundred rows); the one
+// probe while probing.
 func (p *pace) ahead() int {
 	switch {
 	case p.state == stateSending:

@@ -192,13 +192,46 @@ type session struct {
 	claimFailed bool
 	// opened caches the endpoint's secrets decrypted, by stored value.
 	opened map[string]string
+	// claimTook and answerTook are moving averages of a claim's round
+	// trip and of a request's, which set how far ahead it claims (lead).
+	claimTook, answerTook time.Duration
 }
 
-// claim is one claim statement's end: the rows it claimed of the asked.
+// claim is one claim statement's end: the rows it claimed of the asked,
+// and its round trip.
 type claim struct {
 	rows  []outboxdb.MessageClaimRow
 	asked int
 	err   error
+	took  time.Duration
+}
+
+// maxLead bounds lead: sixteen windows claimed ahead at most, 512 messages
+// at the default ceiling.
+const maxLead = 4
+
+// lead is how many windows of messages the session keeps ready to send
+// while it claims more: as many as go out during a claim's round trip
+// (a window's requests take answerTook, a claim claimTook), at least one
+// and at most maxLead. To a slow receiver one window is plenty, and a
+// claim lasts about as long as its request. To one that answers faster
+// than the database claims, a single window ran out before the next claim
+// came back: the session waited on its claims for about 40 % of a
+// one-destination drain (lab/bench, drain c1).
+func (s *session) lead() int {
+	if s.answerTook <= 0 {
+		return 1
+	}
+	return min(maxLead, max(1, int((s.claimTook+s.answerTook-1)/s.answerTook)))
+}
+
+// average moves a moving average a step toward sample; the first sample
+// starts it.
+func average(avg, sample time.Duration) time.Duration {
+	if avg == 0 {
+		return sample
+	}
+	return avg + (sample-avg)/8
 }
 
 // sent is one request's end.
@@ -266,20 +299,22 @@ func (s *session) run(ctx context.Context) error {
 			}
 			s.ready = nil
 		}
-		// Claim ahead, beside the requests in flight: when less than a
-		// window waits to be sent, up to what the pace lets be claimed
-		// and not yet answered (pace.ahead), and while the outcomes keep
-		// being written (unrecordedMax). The claim's round trip then
-		// overlaps the requests, and a claim takes dozens of messages for
-		// about the cost of one.
+		// Claim ahead, beside the requests in flight: when less than
+		// lead windows wait to be sent, up to lead times what the pace
+		// lets be claimed and not yet answered (pace.ahead), and while
+		// the outcomes keep being written (unrecordedMax). The claim's
+		// round trip then overlaps the requests, and a claim takes dozens
+		// of messages for about the cost of one.
 		if s.mode == serving && s.pace.sending() && dueLeft && !claiming && s.rec.unwritten() < unrecordedMax {
-			ahead := s.pace.ahead()
-			if outstanding := len(s.ready) + s.inFlight; len(s.ready) < s.pace.room(0) && outstanding < ahead {
+			lead := s.lead()
+			ahead := lead * s.pace.ahead()
+			if outstanding := len(s.ready) + s.inFlight; len(s.ready) < lead*s.pace.room(0) && outstanding < ahead {
 				n := min(ahead-outstanding, r.cfg.BatchSize)
 				claiming = true
 				go func() {
+					began := time.Now()
 					rows, err := s.claim(ctx, n)
-					claimed <- claim{rows: rows, asked: n, err: err}
+					claimed <- claim{rows: rows, asked: n, err: err, took: time.Since(began)}
 				}()
 			}
 		}
@@ -290,6 +325,9 @@ func (s *session) run(ctx context.Context) error {
 		select {
 		case c := <-claimed:
 			claiming = false
+			if c.err == nil {
+				s.claimTook = average(s.claimTook, c.took)
+			}
 			switch {
 			case c.err != nil:
 				// Try again at the next poll; after three failures in a
@@ -428,6 +466,7 @@ func (s *session) handle(ctx context.Context, res sent) {
 		s.rec.release(res.row.ID, key)
 		return
 	}
+	s.answerTook = average(s.answerTook, res.finished.Sub(res.started))
 	o := s.r.cfg.judge(res.row.ID, key, int(res.row.Attempts), res.res, res.interrupted, res.started, res.finished)
 	o.eventAt, o.kind = res.row.CreatedAt, res.kind
 	wasProbing := s.pace.state == stateProbing
