@@ -53,7 +53,7 @@ func TestADeletionBesideAJobEndingWaitsForTheJobAlone(t *testing.T) {
 	require.NoError(t, err)
 	defer job.Rollback(ctx) //nolint:errcheck
 	var recorded []outcome
-	require.NoError(t, r.sendBatch(ctx, job, func(b *pgx.Batch) func() error { return s.rec.queue(b, s.rec.pending, &recorded) }))
+	require.NoError(t, r.sendBatch(ctx, job, func(b *pgx.Batch) func() error { return s.rec.queue(b, s.rec.pending, &recorded, false) }))
 	require.Len(t, recorded, 1)
 
 	adm := admin.New(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))

@@ -125,7 +125,7 @@ func (rc *recorder) flush(ctx context.Context) {
 	go func() {
 		var recorded []outcome
 		err := rc.r.sendBatch(ctx, rc.r.pool, func(q *pgx.Batch) func() error {
-			return rc.queue(q, b, &recorded)
+			return rc.queue(q, b, &recorded, false)
 		})
 		rc.done <- written{recorded: recorded, err: err}
 	}()
@@ -151,14 +151,15 @@ func (rc *recorder) finished(ctx context.Context, w written) []outcome {
 // queue adds b's statements to q: the destination's lock (only when keys
 // are to be promoted), then, under generic plans (planned once per
 // connection, see TransactionPlanGeneric), the outcomes, the releases, the
-// promotion. The returned func checks what the statements did once q has
+// promotion; locked says the caller queued the lock and the generic plan
+// before. The returned func checks what the statements did once q has
 // been sent, and sets *recorded to the outcomes that were recorded.
-func (rc *recorder) queue(q *pgx.Batch, b batch, recorded *[]outcome) func() error {
+func (rc *recorder) queue(q *pgx.Batch, b batch, recorded *[]outcome, locked bool) func() error {
 	keys := slices.Sorted(maps.Keys(b.keys))
-	if len(keys) > 0 {
+	if len(keys) > 0 && !locked {
 		outboxdb.QueueDestinationLock(q, rc.dest)
 	}
-	if !b.empty() {
+	if !b.empty() && !locked {
 		outboxdb.QueueTransactionPlanGeneric(q)
 	}
 	var rows []outboxdb.MessagesRecordOutcomesRow

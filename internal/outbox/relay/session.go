@@ -571,21 +571,31 @@ func (s *session) settle(ctx context.Context) error {
 // with their keys promoted (the recorder's batch), the claims of a failed
 // claim statement released and promoted, the destination's health and
 // pace stored and its lease freed, and the next deliver job queued when
-// due work remains.
+// due work remains. Without a failed claim, all but the next job go in one
+// round trip: a job's end is most of a one-message job's writes (one
+// order fanned out to thousands of endpoints).
 func (s *session) settleWrite(ctx context.Context, tx pgx.Tx, left batch, recorded *[]outcome,
 	health string, backoffUntil *time.Time, reason *string, failures int,
 ) error {
 	q := outboxdb.New(tx)
-	lock := &pgx.Batch{}
-	outboxdb.QueueDestinationLock(lock, s.dest)
-	outboxdb.QueueTransactionPlanGeneric(lock)
-	if err := tx.SendBatch(ctx, lock).Close(); err != nil {
-		return fmt.Errorf("locking destination: %w", err)
+	params := outboxdb.DestinationSettleParams{
+		ID: s.dest, LeaseToken: s.token, Url: s.ep.Url, Health: health, HealthReason: reason,
+		ConsecutiveFailures: int32(failures), BackoffUntil: backoffUntil, Gone: s.pace.state == stateGone,
+		Pace: s.pace.remembered(),
 	}
+	// held: the lease is still this job's. Once it is not (this relay was
+	// declared dead, or the endpoint deleted), whoever holds it decides.
+	var redispatch, held bool
 	if err := s.r.sendBatch(ctx, tx, func(b *pgx.Batch) func() error {
-		return s.rec.queue(b, left, recorded)
+		outboxdb.QueueDestinationLock(b, s.dest)
+		outboxdb.QueueTransactionPlanGeneric(b)
+		check := s.rec.queue(b, left, recorded, true)
+		if !s.claimFailed {
+			outboxdb.QueueDestinationSettle(b, params, &redispatch, &held)
+		}
+		return check
 	}); err != nil {
-		return err
+		return fmt.Errorf("settling destination: %w", err)
 	}
 	if s.claimFailed {
 		keys, err := q.MessagesReleaseByToken(ctx, s.token)
@@ -595,21 +605,13 @@ func (s *session) settleWrite(ctx context.Context, tx pgx.Tx, left batch, record
 		if err := promote(ctx, q, s.dest, keys); err != nil {
 			return err
 		}
+		redispatch, err = q.DestinationSettle(ctx, params)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("settling destination: %w", err)
+		}
+		held = err == nil
 	}
-	redispatch, err := q.DestinationSettle(ctx, outboxdb.DestinationSettleParams{
-		ID: s.dest, LeaseToken: s.token, Url: s.ep.Url, Health: health, HealthReason: reason,
-		ConsecutiveFailures: int32(failures), BackoffUntil: backoffUntil, Gone: s.pace.state == stateGone,
-		Pace: s.pace.remembered(),
-	})
-	if errors.Is(err, pgx.ErrNoRows) {
-		// The lease is no longer ours (this relay was declared dead,
-		// or the endpoint deleted): whoever holds it now decides.
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("settling destination: %w", err)
-	}
-	if redispatch {
+	if held && redispatch {
 		if _, err := s.r.client.InsertTx(ctx, tx, deliverArgs{Destination: s.dest}, nil); err != nil {
 			return fmt.Errorf("queueing the next deliver job: %w", err)
 		}
