@@ -273,7 +273,10 @@ func (r *Relay) newRiverClient() (*river.Client[pgx.Tx], error) {
 		Logger: slog.New(minLevel{r.logger.Handler(), slog.LevelWarn}).With(slog.String("component", "river")),
 		Queues: map[string]river.QueueConfig{
 			queueDeliver: {MaxWorkers: r.cfg.DeliverWorkers},
-			queuePrune:   {MaxWorkers: 1},
+			// Its jobs come every minute or more, each announced as it is
+			// inserted: the poll is only River's fallback, and at every
+			// poll interval it cost each relay a query for nothing.
+			queuePrune: {MaxWorkers: 1, FetchPollInterval: time.Second},
 		},
 		Workers: workers,
 		// The prune and the chores come from River's elected leader: one
