@@ -160,8 +160,9 @@ type FieldError struct {
 // Error implements error.
 func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
 
-// riverFetchCooldown is the relay's River client's FetchCooldown: River
-// refuses a poll interval shorter than it.
+// riverFetchCooldown is the relay's River client's FetchCooldown: how
+// soon after an insert River's workers fetch, and the shortest poll
+// interval the relay takes.
 const riverFetchCooldown = 10 * time.Millisecond
 
 // maxCount bounds the relay's per-destination counts (DestinationConcurrency,
@@ -221,10 +222,11 @@ func (c Config) Validate() error {
 	if c.RelayTimeout > 0 && c.RelayTimeout < time.Second {
 		fail("RelayTimeout", "must be at least 1s, got %s", c.RelayTimeout)
 	}
-	// River's own bounds, checked here so that a bad value is refused with
-	// the others before anything touches the database: it polls no more
-	// often than its fetch cooldown (relay.go), and runs at most
-	// river.QueueNumWorkersMax workers on a queue.
+	// Bounds of River's, checked here so that a bad value is refused with
+	// the others before anything touches the database: a deliver job
+	// starts no sooner than River's fetch cooldown after its insert
+	// (relay.go), so polling more often finds nothing sooner; and River
+	// runs at most river.QueueNumWorkersMax workers on a queue.
 	if c.PollInterval < riverFetchCooldown {
 		fail("PollInterval", "must be at least %s, got %s", riverFetchCooldown, c.PollInterval)
 	}
