@@ -188,6 +188,25 @@ with JIT, 0.8 ms without; 30 s of the worker: 2,400 delivered against
 product (a ` + "`" + `jit` + "`" + ` parameter in the URL still wins): section 12 measures both,
 and ` + "`" + `TestClaimDoesNotCompileForABacklog` + "`" + ` holds it.
 
+**9. One destination at full speed (this version).** One endpoint's
+backlog drained at 0.64–0.67 of the raw loop with the same 32 requests in
+flight (section 2, h1 and c1), with a sixth of the cores idle. A deliver
+job claimed again once less than a window (32) waited to be sent, and a
+claim of about a hundred rows takes longer on a busy database than 32
+requests to a receiver that answers at once: instrumented, the job waited
+on its claims, with fewer than 32 requests in flight, for about 40 % of
+the drain. It now keeps as many windows ready as go out during a claim's
+round trip (moving averages of both; one to four windows, so up to
+sixteen claimed ahead at the ceiling): 0.80–0.84 in runs side by side,
+and fewer, larger claims cut PostgreSQL's CPU per message (47 to 35 µs). A
+slow receiver keeps one window ready, so a claim still lasts about as long
+as its request. The same change lifted the no-op transport (b, 0.69 to
+0.82 of the raw SQL loop) and JetStream (0.87 to 0.98 of its raw outbox
+loop). A job's end now sends its last outcomes and the destination's
+settle in one round trip instead of three, and River's workers fetch on
+its insert notifications, polling every second as a fallback rather than
+every 50 ms (a third of an idle relay's CPU; latency unchanged).
+
 ## What limits the targets
 
 **Write path, ≥ 0.75 at 8 clients.** The order transaction is BEGIN, the
@@ -258,8 +277,8 @@ per-minute sums the ops page reads (one upsert per recording, in the
 same statement), a goroutine per request, and
 its share of the River job and the lease per destination and slice. Over
 HTTP the client and the receiver, both in the bench process, take as much
-again; the relay's HTTP drain is 0.6 to 0.75 (from run to run) of the raw
-HTTP loop (h), which does none of the bookkeeping.
+again; the relay's HTTP drain is about 0.8 of the raw HTTP loop (h), which
+does none of the bookkeeping, to four destinations as to one (h1).
 
 **Broker destinations, ≥ 0.5 of a raw publish loop.** The raw publish
 loop (section 11) publishes from as many goroutines as the relay has
@@ -271,16 +290,13 @@ the relay's 32 in flight it reaches a third of JetStream's raw publish
 rate, so the target cannot be met here by any relay that keeps the
 database's part, however lean; the relay, which also records an attempt
 row and the per-minute sums for each message and runs under River and its
-lease, comes to about half of that floor, as its HTTP drain does of the
-raw HTTP loop (h). Only more in flight lifts the floor: in single trials
+lease, comes close to that floor (about 0.9 to 1.0 of it). Only more in
+flight lifts the floor: in single trials
 on one day the raw outbox loop with 2 and 4 connections (64 and 128 in
 flight) reached 0.43 and 0.50 of the raw publish loop. JetStream acks a
 publish on loopback in a fraction of a millisecond, so on this machine
 the publish is the cheap part and the database's bookkeeping, sharing the
-same 2 cores, is the rate. It is CPU, not the claim's latency: a relay
-that claimed again as soon as half its slots were free, instead of all of
-them, was no faster (two paired runs, 8,883 and 8,383 against 9,603 and
-9,139 msgs/s). RabbitMQ with publisher confirms is slower to ack, so the
+same 2 cores, is the rate. RabbitMQ with publisher confirms is slower to ack, so the
 floor is close to its raw loop and the relay near half of it, on either
 side of the target from run to run (0.39 to 0.70 in eleven single-run
 pairs of ` + "`" + `-only brokers` + "`" + ` on one day; from 0.48 to 0.53 in four full runs). The
@@ -297,9 +313,15 @@ receiver can hold, and what a small receiver has to absorb. Raise
 **Scale-out.** Duplicates are zero, as required. Throughput does not grow
 with relays here: one relay already uses both cores (with PostgreSQL, the
 receiver and River), and with 4 endpoints there are only 4 deliver jobs to
-share. Scale-out adds throughput when the relays run on other machines and
-there are more destinations than one relay serves at once, and availability
-anywhere (section 9).
+share. One destination is served by one job at a time (its lease, which
+per-key order and the per-destination ceiling rest on), so more relays can
+only keep its rate: each relay that waits costs the shared cores its
+heartbeat, dispatch and River's fetches (about 2 % of a core and 1 % for
+its PostgreSQL backends, measured from ` + "`" + `/proc` + "`" + ` beside an idle
+outbox), and a process starting costs about 0.3 s of CPU, which the
+clock leaves out. Scale-out adds throughput when the relays run on other
+machines and there are more destinations than one relay serves at once,
+and availability anywhere (section 9).
 
 **Knobs on a noisy machine.** The msgs/s columns of section 7 move by ±30 %
 between repetitions; the CPU-per-message column is the steadier one. The
@@ -311,6 +333,7 @@ pool size (5 to 40) changes it by less than the noise.
 go tool -modfile=tools/go.mod task bench          # the full suite, rewrites this file
 go tool -modfile=tools/go.mod task bench:smoke    # every scenario at tiny size (CI: go test ./lab/bench)
 go run ./lab/bench -only drain,knobs -reps 5      # a subset, more repetitions
+BENCH_DRAIN_CASES=h1,c1 go run ./lab/bench -only drain   # one destination: relay vs raw loop
 go run ./lab/bench -only ordered,latency           # per-key order's cost; poll vs NOTIFY
 go run ./lab/bench -only brokers                   # relay vs raw publish loop, JetStream and RabbitMQ
 go run ./lab/bench -history-large -only history   # 10,000,000 delivered rows retained
