@@ -216,8 +216,8 @@ const maxLead = 4
 // and at most maxLead. To a slow receiver one window is plenty, and a
 // claim lasts about as long as its request. To one that answers faster
 // than the database claims, a single window ran out before the next claim
-// came back: the session waited on its claims for about 40 % of a
-// one-destination drain (lab/bench, drain c1).
+// came back: the session waited on its claims for about 40 % of the
+// drain of one destination's backlog (docs/design.md).
 func (s *session) lead() int {
 	if s.answerTook <= 0 {
 		return 1
