@@ -527,9 +527,7 @@ func (k pair) record(row outboxdb.MessageClaimRow, res Result) error {
 	now := time.Now()
 	rc.record(r.cfg.judge(row.ID, orEmpty(row.OrderingKey), int(row.Attempts), res, false, now, now))
 	var recorded []outcome
-	return r.sendBatch(context.Background(), k.pool, func(b *pgx.Batch) func() error {
-		return rc.queue(b, rc.pending, &recorded, false)
-	})
+	return rc.write(context.Background(), k.pool, rc.pending, &recorded)
 }
 
 // parked is whether the second message is parked.

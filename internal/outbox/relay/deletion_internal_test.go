@@ -53,15 +53,15 @@ func TestADeletionBesideAJobEndingWaitsForTheJobAlone(t *testing.T) {
 	require.NoError(t, err)
 	defer job.Rollback(ctx) //nolint:errcheck
 	var recorded []outcome
-	require.NoError(t, r.sendBatch(ctx, job, func(b *pgx.Batch) func() error { return s.rec.queue(b, s.rec.pending, &recorded, false) }))
+	require.NoError(t, s.rec.write(ctx, job, s.rec.pending, &recorded))
 	require.Len(t, recorded, 1)
 
 	adm := admin.New(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
 	deleted := deleteAside(adm, dest)
 	waitForALockWait(t, pool, "the deletion waits for the endpoint's row the job holds")
-	redispatch, err := outboxdb.New(job).DestinationSettle(ctx, outboxdb.DestinationSettleParams{ID: dest, LeaseToken: lease, Url: outboxtest.EndpointURL, Health: outbox.HealthHealthy})
+	due, err := outboxdb.New(job).DestinationSettle(ctx, outboxdb.DestinationSettleParams{ID: dest, LeaseToken: lease, Url: outboxtest.EndpointURL, Health: outbox.HealthHealthy})
 	require.NoError(t, err, "the job's end goes on: it holds everything it needs")
-	require.True(t, redispatch)
+	require.True(t, due, "the message never claimed is due")
 	require.NoError(t, job.Commit(ctx), "the job's end commits")
 	require.NoError(t, <-deleted, "and the deletion finishes after it")
 
@@ -116,10 +116,9 @@ func TestAJobEndingBesideADeletionWaitsForIt(t *testing.T) {
 
 	settled := make(chan error, 1)
 	go func() {
-		settled <- pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			var recorded []outcome
-			return s.settleWrite(ctx, tx, s.rec.pending, &recorded, outbox.HealthHealthy, nil, nil, 0)
-		})
+		var recorded []outcome
+		var due bool
+		settled <- s.settleWrite(ctx, s.rec.pending, &recorded, &due, outbox.HealthHealthy, nil, nil, 0)
 	}()
 	waitForALockWait(t, pool, "the job's end waits for the deletion")
 	_, err = q.EndpointDelete(ctx, dest)

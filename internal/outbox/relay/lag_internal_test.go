@@ -134,7 +134,7 @@ func TestASlowRecordingHoldsBackTheClaims(t *testing.T) {
 		return waiting
 	}, 10*time.Second, 10*time.Millisecond, "a recording waits on the lock")
 	// Four seconds at the receiver's pace would send thousands.
-	bound := unrecordedMax + maxLead*4*DefaultConfig().DestinationConcurrency
+	bound := unrecordedMax + maxLead*windowsAhead*DefaultConfig().DestinationConcurrency
 	deadline := time.Now().Add(4 * time.Second)
 	var claimed, most int
 	for time.Now().Before(deadline) {

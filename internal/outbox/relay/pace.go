@@ -150,22 +150,6 @@ func (p *pace) room(inFlight int) int {
 	}
 }
 
-// ahead is how many messages may be claimed and not yet answered, for each
-// window the session keeps ready (session.lead): four windows while
-// sending, so the next claim's round trip overlaps the requests in flight,
-// and a claim takes a few windows' worth for about the cost of one (its
-// statement's fixed cost is most of it below a hundred rows); the one
-// probe while probing.
-func (p *pace) ahead() int {
-	switch {
-	case p.state == stateSending:
-		return 4 * min(int(p.window), p.ceiling)
-	case p.state == stateProbing && !p.probed:
-		return 1
-	}
-	return 0
-}
-
 // sending says whether anything more may be sent in this job.
 func (p *pace) sending() bool { return p.state == stateSending || p.state == stateProbing && !p.probed }
 

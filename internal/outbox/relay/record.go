@@ -124,11 +124,28 @@ func (rc *recorder) flush(ctx context.Context) {
 	b := rc.writing
 	go func() {
 		var recorded []outcome
-		err := rc.r.sendBatch(ctx, rc.r.pool, func(q *pgx.Batch) func() error {
-			return rc.queue(q, b, &recorded, false)
-		})
+		err := rc.write(ctx, rc.r.pool, b, &recorded)
 		rc.done <- written{recorded: recorded, err: err}
 	}()
+}
+
+// write records b on db in one round trip (one transaction): under the
+// destination's lock when keys are to be promoted, and under generic plans
+// (planned once per connection, see TransactionPlanGeneric).
+func (rc *recorder) write(ctx context.Context, db interface {
+	SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
+}, b batch, recorded *[]outcome,
+) error {
+	if b.empty() {
+		return nil
+	}
+	return rc.r.sendBatch(ctx, db, func(q *pgx.Batch) func() error {
+		if len(b.keys) > 0 {
+			outboxdb.QueueDestinationLock(q, rc.dest)
+		}
+		outboxdb.QueueTransactionPlanGeneric(q)
+		return rc.queue(q, b, recorded)
+	})
 }
 
 // finished takes a write's end: it returns what the write recorded, or
@@ -148,20 +165,13 @@ func (rc *recorder) finished(ctx context.Context, w written) []outcome {
 	return w.recorded
 }
 
-// queue adds b's statements to q: the destination's lock (only when keys
-// are to be promoted), then, under generic plans (planned once per
-// connection, see TransactionPlanGeneric), the outcomes, the releases, the
-// promotion; locked says the caller queued the lock and the generic plan
-// before. The returned func checks what the statements did once q has
-// been sent, and sets *recorded to the outcomes that were recorded.
-func (rc *recorder) queue(q *pgx.Batch, b batch, recorded *[]outcome, locked bool) func() error {
+// queue adds b's statements to q: the outcomes, the releases, the
+// promotion. The caller queues the destination's lock before them when
+// keys are to be promoted (write, settleWrite). The returned func checks
+// what the statements did once q has been sent, and sets *recorded to the
+// outcomes that were recorded.
+func (rc *recorder) queue(q *pgx.Batch, b batch, recorded *[]outcome) func() error {
 	keys := slices.Sorted(maps.Keys(b.keys))
-	if len(keys) > 0 && !locked {
-		outboxdb.QueueDestinationLock(q, rc.dest)
-	}
-	if !b.empty() && !locked {
-		outboxdb.QueueTransactionPlanGeneric(q)
-	}
 	var rows []outboxdb.MessagesRecordOutcomesRow
 	if len(b.outcomes) > 0 {
 		outboxdb.QueueMessagesRecordOutcomes(q, rc.params(b.outcomes), &rows)

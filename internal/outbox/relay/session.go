@@ -106,15 +106,17 @@ func (w *deliverWorker) Work(ctx context.Context, job *river.Job[deliverArgs]) e
 		return nil
 	}
 	token := uuid.New()
-	lease, err := r.lease(ctx, dest, token)
+	lease, first, err := r.lease(ctx, dest, token)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Served by a live job already, paused, backing off or deleted.
 		return nil
 	}
 	if err != nil {
-		// The lease may be taken all the same (committed, the answer lost):
-		// held by this live relay, it would keep every other job away.
-		release := func(ctx context.Context) error { return outboxdb.New(r.pool).DestinationLeaseRelease(ctx, dest, token) }
+		// The lease and its first claim may be taken all the same
+		// (committed, the answer lost): held by this live relay, the lease
+		// would keep every other job away, and the claim would wait out
+		// the claim timeout.
+		release := func(ctx context.Context) error { return r.leaseRelease(ctx, dest, token) }
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 		defer cancel()
 		if release(rctx) != nil {
@@ -131,26 +133,63 @@ func (w *deliverWorker) Work(ctx context.Context, job *river.Job[deliverArgs]) e
 		woken:   make(chan struct{}, 1),
 	}
 	defer r.serving(dest, s.woken)()
-	return s.run(ctx)
+	return s.run(ctx, first)
 }
 
-// lease takes the destination's lease under its lock (order.go) and a
-// generic plan, in one round trip: pgx.ErrNoRows when a live relay's job
-// holds it, or the destination may not be served now.
-func (r *Relay) lease(ctx context.Context, dest, token uuid.UUID) (outboxdb.DestinationLeaseRow, error) {
+// firstClaim is how many messages the lease claims with it: the one a
+// probe may send, or all a job of one order fanned out to thousands of
+// endpoints has to send. The session claims the rest, ahead of its
+// requests.
+const firstClaim = 1
+
+// lease takes the destination's lease and claims its first message, under
+// its lock (order.go) and a generic plan, in one round trip (one
+// transaction): pgx.ErrNoRows when a live relay's job holds it, or the
+// destination may not be served now. The claim runs after the lease in
+// the same transaction, so it sees the new token, and claims nothing when
+// the lease was not taken.
+func (r *Relay) lease(ctx context.Context, dest, token uuid.UUID) (outboxdb.DestinationLeaseRow, []outboxdb.MessageClaimRow, error) {
 	var row outboxdb.DestinationLeaseRow
+	var rows []outboxdb.MessageClaimRow
 	var found bool
 	b := &pgx.Batch{}
 	outboxdb.QueueDestinationLock(b, dest)
 	outboxdb.QueueTransactionPlanGeneric(b)
 	outboxdb.QueueDestinationLease(b, token, r.id, dest, &row, &found)
+	outboxdb.QueueMessageClaim(b, outboxdb.MessageClaimParams{
+		ClaimToken: token, RelayID: r.id, Destination: dest, BatchSize: firstClaim,
+	}, &rows)
 	if err := r.pool.SendBatch(ctx, b).Close(); err != nil {
-		return row, err
+		return row, nil, err
 	}
 	if !found {
-		return row, pgx.ErrNoRows
+		return row, nil, pgx.ErrNoRows
 	}
-	return row, nil
+	r.claimed(len(rows))
+	return row, rows, nil
+}
+
+// leaseRelease gives up a lease whose taking failed as far as the job
+// could tell, with what its first claim may have claimed: back to pending,
+// no attempt counted (MessagesReleaseByToken), keys promoted.
+func (r *Relay) leaseRelease(ctx context.Context, dest, token uuid.UUID) error {
+	return pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		q := outboxdb.New(tx)
+		if err := q.DestinationLock(ctx, dest); err != nil {
+			return fmt.Errorf("locking destination: %w", err)
+		}
+		keys, err := q.MessagesReleaseByToken(ctx, token)
+		if err != nil {
+			return fmt.Errorf("releasing the first claim: %w", err)
+		}
+		if err := promote(ctx, q, dest, keys); err != nil {
+			return err
+		}
+		if err := q.DestinationLeaseRelease(ctx, dest, token); err != nil {
+			return fmt.Errorf("releasing lease: %w", err)
+		}
+		return nil
+	})
 }
 
 // mode is where a session is in its turn.
@@ -206,9 +245,43 @@ type claim struct {
 	took  time.Duration
 }
 
-// maxLead bounds lead: sixteen windows claimed ahead at most, 512 messages
-// at the default ceiling.
-const maxLead = 4
+// The claim-ahead rule's bounds (claimSize).
+const (
+	// windowsAhead is how many windows may be claimed and not yet answered
+	// for each window kept ready: the next claim's round trip overlaps the
+	// requests in flight, and a claim takes a few windows' worth for about
+	// the cost of one (its statement's fixed cost is most of it below a
+	// hundred rows).
+	windowsAhead = 4
+	// maxLead bounds lead: sixteen windows claimed ahead at most, 512
+	// messages at the default ceiling.
+	maxLead = 4
+)
+
+// claimSize is the claim-ahead rule: how many messages to claim now, 0 for
+// none. While probing, the one probe. While sending, the session keeps
+// lead windows ready to send (a window is what the pace lets be in
+// flight), and up to lead × windowsAhead windows claimed and not yet
+// answered, at most BatchSize in one claim. It claims nothing while
+// unrecordedMax outcomes wait to be written: when the database records
+// slower than the receiver answers, the job slows to the recording's pace
+// instead of claiming the whole backlog.
+func (s *session) claimSize() int {
+	if s.rec.unwritten() >= unrecordedMax {
+		return 0
+	}
+	window := s.pace.room(0)
+	ready, ahead := window, window
+	if s.pace.state == stateSending {
+		lead := s.lead()
+		ready, ahead = lead*window, lead*windowsAhead*window
+	}
+	outstanding := len(s.ready) + s.inFlight
+	if len(s.ready) >= ready || outstanding >= ahead {
+		return 0
+	}
+	return min(ahead-outstanding, s.r.cfg.BatchSize)
+}
 
 // lead is how many windows of messages the session keeps ready to send
 // while it claims more: as many as go out during a claim's round trip
@@ -253,8 +326,12 @@ type sent struct {
 	interrupted bool
 }
 
-func (s *session) run(ctx context.Context) error {
+// run serves the destination until its slice ends, it runs out of due
+// work, or the job is stopped, starting with first, the messages the lease
+// claimed; then it settles.
+func (s *session) run(ctx context.Context, first []outboxdb.MessageClaimRow) error {
 	r := s.r
+	s.ready = first
 	s.health = s.ep.Health
 	// Requests run on their own context: a hard stop, or a lapse of the
 	// relay's liveness, cancels them, and their outcomes are still recorded
@@ -268,7 +345,7 @@ func (s *session) run(ctx context.Context) error {
 	var (
 		// dueLeft: the last claim found all it asked for; else nothing
 		// more is claimed before the next poll (or a wake-up).
-		dueLeft    = true
+		dueLeft    = len(first) == firstClaim
 		idle       int
 		claimFails int
 		claiming   bool
@@ -299,17 +376,11 @@ func (s *session) run(ctx context.Context) error {
 			}
 			s.ready = nil
 		}
-		// Claim ahead, beside the requests in flight: when less than
-		// lead windows wait to be sent, up to lead times what the pace
-		// lets be claimed and not yet answered (pace.ahead), and while
-		// the outcomes keep being written (unrecordedMax). The claim's
-		// round trip then overlaps the requests, and a claim takes dozens
-		// of messages for about the cost of one.
-		if s.mode == serving && s.pace.sending() && dueLeft && !claiming && s.rec.unwritten() < unrecordedMax {
-			lead := s.lead()
-			ahead := lead * s.pace.ahead()
-			if outstanding := len(s.ready) + s.inFlight; len(s.ready) < lead*s.pace.room(0) && outstanding < ahead {
-				n := min(ahead-outstanding, r.cfg.BatchSize)
+		// Claim ahead, beside the requests in flight (claimSize): the
+		// claim's round trip overlaps the requests, and a claim takes
+		// dozens of messages for about the cost of one.
+		if s.mode == serving && s.pace.sending() && dueLeft && !claiming {
+			if n := s.claimSize(); n > 0 {
 				claiming = true
 				go func() {
 					began := time.Now()
@@ -403,15 +474,20 @@ func (s *session) claim(ctx context.Context, n int) ([]outboxdb.MessageClaimRow,
 	if err != nil {
 		return nil, fmt.Errorf("claiming messages: %w", err)
 	}
-	if len(rows) > 0 {
-		s.r.metrics.claimed.Add(float64(len(rows)))
-		// progressAt measures idleness on this process's clock;
-		// claimedAt is written to the database (on its clock, by the
-		// heartbeat).
-		s.r.progressAt.Store(time.Now().UnixNano())
-		s.r.claimedAt.Store(s.r.now().UnixNano())
-	}
+	s.r.claimed(len(rows))
 	return rows, nil
+}
+
+// claimed counts n messages claimed, and notes the progress.
+func (r *Relay) claimed(n int) {
+	if n == 0 {
+		return
+	}
+	r.metrics.claimed.Add(float64(n))
+	// progressAt measures idleness on this process's clock; claimedAt is
+	// written to the database (on its clock, by the heartbeat).
+	r.progressAt.Store(time.Now().UnixNano())
+	r.claimedAt.Store(r.now().UnixNano())
 }
 
 // start sends one claimed message, in a goroutine of its own. The
@@ -524,44 +600,49 @@ func (s *session) announceRecovered(ctx context.Context, attrs ...any) {
 }
 
 // settle ends the job: in one transaction it records what the recorder has
-// left, releases what was claimed and never sent, promotes their keys,
-// stores the destination's health and pace and frees its lease, and queues
-// the next job when due work remains. It runs even when the job's context
-// was cancelled. If the database cannot be reached, the relay retries the
-// same writes at its next heartbeats (deferSettle); until then the
-// destination stays leased by this live relay, and its claims wait,
-// recorded late rather than sent twice.
+// left, releases what was claimed and never sent, promotes their keys, and
+// stores the destination's health and pace and frees its lease; when due
+// work remains it wakes the dispatch, which queues the next job. It runs
+// even when the job's context was cancelled. If the database cannot be
+// reached, the relay retries the same writes at its next heartbeats
+// (deferSettle); until then the destination stays leased by this live
+// relay, and its claims wait, recorded late rather than sent twice.
 func (s *session) settle(ctx context.Context) error {
 	r := s.r
 	ctx = context.WithoutCancel(ctx)
 	health, backoffUntil, reason, failures := s.pace.verdict(r.dbNow(), r.cfg)
 	left := s.rec.pending
 	var recorded []outcome
-	write := func(ctx context.Context, tx pgx.Tx) error {
-		return s.settleWrite(ctx, tx, left, &recorded, health, backoffUntil, reason, failures)
+	var due bool
+	write := func(ctx context.Context) error {
+		return s.settleWrite(ctx, left, &recorded, &due, health, backoffUntil, reason, failures)
+	}
+	ended := func(ctx context.Context) {
+		r.counted(ctx, s.dest, recorded)
+		s.announce(ctx, health, backoffUntil)
+		if due {
+			r.wakeDispatch()
+		}
 	}
 	settleCtx, cancel := context.WithTimeout(ctx, settleTimeout)
 	defer cancel()
 	// River completes the job once Work returns, in batches with others';
 	// a job whose completion is lost with its process is rescued later and
 	// finds nothing to do, or serves the destination as any job would.
-	err := pgx.BeginFunc(settleCtx, r.pool, func(tx pgx.Tx) error { return write(settleCtx, tx) })
-	if err != nil {
+	if err := write(settleCtx); err != nil {
 		// Retried by the heartbeat loop until it succeeds; the River job is
 		// left to River's retry, which finds the lease and does nothing.
 		r.deferSettle(func(ctx context.Context) error {
-			if err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error { return write(ctx, tx) }); err != nil {
+			if err := write(ctx); err != nil {
 				return err
 			}
 			// Counted and said once recorded, as on time.
-			r.counted(ctx, s.dest, recorded)
-			s.announce(ctx, health, backoffUntil)
+			ended(ctx)
 			return nil
 		})
 		return fmt.Errorf("settling deliver job for %s: %w", s.dest, err)
 	}
-	r.counted(ctx, s.dest, recorded)
-	s.announce(ctx, health, backoffUntil)
+	ended(ctx)
 	return nil
 }
 
@@ -569,35 +650,48 @@ func (s *session) settle(ctx context.Context) error {
 // plans (planned once per connection, see TransactionPlanGeneric): the
 // destination's lock, the last outcomes recorded and the unsent released
 // with their keys promoted (the recorder's batch), the claims of a failed
-// claim statement released and promoted, the destination's health and
-// pace stored and its lease freed, and the next deliver job queued when
-// due work remains. Without a failed claim, all but the next job go in one
-// round trip: a job's end is most of a one-message job's writes (one
-// order fanned out to thousands of endpoints).
-func (s *session) settleWrite(ctx context.Context, tx pgx.Tx, left batch, recorded *[]outcome,
+// claim statement released and promoted, and the destination's health and
+// pace stored and its lease freed (DestinationSettle, which says whether
+// work is due). Without a failed claim it is one batch, one round trip: a
+// job's end is most of a one-message job's writes (one order fanned out to
+// thousands of endpoints).
+func (s *session) settleWrite(ctx context.Context, left batch, recorded *[]outcome, due *bool,
 	health string, backoffUntil *time.Time, reason *string, failures int,
 ) error {
-	q := outboxdb.New(tx)
 	params := outboxdb.DestinationSettleParams{
 		ID: s.dest, LeaseToken: s.token, Url: s.ep.Url, Health: health, HealthReason: reason,
 		ConsecutiveFailures: int32(failures), BackoffUntil: backoffUntil, Gone: s.pace.state == stateGone,
 		Pace: s.pace.remembered(),
 	}
 	// held: the lease is still this job's. Once it is not (this relay was
-	// declared dead, or the endpoint deleted), whoever holds it decides.
-	var redispatch, held bool
-	if err := s.r.sendBatch(ctx, tx, func(b *pgx.Batch) func() error {
+	// declared dead, or the endpoint deleted), whoever holds it decides,
+	// and nothing is due of this job.
+	var held bool
+	record := func(b *pgx.Batch) func() error {
 		outboxdb.QueueDestinationLock(b, s.dest)
 		outboxdb.QueueTransactionPlanGeneric(b)
-		check := s.rec.queue(b, left, recorded, true)
-		if !s.claimFailed {
-			outboxdb.QueueDestinationSettle(b, params, &redispatch, &held)
-		}
-		return check
-	}); err != nil {
-		return fmt.Errorf("settling destination: %w", err)
+		return s.rec.queue(b, left, recorded)
 	}
-	if s.claimFailed {
+	if !s.claimFailed {
+		err := s.r.sendBatch(ctx, s.r.pool, func(b *pgx.Batch) func() error {
+			check := record(b)
+			outboxdb.QueueDestinationSettle(b, params, due, &held)
+			return check
+		})
+		if err != nil {
+			return fmt.Errorf("settling destination: %w", err)
+		}
+		*due = *due && held
+		return nil
+	}
+	// A claim statement failed and may have claimed rows the job never
+	// saw: after its outcomes are recorded, whatever is still claimed
+	// under its token goes back.
+	return pgx.BeginFunc(ctx, s.r.pool, func(tx pgx.Tx) error {
+		q := outboxdb.New(tx)
+		if err := s.r.sendBatch(ctx, tx, record); err != nil {
+			return fmt.Errorf("settling destination: %w", err)
+		}
 		keys, err := q.MessagesReleaseByToken(ctx, s.token)
 		if err != nil {
 			return fmt.Errorf("releasing messages of failed claims: %w", err)
@@ -605,18 +699,12 @@ func (s *session) settleWrite(ctx context.Context, tx pgx.Tx, left batch, record
 		if err := promote(ctx, q, s.dest, keys); err != nil {
 			return err
 		}
-		redispatch, err = q.DestinationSettle(ctx, params)
+		*due, err = q.DestinationSettle(ctx, params)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("settling destination: %w", err)
 		}
-		held = err == nil
-	}
-	if held && redispatch {
-		if _, err := s.r.client.InsertTx(ctx, tx, deliverArgs{Destination: s.dest}, nil); err != nil {
-			return fmt.Errorf("queueing the next deliver job: %w", err)
-		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // announce logs and counts the destination's state changes as the job

@@ -105,13 +105,13 @@ func QueueDestinationLease(b *pgx.Batch, leaseToken, relayID, id uuid.UUID, row 
 	})
 }
 
-// QueueDestinationSettle queues DestinationSettle on b; redispatch is
-// stored, and held set to whether the job still held the lease (a row came
-// back), when b's results are read.
-func QueueDestinationSettle(b *pgx.Batch, arg DestinationSettleParams, redispatch, held *bool) {
+// QueueDestinationSettle queues DestinationSettle on b; due is stored, and
+// held set to whether the job still held the lease (a row came back), when
+// b's results are read.
+func QueueDestinationSettle(b *pgx.Batch, arg DestinationSettleParams, due, held *bool) {
 	b.Queue(destinationSettle, arg.Url, arg.Health, arg.HealthReason, arg.ConsecutiveFailures, arg.BackoffUntil,
 		arg.Pace, arg.Gone, arg.ID, arg.LeaseToken).QueryRow(func(r pgx.Row) error {
-		err := r.Scan(redispatch)
+		err := r.Scan(due)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}

@@ -41,15 +41,12 @@ SET lease_token = NULL,
     enabled = e.enabled AND NOT ($7::boolean AND e.url = $1::text),
     disabled_reason = CASE WHEN $7::boolean AND e.url = $1::text AND e.enabled THEN 'receiver answered 410 Gone' ELSE e.disabled_reason END,
     disabled_at = CASE WHEN $7::boolean AND e.url = $1::text AND e.enabled THEN now() ELSE e.disabled_at END,
-    updated_at = CASE WHEN $7::boolean AND e.url = $1::text AND e.enabled THEN now() ELSE e.updated_at END,
-    dispatched_at = CASE
-        WHEN e.enabled AND NOT ($7::boolean AND e.url = $1::text)
-             AND (CASE WHEN e.url = $1::text THEN $5::timestamptz ELSE e.backoff_until END) IS NULL
-             AND EXISTS (SELECT 1 FROM outbox_messages m
-                         WHERE m.destination = e.id AND m.status = 'pending' AND NOT m.parked AND m.next_attempt_at <= now())
-        THEN now() END
+    updated_at = CASE WHEN $7::boolean AND e.url = $1::text AND e.enabled THEN now() ELSE e.updated_at END
 WHERE e.id = $8 AND e.lease_token = $9::uuid
-RETURNING (e.dispatched_at IS NOT NULL)::boolean AS redispatch
+RETURNING (e.enabled AND e.backoff_until IS NULL
+           AND EXISTS (SELECT 1 FROM outbox_messages m
+                       WHERE m.destination = e.id AND m.status = 'pending' AND NOT m.parked AND m.next_attempt_at <= now())
+          )::boolean AS due
 `
 
 type DestinationSettleParams struct {
@@ -72,11 +69,11 @@ type DestinationSettleParams struct {
 // pauses the endpoint. All of it only while the endpoint still names the
 // @url the job served: a person who moved it to another destination
 // meanwhile reset its health (EndpointUpdate), and what the old one
-// answered says nothing of the new. When due work remains and the
-// destination may be served now, it is marked dispatched again and
-// redispatch is true: the caller inserts the next job in this transaction,
-// so a busy destination goes to the back of the queue without waiting for
-// a poll.
+// answered says nothing of the new. due says work remains that the
+// destination may be served now (it is enabled and not backing off, as
+// the update left it): the caller wakes the dispatch, which queues the
+// next job behind those already waiting (the dispatch is the one place
+// deliver jobs are made).
 func (q *Queries) DestinationSettle(ctx context.Context, arg DestinationSettleParams) (bool, error) {
 	row := q.db.QueryRow(ctx, destinationSettle,
 		arg.Url,
@@ -89,9 +86,9 @@ func (q *Queries) DestinationSettle(ctx context.Context, arg DestinationSettlePa
 		arg.ID,
 		arg.LeaseToken,
 	)
-	var redispatch bool
-	err := row.Scan(&redispatch)
-	return redispatch, err
+	var due bool
+	err := row.Scan(&due)
+	return due, err
 }
 
 const messagesBringForward = `-- name: MessagesBringForward :execrows
