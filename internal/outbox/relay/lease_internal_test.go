@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -26,7 +27,9 @@ import (
 // A lease whose taking committed but whose answer was lost (the connection
 // broke at that moment) is given back: the job saw an error, and a lease
 // held by its own live relay kept every later job of the destination away
-// for as long as the relay lived, its messages never sent.
+// for as long as the relay lived, its messages never sent. The first
+// message, claimed with the lease, goes back too, with no attempt charged:
+// it was never sent.
 func TestALeaseTakenWithItsAnswerLostIsGivenBack(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -56,6 +59,19 @@ func TestALeaseTakenWithItsAnswerLostIsGivenBack(t *testing.T) {
 			WHERE m.destination = $1`, ep).Scan(&attempted))
 		return attempted > 0
 	}, 30*time.Second, 50*time.Millisecond, "the destination is served again")
+	// The receiver is not there: each message's request fails once and
+	// waits for its retry. The one claimed with the lost lease is sent
+	// too, long before a claim timeout could release it.
+	require.Eventually(t, func() bool {
+		var unsent int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE destination = $1 AND attempts = 0`, ep).Scan(&unsent))
+		return unsent == 0
+	}, 30*time.Second, 50*time.Millisecond, "every message sent")
+	rows, err := pool.Query(ctx, `SELECT attempts FROM outbox_messages WHERE destination = $1 ORDER BY id`, ep)
+	require.NoError(t, err)
+	attempts, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	require.NoError(t, err)
+	require.Equal(t, []int32{1, 1, 1}, attempts, "each message sent once: the lost lease's claim was released, not charged an attempt")
 }
 
 // lossyConn loses the answer to the first statement matching match that it
