@@ -194,8 +194,8 @@ func TestRelayStatementsStayOnIndexesWith1000Endpoints(t *testing.T) {
 			return err
 		},
 		"dispatch": func(q *outboxdb.Queries) error {
-			ids, err := q.DestinationsDispatch(ctx, uuid.Nil, 5, 100)
-			require.Len(t, ids, 20, "the 20 endpoints with due messages, not the ones backing off")
+			d, err := q.DestinationsDispatch(ctx, uuid.Nil, 5, 100)
+			require.Len(t, d.Ids, 20, "the 20 endpoints with due messages, not the ones backing off")
 			return err
 		},
 		"overdue": func(q *outboxdb.Queries) error {

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
 	"github.com/riverqueue/river"
 )
@@ -59,51 +58,47 @@ func (r *Relay) dispatchLoop(ctx context.Context) {
 	}
 }
 
-// dispatch inserts a deliver job for each destination with due messages
-// that no live job serves, as many as this relay has workers less the
-// jobs already waiting for one (in any relay), taking the destinations in
-// turn from the one after after; it returns where the next poll goes on
+// dispatch finds the destinations with due messages that no live job
+// serves, as many as this relay has workers less the jobs already waiting
+// for one (in any relay), taking them in turn from the one after after,
+// marks them dispatched (DestinationsDispatch, one round trip) and inserts
+// a deliver job for each; it returns where the next poll goes on
 // (uuid.Nil: from the start, once a poll found fewer than it could take).
 // So the jobs waiting stay fewer than the workers, every due destination
-// gets its turn, and one whose job waits is not dispatched again. Each
-// destination is marked dispatched and has its job, or neither: one
-// transaction.
+// gets its turn, and one whose job waits is not dispatched again. The
+// marks commit before the jobs are inserted: a relay that dies between
+// the two, or an insert that fails, leaves destinations marked with no
+// job, which any relay's dispatch takes again after redispatchAfter, as
+// it does a job lost with a relay that fetched it. The rule is one
+// paragraph, and an idle poll is one statement rather than a transaction
+// of four round trips, which every relay pays every poll interval.
 func (r *Relay) dispatch(ctx context.Context, after uuid.UUID) (uuid.UUID, error) {
-	next := after
-	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-		q := outboxdb.New(tx)
-		waiting, err := q.DeliverJobsWaiting(ctx)
-		if err != nil {
-			return fmt.Errorf("counting deliver jobs waiting: %w", err)
-		}
-		room := r.cfg.DeliverWorkers - int(waiting)
-		if room <= 0 {
-			r.othersDue.Store(true)
-			return nil
-		}
-		ids, err := q.DestinationsDispatch(ctx, after, redispatchAfter.Seconds(), int32(room))
-		if err != nil {
-			return fmt.Errorf("finding due destinations: %w", err)
-		}
-		next = uuid.Nil
-		if len(ids) == room {
-			next = slices.MaxFunc(ids, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
-		}
-		r.othersDue.Store(waiting > 0 || len(ids) == room)
-		if len(ids) == 0 {
-			return nil
-		}
-		params := make([]river.InsertManyParams, len(ids))
-		for i, id := range ids {
-			params[i] = river.InsertManyParams{Args: deliverArgs{Destination: id}}
-		}
-		if _, err := r.client.InsertManyTx(ctx, tx, params); err != nil {
-			return fmt.Errorf("inserting deliver jobs: %w", err)
-		}
-		return nil
-	})
+	d, err := outboxdb.New(r.pool).DestinationsDispatch(ctx, after, redispatchAfter.Seconds(), int32(r.cfg.DeliverWorkers))
 	if err != nil {
-		return after, err
+		return after, fmt.Errorf("finding due destinations: %w", err)
+	}
+	room := max(r.cfg.DeliverWorkers-int(d.Waiting), 0)
+	r.othersDue.Store(d.Waiting > 0 || len(d.Ids) == room)
+	next := uuid.Nil
+	switch {
+	case room == 0:
+		next = after // nothing was looked at
+	case len(d.Ids) == room:
+		next = slices.MaxFunc(d.Ids, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
+	}
+	if len(d.Ids) == 0 {
+		return next, nil
+	}
+	params := make([]river.InsertManyParams, len(d.Ids))
+	for i, id := range d.Ids {
+		params[i] = river.InsertManyParams{Args: deliverArgs{Destination: id}}
+	}
+	// Inserted even when the relay is stopping: marked, they would wait out
+	// redispatchAfter.
+	ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	if _, err := r.client.InsertMany(ictx, params); err != nil {
+		return next, fmt.Errorf("inserting deliver jobs: %w", err)
 	}
 	return next, nil
 }

@@ -71,7 +71,8 @@ func TestADispatchPollVisitsTheSmallerSet(t *testing.T) {
 			require.Len(t, want, 13+strings.Count(name, "draining"))
 			var got []uuid.UUID
 			plan := trace.Explain(t, pool, func(tx pgx.Tx) error {
-				got, err = outboxdb.New(tx).DestinationsDispatch(ctx, uuid.Nil, redispatchAfter.Seconds(), 100)
+				d, err := outboxdb.New(tx).DestinationsDispatch(ctx, uuid.Nil, redispatchAfter.Seconds(), 100)
+				got = d.Ids
 				return err
 			})
 			t.Logf("dispatch:\n%s", plan)

@@ -24,9 +24,9 @@ import (
 // each message as the window frees, judges each answer (outcome.go) and
 // hands it to its recorder (record.go), until its slice is over, the relay
 // stops, nothing has been due for a while, or the pace says to stop
-// sending. Its end (settle)
-// writes what is left, the destination's health and pace, and frees the
-// lease, in one transaction.
+// sending. Its end (settle) writes what is left, the destination's health
+// and pace, and frees the lease, in one transaction, and wakes the
+// dispatch when work is left.
 //
 // So a slow, hanging or failing destination holds at most one River
 // worker and its window of requests, never another destination's share,

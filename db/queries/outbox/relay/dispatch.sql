@@ -1,11 +1,13 @@
 -- Dispatch and the lease: which destinations have work, and the lease that
 -- lets one deliver job at a time serve a destination.
 
--- name: DestinationsDispatch :many
--- Finds up to @max_destinations destinations with due messages that no
--- live job serves, after the destination @after (the caller goes round
--- them all, poll after poll), marks them dispatched and returns them; the
--- caller inserts one deliver job for each in the same transaction.
+-- name: DestinationsDispatch :one
+-- Finds destinations with due messages that no live job serves, after the
+-- destination @after (the caller goes round them all, poll after poll),
+-- as many as @workers less the deliver jobs already waiting for a worker
+-- in any relay (waiting, returned), marks them dispatched and returns them
+-- (ids); the caller then inserts one deliver job for each. One statement,
+-- one round trip: an idle relay runs it every poll interval.
 --
 -- The candidates are the endpoints whose backoff is over (found by time),
 -- then the servable endpoints with pending messages, found by walking two
@@ -18,10 +20,12 @@
 -- one per endpoint when thousands are idle. A candidate is dispatched when its oldest
 -- message is due, it is not leased by a live relay (alive by its own
 -- timeout, as everywhere), and it was not dispatched in the last
--- @redispatch_after_seconds, or was but its job no longer waits (it was
--- lost with a relay that fetched it). SKIP LOCKED lets every worker run
--- this at once without waiting on one another.
-WITH RECURSIVE walk AS (
+-- @redispatch_after_seconds, or was but its job no longer waits (lost with
+-- a relay that fetched it, or that died before inserting it). SKIP LOCKED
+-- lets every worker run this at once without waiting on one another.
+WITH RECURSIVE waiting AS (
+    SELECT count(*)::integer AS n FROM river_job j WHERE j.state = 'available' AND j.queue = 'outbox_deliver'
+), walk AS (
     (SELECT p.destination AS d,
             (SELECT s.id FROM webhook_endpoints s
              WHERE s.enabled AND s.backoff_until IS NULL AND s.id >= p.destination
@@ -66,19 +70,16 @@ WITH RECURSIVE walk AS (
           SELECT 1 FROM outbox_relays r
           WHERE r.id = e.lease_relay
             AND r.heartbeat_at >= now() - make_interval(secs => r.timeout_seconds))
-    LIMIT @max_destinations
+    LIMIT greatest(sqlc.arg(workers)::integer - (SELECT w.n FROM waiting w), 0)
     FOR UPDATE OF e SKIP LOCKED
+), dispatched AS (
+    UPDATE webhook_endpoints e SET dispatched_at = now()
+    FROM ready
+    WHERE e.id = ready.id
+    RETURNING e.id
 )
-UPDATE webhook_endpoints e SET dispatched_at = now()
-FROM ready
-WHERE e.id = ready.id
-RETURNING e.id;
-
--- name: DeliverJobsWaiting :one
--- How many deliver jobs wait for a worker, in every relay: the dispatch
--- adds jobs only while fewer than a relay's workers wait, and a job with
--- nothing left to do ends at once rather than linger while others wait.
-SELECT count(*) FROM river_job WHERE state = 'available' AND queue = 'outbox_deliver';
+SELECT (SELECT w.n FROM waiting w) AS waiting,
+       ARRAY(SELECT d.id FROM dispatched d)::uuid[] AS ids;
 
 -- name: DestinationLease :one
 -- A deliver job takes the destination's lease, unless a live relay's job
