@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/outboxkit/orders/internal/dbtest"
 	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
+	"github.com/outboxkit/orders/internal/outbox/outboxtest"
 )
 
 // A dispatch poll visits about the smaller of two sets, the destinations
@@ -136,4 +138,50 @@ func TestAFanOutRunsOneDeliverJobPerDestination(t *testing.T) {
 		SELECT count(*) AS n FROM river_job WHERE kind = 'outbox_deliver' GROUP BY args->>'destination') j`).Scan(&jobs, &most))
 	require.Equal(t, endpoints, jobs, "a deliver job for every destination")
 	require.Equal(t, 1, most, "and one only")
+}
+
+// The redispatch rule, which every way of losing a dispatched destination's
+// job rests on (a relay that died between marking it and inserting its
+// job, or after fetching the job and before running it): a destination
+// dispatched less than redispatchAfter ago is left to its job; after that,
+// it is dispatched again unless its job still waits for a worker; and no
+// more destinations are dispatched than the workers less the jobs waiting.
+func TestADispatchedDestinationWithoutItsJobIsDispatchedAgain(t *testing.T) {
+	t.Parallel()
+	pool, ep, _ := seededEndpoint(t, 1, "")
+	ctx := context.Background()
+	r := defaultRelay(t, pool, slog.New(slog.DiscardHandler))
+	client, err := r.newRiverClient()
+	require.NoError(t, err)
+	q := outboxdb.New(pool)
+	dispatch := func() outboxdb.DestinationsDispatchRow {
+		d, err := q.DestinationsDispatch(ctx, uuid.Nil, redispatchAfter.Seconds(), 2)
+		require.NoError(t, err)
+		return d
+	}
+	backdate := func() {
+		_, err := pool.Exec(ctx, `UPDATE webhook_endpoints SET dispatched_at = now() - make_interval(secs => $2) WHERE id = $1`,
+			ep, redispatchAfter.Seconds()+1)
+		require.NoError(t, err)
+	}
+
+	require.Equal(t, []uuid.UUID{ep}, dispatch().Ids, "due, never dispatched")
+	require.Empty(t, dispatch().Ids, "dispatched a moment ago: left to its job, which the caller inserts next")
+	backdate()
+	require.Equal(t, []uuid.UUID{ep}, dispatch().Ids, "dispatched long ago and no job waits: its job was lost")
+
+	backdate()
+	_, err = client.Insert(ctx, deliverArgs{Destination: ep}, nil)
+	require.NoError(t, err)
+	d := dispatch()
+	require.Empty(t, d.Ids, "its job waits for a worker: not dispatched again")
+	require.EqualValues(t, 1, d.Waiting)
+
+	_, err = client.Insert(ctx, deliverArgs{Destination: uuid.New()}, nil)
+	require.NoError(t, err)
+	other := outboxtest.Endpoint(t, pool, nil)
+	outboxtest.Seed(t, pool, other, 1, "")
+	d = dispatch()
+	require.Empty(t, d.Ids, "two jobs wait for the two workers: no room")
+	require.EqualValues(t, 2, d.Waiting)
 }
