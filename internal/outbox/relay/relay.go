@@ -95,16 +95,17 @@ type Relay struct {
 	stopDispatch, stopKeepAlive context.CancelFunc
 	loops                       sync.WaitGroup
 
-	// Wake-ups (listen.go): the dispatch loop takes one from dispatchNow;
-	// sessions holds the wake-up channel of each deliver job running here,
-	// by destination.
+	// Wake-ups (listen.go, and a job's end): the dispatch loop takes one
+	// from dispatchNow; sessions holds the wake-up channel of each deliver
+	// job running here, by destination.
 	dispatchNow chan struct{}
 	wakeMu      sync.Mutex
 	sessions    map[uuid.UUID]chan struct{}
 
 	// othersDue: at the last dispatch, deliver jobs waited for a worker,
 	// or more destinations were due than it could take. Then a job with
-	// nothing left to do ends instead of lingering (session.go).
+	// nothing left to do ends instead of lingering, and wakes the dispatch
+	// as it ends (session.go).
 	othersDue atomic.Bool
 
 	mu sync.Mutex
