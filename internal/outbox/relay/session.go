@@ -603,11 +603,11 @@ func (s *session) announceRecovered(ctx context.Context, attrs ...any) {
 // left, releases what was claimed and never sent, promotes their keys, and
 // stores the destination's health and pace and frees its lease; when work
 // is due for the freed worker it wakes the dispatch, which queues the next
-// job. It runs
-// even when the job's context was cancelled. If the database cannot be
-// reached, the relay retries the same writes at its next heartbeats
-// (deferSettle); until then the destination stays leased by this live
-// relay, and its claims wait, recorded late rather than sent twice.
+// job. It runs even when the job's context was cancelled. If the database
+// cannot be reached, the relay retries the same writes at its next
+// heartbeats (deferSettle); until then the destination stays leased by
+// this live relay, and its claims wait, recorded late rather than sent
+// twice.
 func (s *session) settle(ctx context.Context) error {
 	r := s.r
 	ctx = context.WithoutCancel(ctx)
