@@ -195,7 +195,8 @@ func TestBackupAndRestoreRedeliverWhatWasPending(t *testing.T) {
 	list, err := exec.Command("pg_restore", "--list", file).Output()
 	require.NoError(t, err)
 	for _, table := range []string{"outbox_messages", "outbox_events", "webhook_endpoints", "orders", "order_lines", "goose_db_version"} {
-		require.Contains(t, string(list), "TABLE DATA public "+table+" ", "the backup holds %s", table)
+		// The outbox tables' rows are in their partitions (outbox_messages_p...).
+		require.Regexp(t, `TABLE DATA public `+table+`(_legacy|_p\d{8}t\d{4})? `, string(list), "the backup holds %s", table)
 	}
 
 	// After the backup: one more order, and the relay delivers everything.
@@ -238,8 +239,8 @@ func TestBackupAndRestoreRedeliverWhatWasPending(t *testing.T) {
 	require.Equal(t, before+duplicates, rc.deliveries())
 	require.Zero(t, rc.badSigned, "the restored endpoint secret still signs")
 
-	// Restoring over a database that has the schema and rows (--clean
-	// --if-exists) replaces them: back to the backup's state.
+	// Restoring over a database that has the schema and rows replaces
+	// them: back to the backup's state.
 	stopDst()
 	script(t, dstURL, "db-restore", file)
 	require.Equal(t, map[string]int{"delivered": 2, "pending": 3}, statusCounts(t, dst))

@@ -218,9 +218,12 @@ func Pool(t testing.TB) *pgxpool.Pool {
 // templateDB is the migrated template this module's tests clone.
 type templateDB struct {
 	// name is <service>_template_<hash>, the hash taken over the module
-	// path and the migrations: a copy of the template (another module
-	// path) and a branch with other migrations (another hash) each have a
-	// template of their own on a server they share.
+	// path, the migrations and the day (UTC): a copy of the template
+	// (another module path) and a branch with other migrations (another
+	// hash) each have a template of their own on a server they share. The
+	// day, because the migrations cut the outbox tables into partitions
+	// from the day they run to a few days ahead (migration 00038): a
+	// template of last week would have none for today.
 	name string
 	// prefix is the name up to the hash: the templates of every version
 	// of the module's migrations, which dropStaleTemplates looks through.
@@ -230,10 +233,10 @@ type templateDB struct {
 	lock int64
 }
 
-// templateFor is the template of module path mod at migrations.
+// templateFor is the template of module path mod at migrations, today.
 func templateFor(mod string, migrations fs.FS) (templateDB, error) {
 	sum := sha256.New()
-	sum.Write([]byte(mod + "\n"))
+	sum.Write([]byte(mod + "\n" + time.Now().UTC().Format(time.DateOnly) + "\n"))
 	err := fs.WalkDir(migrations, ".", func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err

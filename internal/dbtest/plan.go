@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -204,4 +205,53 @@ func literal(a any) string {
 		s = "{" + strings.Join(elems, ",") + "}"
 	}
 	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
+
+// Index is a pattern matching the index named in a plan, on a table or on
+// any of its partitions: outbox_messages_pending_idx is
+// outbox_messages_p20261207t0000_pending_idx on the partition of that day,
+// outbox_messages_legacy_pending_idx on the legacy one (migration 00038).
+func Index(name string) *regexp.Regexp {
+	for _, table := range []string{"outbox_events", "outbox_messages", "outbox_attempts"} {
+		if rest, ok := strings.CutPrefix(name, table+"_"); ok {
+			return regexp.MustCompile(regexp.QuoteMeta(table) + `_(?:legacy_|p\d{8}t\d{4}_)?` + regexp.QuoteMeta(rest) + `\b`)
+		}
+	}
+	return regexp.MustCompile(regexp.QuoteMeta(name) + `\b`)
+}
+
+// SeqScansOfHistory returns the tables of pattern (outbox_messages, and
+// their partitions) that plan reads sequentially, throwing rows away: it
+// reads rows it does not want, the history among them. A partition whose
+// rows a statement wants every one of (a day of failed messages, all past
+// their retention) is read sequentially for what it is; so is one made
+// ahead of time and still empty. The plan must come from EXPLAIN ANALYZE.
+func SeqScansOfHistory(t *testing.T, plan string, pattern string) []string {
+	t.Helper()
+	var found []string
+	lines := strings.Split(plan, "\n")
+	re := regexp.MustCompile(`Seq Scan on (` + pattern + `\w*)`)
+	removed := regexp.MustCompile(`Rows Removed by Filter: (\d+)`)
+	for i, l := range lines {
+		m := re.FindStringSubmatch(l)
+		if m == nil {
+			continue
+		}
+		if strings.Contains(l, "(never executed)") {
+			continue
+		}
+		require.Contains(t, l, "actual", "the plan of EXPLAIN ANALYZE")
+		// The node's own lines follow it, indented further than it.
+		indent := len(l) - len(strings.TrimLeft(l, " "))
+		for _, d := range lines[i+1:] {
+			if len(d)-len(strings.TrimLeft(d, " ")) <= indent || strings.Contains(d, "->") {
+				break
+			}
+			if r := removed.FindStringSubmatch(d); r != nil && r[1] != "0" {
+				found = append(found, m[1])
+				break
+			}
+		}
+	}
+	return found
 }

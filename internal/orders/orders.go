@@ -212,7 +212,7 @@ func (s *Service) Place(ctx context.Context, req PlaceRequest) (order Order, rep
 			return fmt.Errorf("enqueuing %s: %w", EventPlaced, err)
 		}
 		if err := tx.SendBatch(ctx, &b).Close(); err != nil {
-			return fmt.Errorf("inserting order lines and %s: %w", EventPlaced, err)
+			return fmt.Errorf("inserting order lines and %s: %w", EventPlaced, outbox.Classify(err))
 		}
 		return nil
 	})

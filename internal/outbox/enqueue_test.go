@@ -171,3 +171,28 @@ func TestQueueSharesTheCallersBatch(t *testing.T) {
 	require.Equal(t, outbox.StatusPending, m.Status)
 	require.JSONEq(t, `{"n":1}`, string(m.Payload))
 }
+
+// An event whose time no partition of the outbox tables holds (the
+// worker's prune job has not made them for that long) is refused with an
+// error that says so, and the transaction writes nothing.
+func TestEnqueueWithoutAPartitionSaysSo(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	rc := newReceiver(t)
+	f.endpoint(t, rc, "order.placed")
+	var suffix string
+	require.NoError(t, f.pool.QueryRow(ctx, `SELECT suffix FROM outbox_partitions()
+		WHERE (lo IS NULL OR lo <= outbox_uuid_v7()) AND outbox_uuid_v7() < hi`).Scan(&suffix))
+	_, err := f.pool.Exec(ctx, `DROP TABLE outbox_attempts_`+suffix+`, outbox_messages_`+suffix+`, outbox_events_`+suffix)
+	require.NoError(t, err)
+
+	err = pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+		_, err := outbox.Enqueue(ctx, tx, outbox.Event{Type: "order.placed", Data: 1})
+		return err
+	})
+	require.ErrorIs(t, err, outbox.ErrNoPartition)
+	require.ErrorContains(t, err, "is a worker running?")
+	events, messages := countRows(t, f.pool)
+	require.Zero(t, events+messages)
+}

@@ -27,9 +27,11 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
 )
@@ -74,7 +76,27 @@ var (
 	// ErrInvalidEvent is returned for an event that cannot be stored: no
 	// type, or data that does not encode as JSON.
 	ErrInvalidEvent = errors.New("outbox: invalid event")
+
+	// ErrNoPartition is returned when the event's time has no partition
+	// of the outbox tables to go in: the worker's prune job makes them
+	// OUTBOX_PARTITIONS_AHEAD ahead, so no worker has run it for that long
+	// (the outbox_partitions_ahead_seconds alert says so days before).
+	ErrNoPartition = errors.New("outbox: no partition of the outbox tables holds the event's time; " +
+		"partitions are made ahead by the worker's prune job: is a worker running?")
 )
+
+// Classify returns err, wrapped with ErrNoPartition when it is
+// PostgreSQL's refusal of an outbox row that no partition holds: for a
+// caller that sends Queue's statements itself and gets the error from its
+// batch.
+func Classify(err error) error {
+	var pgErr *pgconn.PgError // check_violation, with PostgreSQL's message
+	if errors.As(err, &pgErr) && pgErr.Code == "23514" &&
+		strings.HasPrefix(pgErr.Message, "no partition of relation \"outbox_") {
+		return fmt.Errorf("%w: %w", ErrNoPartition, err)
+	}
+	return err
+}
 
 // Event is something that happened, to be announced to every endpoint
 // subscribed to its type.
@@ -122,7 +144,7 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ev Event) (uuid.UUID, error) {
 		return uuid.Nil, fmt.Errorf("enqueuing %q: %w: %w", ev.Type, ErrNotInTx, err)
 	}
 	if err != nil {
-		return uuid.Nil, fmt.Errorf("enqueuing %q: %w", ev.Type, err)
+		return uuid.Nil, fmt.Errorf("enqueuing %q: %w", ev.Type, Classify(err))
 	}
 	return q.ID(), nil
 }

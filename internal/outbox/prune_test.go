@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxkit/orders/internal/netguard"
+	"github.com/outboxkit/orders/internal/outbox/outboxtest"
 	"github.com/outboxkit/orders/internal/outbox/relay"
 )
 
@@ -23,6 +24,7 @@ func TestPruneJobDeletesOnlyOldSettledRows(t *testing.T) {
 	ctx := context.Background()
 	rc := newReceiver(t)
 	f.endpoint(t, rc, "order.placed")
+	outboxtest.PartitionsSince(t, f.pool, time.Now().Add(-10*24*time.Hour))
 	// Events of nine days ago, each with its message: 12,000 delivered
 	// (more than one prune batch) and 10 discarded long ago, and one of
 	// every other kind. Plus two events without messages, one old, one new.

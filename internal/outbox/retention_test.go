@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/outboxkit/orders/internal/outbox/outboxtest"
 	"github.com/outboxkit/orders/internal/outbox/relay"
 	"github.com/stretchr/testify/require"
 )
@@ -23,6 +24,7 @@ func TestPruneJobDeletesFailedRowsPastTheFailedRetention(t *testing.T) {
 	ctx := context.Background()
 	rc := newReceiver(t)
 	f.endpoint(t, rc, "order.placed")
+	outboxtest.PartitionsSince(t, f.pool, time.Now().Add(-41*24*time.Hour))
 	// Events of 40 days ago: 5,010 failed 31 days ago (more than one prune
 	// batch), and one each failed yesterday, pending and claimed; every
 	// message with two attempts.

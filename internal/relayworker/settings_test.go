@@ -67,7 +67,19 @@ func TestRetentionSettingsAreParsed(t *testing.T) {
 	require.Equal(t, 30*24*time.Hour, d.relay.FailedRetention, "failed messages are kept for 30 days by default")
 	require.Equal(t, 24*time.Hour, d.idempotencyTTL, "idempotency keys dedupe for a day by default")
 
-	for name, v := range map[string]string{"ORDERS_IDEMPOTENCY_TTL": "0s", "OUTBOX_FAILED_RETENTION": "-1h"} {
+	env = map[string]string{"DATABASE_URL": "postgres://x@127.0.0.1/x", "OUTBOX_PARTITION_SPAN": "6h", "OUTBOX_PARTITIONS_AHEAD": "48h"}
+	c, err = parseConfig(func(k string) string { return env[k] }, nil)
+	require.NoError(t, err)
+	require.Equal(t, 6*time.Hour, c.relay.PartitionSpan)
+	require.Equal(t, 48*time.Hour, c.relay.PartitionsAhead)
+	require.Equal(t, 24*time.Hour, d.relay.PartitionSpan, "a partition a day by default")
+
+	for name, v := range map[string]string{"ORDERS_IDEMPOTENCY_TTL": "0s", "OUTBOX_FAILED_RETENTION": "-1h",
+		// A partition is named for its start to the minute.
+		"OUTBOX_PARTITION_SPAN": "30s",
+		// Within two prune intervals (an hour each), a prune job that
+		// fails once would leave the writes no partition.
+		"OUTBOX_PARTITIONS_AHEAD": "90m"} {
 		env := map[string]string{"DATABASE_URL": "postgres://x@127.0.0.1/x", name: v}
 		_, err := parseConfig(func(k string) string { return env[k] }, nil)
 		require.ErrorContains(t, err, name, "%s=%s is refused", name, v)

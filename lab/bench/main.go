@@ -85,6 +85,7 @@ var scenarios = []struct {
 	{"drain", scenarioDrain},
 	{"latency", scenarioLatency},
 	{"history", scenarioHistory},
+	{"retention", scenarioRetention},
 	{"scaleout", scenarioScaleOut},
 	{"knobs", scenarioKnobs},
 	{"isolation", scenarioIsolation},

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"strings"
 	"time"
 
@@ -70,8 +71,11 @@ func (l *lab) explainClaim(withoutIndex bool) (plan, error) {
 			out.buffers = leaf.SharedHit + leaf.SharedRead
 			if leaf.IndexName != "" {
 				// Plain, bitmap or index-only: the planner picks by the
-				// statistics of the moment; what matters is the index.
-				out.scan = "Index Scan using " + leaf.IndexName
+				// statistics of the moment; what matters is the index,
+				// named as its table's (each partition has its own:
+				// outbox_messages_legacy_pending_idx is the legacy
+				// partition's outbox_messages_pending_idx).
+				out.scan = "Index Scan using " + partitionIndex.ReplaceAllString(leaf.IndexName, "outbox_messages_")
 			}
 		}
 		return errRollback
@@ -83,6 +87,10 @@ func (l *lab) explainClaim(withoutIndex bool) (plan, error) {
 }
 
 var errRollback = fmt.Errorf("rollback")
+
+// partitionIndex is the start of the name of a partition's index of
+// outbox_messages.
+var partitionIndex = regexp.MustCompile(`^outbox_messages_(legacy|p\d{8}t\d{4})_`)
 
 type planNode struct {
 	NodeType     string     `json:"Node Type"`
@@ -101,7 +109,8 @@ func (n *planNode) lockedScanOf(table string) *planNode {
 		leaf, reads := n, false
 		for len(leaf.Plans) > 0 {
 			leaf = &leaf.Plans[0]
-			reads = reads || leaf.RelationName == table
+			// The table, or one of its partitions (outbox_messages_legacy).
+			reads = reads || leaf.RelationName == table || strings.HasPrefix(leaf.RelationName, table+"_")
 		}
 		if reads {
 			return leaf
@@ -117,7 +126,8 @@ func (n *planNode) lockedScanOf(table string) *planNode {
 
 // outboxSize is the size of the outbox: its messages and their events.
 func (l *lab) outboxSize() (int64, error) {
-	return l.count("SELECT pg_total_relation_size('outbox_messages') + pg_total_relation_size('outbox_events')")
+	return l.count(`SELECT (SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('outbox_messages'))::bigint
+		+ (SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('outbox_events'))::bigint`)
 }
 
 // addHistory inserts n delivered messages, delivered age ago, each the one
@@ -244,7 +254,7 @@ func lab8(l *lab) (*Report, error) {
 	r.Text("plan.noindex", "same, without the partial index", noIndex.scan, fmt.Sprintf("%d buffers, %.2f ms", noIndex.buffers, noIndex.ms))
 	r.Text("plan.after", "after the prune", after.scan, fmt.Sprintf("%d buffers, %.2f ms", after.buffers, after.ms))
 	r.Counts["buffers.before"], r.Counts["buffers.grown"], r.Counts["buffers.noindex"] = before.buffers, grown.buffers, noIndex.buffers
-	r.Section("the tables (pg_total_relation_size of outbox_messages and outbox_events: heap and indexes)")
+	r.Section("the tables (pg_total_relation_size of outbox_messages and outbox_events, their partitions summed: heap and indexes)")
 	r.Text("size.before", "with no history", kb(sizeBefore), "")
 	r.Text("size.grown", fmt.Sprintf("with %d delivered rows", history), kb(sizeGrown), "")
 	r.Count("pruned", "pruned", pruned, "delivered before the retention")

@@ -118,7 +118,13 @@ SELECT m.id, m.event_id, m.type, m.destination, m.status, m.attempts,
        m.claimed_at, m.delivered_at, m.discarded_at, m.last_error, m.created_at, m.ordering_key,
        ev.created_at AS event_created_at, ev.payload
 FROM outbox_events ev
-JOIN outbox_messages m ON m.id BETWEEN outbox_uuid_floor(ev.id) AND outbox_uuid_ceil(ev.id) AND m.event_id = ev.id
+CROSS JOIN LATERAL (
+    -- One probe of the deliveries' primary key per event, which PostgreSQL
+    -- prunes to the partition of the event's time; OFFSET 0 keeps it one,
+    -- where a join over partitions may read every message instead.
+    SELECT d.* FROM outbox_messages d
+    WHERE d.id BETWEEN outbox_uuid_floor(ev.id) AND outbox_uuid_ceil(ev.id) AND d.event_id = ev.id
+    OFFSET 0) m
 WHERE ev.ordering_key = @ordering_key
   AND ev.id >= outbox_uuid_at(@events_from::timestamptz) AND ev.id < outbox_uuid_at(@events_to::timestamptz)
   AND (sqlc.narg(event_id)::uuid IS NULL OR ev.id = sqlc.narg(event_id))
@@ -268,7 +274,13 @@ SELECT m.id, m.event_id, m.type, m.destination, m.status, m.attempts,
        m.claimed_at, m.delivered_at, m.discarded_at, m.last_error, m.created_at, m.ordering_key,
        ev.created_at AS event_created_at, ev.payload
 FROM outbox_events ev
-JOIN outbox_messages m ON m.id BETWEEN outbox_uuid_floor(ev.id) AND outbox_uuid_ceil(ev.id) AND m.event_id = ev.id
+CROSS JOIN LATERAL (
+    -- One probe of the deliveries' primary key per event, which PostgreSQL
+    -- prunes to the partition of the event's time; OFFSET 0 keeps it one,
+    -- where a join over partitions may read every message instead.
+    SELECT d.* FROM outbox_messages d
+    WHERE d.id BETWEEN outbox_uuid_floor(ev.id) AND outbox_uuid_ceil(ev.id) AND d.event_id = ev.id
+    OFFSET 0) m
 WHERE ev.ordering_key = @ordering_key
   AND ev.id >= outbox_uuid_at(@events_from::timestamptz) AND ev.id < outbox_uuid_at(@events_to::timestamptz)
   AND (sqlc.narg(event_id)::uuid IS NULL OR ev.id = sqlc.narg(event_id))

@@ -145,7 +145,7 @@ func TestMessagesReadsOnlyTheWindow(t *testing.T) {
 	_, err := pool.Exec(ctx, `ANALYZE outbox_messages`)
 	require.NoError(t, err)
 	var pages int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT relpages FROM pg_class WHERE relname = 'outbox_messages'`).Scan(&pages))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT sum(c.relpages)::int FROM pg_partition_tree('outbox_messages') p JOIN pg_class c ON c.oid = p.relid WHERE p.isleaf`).Scan(&pages))
 
 	adm := New(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
 	from, to := time.Now().Add(-4*time.Hour), time.Now().Add(-2*time.Hour)
@@ -363,7 +363,7 @@ func TestReplayDryRunReadsABoundedShareOfTheRangePerCall(t *testing.T) {
 	_, err = pool.Exec(ctx, `ANALYZE outbox_events`)
 	require.NoError(t, err)
 	var pages int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT relpages FROM pg_class WHERE relname = 'outbox_events'`).Scan(&pages))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT sum(c.relpages)::int FROM pg_partition_tree('outbox_events') p JOIN pg_class c ON c.oid = p.relid WHERE p.isleaf`).Scan(&pages))
 	adm := New(pool, netguard.Guard{AllowPrivate: true}, slog.New(slog.DiscardHandler))
 	r := Replay{From: time.Now().Add(-24 * time.Hour), To: time.Now()}
 

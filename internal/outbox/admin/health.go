@@ -298,6 +298,9 @@ type Overview struct {
 	LagHour LagStats        `json:"lag_hour"`
 	LagDay  LagStats        `json:"lag_day"`
 	Latest  *LatestEndpoint `json:"latest,omitempty"`
+	// Partitions is how far ahead the tables' partitions are made, and
+	// the oldest one kept.
+	Partitions Partitions `json:"partitions"`
 }
 
 // LatestEndpoint is the endpoint whose deliveries were latest.
@@ -346,6 +349,9 @@ func overview(ctx context.Context, q *outboxdb.Queries, b backlog, lags *minuteC
 	t := b.totals()
 	o := Overview{Pending: t.Pending, Claimed: t.Claimed, Failed: t.Failed, Parked: t.Parked,
 		OldestPendingAgeSeconds: t.OldestPendingAgeSeconds, DeliveredEstimate: est}
+	if o.Partitions, err = readPartitions(ctx, q); err != nil {
+		return Overview{}, err
+	}
 	rows, err := q.OpsDeliveryLagByEndpoint(ctx)
 	if err != nil {
 		return Overview{}, fmt.Errorf("reading delivery lags: %w", err)

@@ -80,13 +80,16 @@ type BacklogCollector struct {
 	relays       *prometheus.Desc
 	up           *prometheus.Desc
 	readingAge   *prometheus.Desc
+	ahead        *prometheus.Desc
+	oldest       *prometheus.Desc
 }
 
 // scrape is one reading of the tables.
 type scrape struct {
-	messages backlogTotals
-	states   outboxdb.EndpointStatesRow
-	relays   int64
+	messages   backlogTotals
+	states     outboxdb.EndpointStatesRow
+	relays     int64
+	partitions Partitions
 	// poisoned counts, by endpoint, the messages not settled that spent
 	// half their attempts or more; endpoints without any are left out.
 	poisoned map[uuid.UUID]int64
@@ -133,6 +136,10 @@ func NewBacklogCollector(pool *pgxpool.Pool, opts ...CollectorOption) *BacklogCo
 			"Relay processes alive: heartbeating within their relay timeout (a killed worker is not counted, even before another relay reaps it).", nil, nil),
 		up: prometheus.NewDesc("outbox_backlog_scrape_success",
 			"1 when the reading of the outbox tables served by this scrape succeeded (they are read at most every 5 s, whatever the scrape rate).", nil, nil),
+		ahead: prometheus.NewDesc("outbox_partitions_ahead_seconds",
+			"How long until the writes reach the end of the newest partition of the outbox tables, which the worker's prune job makes OUTBOX_PARTITIONS_AHEAD ahead: order transactions fail at zero.", nil, nil),
+		oldest: prometheus.NewDesc("outbox_partition_oldest_age_seconds",
+			"How long ago the time of the oldest partition's end passed, by what it holds (held_by: claimed, pending or failed messages; settled ones only, dropped once past OUTBOX_RETENTION; none): above OUTBOX_RETENTION plus OUTBOX_PARTITION_SPAN, something keeps it.", []string{"held_by"}, nil),
 		readingAge: prometheus.NewDesc("outbox_backlog_reading_age_seconds",
 			"Age of the reading the outbox gauges come from: under 5 s while counting is quick; with a backlog of millions a reading is reused for ten times as long as it took, and one slower than a scrape waits runs on while the previous one is served.", nil, nil),
 	}
@@ -140,7 +147,7 @@ func NewBacklogCollector(pool *pgxpool.Pool, opts ...CollectorOption) *BacklogCo
 
 // Describe implements prometheus.Collector.
 func (c *BacklogCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.messages, c.oldestAge, c.overdue, c.destinations, c.poisoned, c.relays, c.up, c.readingAge} {
+	for _, d := range []*prometheus.Desc{c.messages, c.oldestAge, c.overdue, c.destinations, c.poisoned, c.relays, c.up, c.readingAge, c.ahead, c.oldest} {
 		ch <- d
 	}
 }
@@ -166,6 +173,14 @@ func (c *BacklogCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.destinations, float64(b.states.BackingOff), outbox.HealthBackingOff)
 	gauge(c.destinations, float64(b.states.Paused), outbox.HealthPaused)
 	gauge(c.relays, float64(b.relays))
+	gauge(c.ahead, b.partitions.AheadSeconds)
+	if b.partitions.Count > 0 {
+		held := b.partitions.OldestHeldBy
+		if held == "" {
+			held = "none"
+		}
+		gauge(c.oldest, b.partitions.OldestAgeSeconds, held)
+	}
 	for id, n := range b.poisoned {
 		gauge(c.poisoned, float64(n), id.String())
 	}
@@ -239,7 +254,10 @@ func readScrape(ctx context.Context, pool *pgxpool.Pool, poisoned int32) (scrape
 		if s.states, err = q.EndpointStates(ctx); err != nil {
 			return s, err
 		}
-		s.relays, err = q.RelaysCount(ctx)
+		if s.relays, err = q.RelaysCount(ctx); err != nil {
+			return s, err
+		}
+		s.partitions, err = readPartitions(ctx, q)
 		return s, err
 	})
 	if err != nil {

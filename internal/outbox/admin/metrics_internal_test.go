@@ -190,3 +190,47 @@ func fakeClock(c *BacklogCollector) (advance func(time.Duration)) {
 	c.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	return func(d time.Duration) { mu.Lock(); defer mu.Unlock(); now = now.Add(d) }
 }
+
+// The partitions' gauges come from the catalog: how far ahead the newest
+// partition reaches (what the partitions alert watches), and how old the
+// oldest is, labelled by what it holds, which follows its messages.
+func TestBacklogCollectorReportsThePartitions(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	var end time.Time
+	require.NoError(t, pool.QueryRow(ctx, `SELECT max(outbox_uuid_time(hi)) FROM outbox_partitions()`).Scan(&end))
+	gauges := func() map[string]float64 {
+		c := NewBacklogCollector(pool)
+		t.Cleanup(c.Close)
+		reg := prometheus.NewRegistry()
+		require.NoError(t, reg.Register(c))
+		families, err := reg.Gather()
+		require.NoError(t, err)
+		got := map[string]float64{}
+		for _, f := range families {
+			for _, m := range f.GetMetric() {
+				name := f.GetName()
+				for _, l := range m.GetLabel() {
+					name += "," + l.GetName() + "=" + l.GetValue()
+				}
+				got[name] = m.GetGauge().GetValue()
+			}
+		}
+		return got
+	}
+	g := gauges()
+	require.InDelta(t, time.Until(end).Seconds(), g["outbox_partitions_ahead_seconds"], 60)
+	require.Greater(t, g["outbox_partitions_ahead_seconds"], float64(24*3600), "a fresh database has days of partitions")
+	require.Contains(t, g, "outbox_partition_oldest_age_seconds,held_by=none", "the oldest partition holds nothing yet")
+
+	_, err := pool.Exec(ctx, `WITH ev AS (
+			INSERT INTO outbox_events (id, type, payload, created_at) VALUES (outbox_uuid_v7(), 'order.placed', '{}', now()) RETURNING id)
+		INSERT INTO outbox_messages (id, event_id, type, destination)
+		SELECT outbox_uuid_sibling(ev.id), ev.id, 'order.placed', gen_random_uuid() FROM ev`)
+	require.NoError(t, err)
+	require.Contains(t, gauges(), "outbox_partition_oldest_age_seconds,held_by=pending")
+	_, err = pool.Exec(ctx, `UPDATE outbox_messages SET status = 'delivered', delivered_at = now()`)
+	require.NoError(t, err)
+	require.Contains(t, gauges(), "outbox_partition_oldest_age_seconds,held_by=settled")
+}

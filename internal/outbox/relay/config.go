@@ -70,6 +70,18 @@ type Config struct {
 	FailedRetention time.Duration
 	// PruneInterval is how often the prune job runs.
 	PruneInterval time.Duration
+	// PartitionSpan is the time one partition of the outbox tables holds
+	// (by the time in their ids). The prune job drops a partition whole
+	// once every row in it is settled and past its retention, so a
+	// delivered row is kept for Retention and at most one span more; each
+	// partition costs every statement on the tables a little (see
+	// docs/operations.md), so a span far below the retention costs more
+	// than it saves.
+	PartitionSpan time.Duration
+	// PartitionsAhead is how far ahead of now the prune job keeps
+	// partitions made: an order transaction whose rows find no partition
+	// fails, so this is the time a stopped prune job leaves before that.
+	PartitionsAhead time.Duration
 	// Chores are other modules' periodic upkeep (the orders module's expiry
 	// of idempotency keys, say), run by the relay's River leader like the
 	// prune job: once per interval however many relays run.
@@ -131,6 +143,8 @@ func DefaultConfig() Config {
 		Retention:              7 * 24 * time.Hour,
 		FailedRetention:        30 * 24 * time.Hour,
 		PruneInterval:          time.Hour,
+		PartitionSpan:          24 * time.Hour,
+		PartitionsAhead:        72 * time.Hour,
 	}
 }
 
@@ -254,6 +268,15 @@ func (c Config) Validate() error {
 	if least := c.DeliveryTimeout + c.PollInterval + 10*time.Second; c.ClaimTimeout <= least {
 		fail("ClaimTimeout", "%s must exceed the delivery timeout %s plus the poll interval %s plus 10s",
 			c.ClaimTimeout, c.DeliveryTimeout, c.PollInterval)
+	}
+	// A partition is named for its start to the minute; and a prune job
+	// that fails once (or a leader that dies) must still leave a partition
+	// for the writes until the next one.
+	if c.PartitionSpan < time.Minute {
+		fail("PartitionSpan", "must be at least 1m, got %s", c.PartitionSpan)
+	}
+	if c.PartitionsAhead < 2*c.PruneInterval {
+		fail("PartitionsAhead", "%s must be at least twice the prune interval %s", c.PartitionsAhead, c.PruneInterval)
 	}
 	return errors.Join(errs...)
 }

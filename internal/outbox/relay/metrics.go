@@ -21,6 +21,7 @@ type Metrics struct {
 	relaysDeclaredDead prometheus.Counter
 	stateChanges       *prometheus.CounterVec
 	pruned             prometheus.Counter
+	partitionsDropped  prometheus.Counter
 	// byEndpoint and byEndpointDuration are the delivery metrics by
 	// endpoint id; nil when turned off.
 	byEndpoint         *prometheus.CounterVec
@@ -143,8 +144,11 @@ func NewMetrics(opts ...MetricsOption) *Metrics {
 			Name: "outbox_destination_state_changes_total",
 			Help: "Destinations entering a state, as this relay saw it happen: backing_off, healthy (recovered), paused (by a 410 Gone).",
 		}, []string{"state"}),
+		partitionsDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_partitions_dropped_total", Help: "Partitions of the outbox tables dropped once every message in them was settled and past its retention (each partition of events, messages and attempts together counts once).",
+		}),
 		pruned: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outbox_pruned_total", Help: "Messages deleted after their retention: delivered, discarded and failed.",
+			Name: "outbox_pruned_total", Help: "Messages deleted one by one after their retention: delivered and discarded ones in partitions something keeps, and failed ones.",
 		}),
 	}
 	for _, o := range opts {
@@ -156,7 +160,7 @@ func NewMetrics(opts ...MetricsOption) *Metrics {
 // Register adds the metrics to reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
 	cs := []prometheus.Collector{m.deliveries, m.deliveryDuration, m.deliveryLag, m.claimed, m.deliverJobs, m.polls,
-		m.wakeups, m.released, m.relaysDeclaredDead, m.stateChanges, m.pruned}
+		m.wakeups, m.released, m.relaysDeclaredDead, m.stateChanges, m.pruned, m.partitionsDropped}
 	if m.byEndpoint != nil {
 		cs = append(cs, m.byEndpoint, m.byEndpointDuration, m.byEndpointLag)
 	}

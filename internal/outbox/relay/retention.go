@@ -6,6 +6,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -46,7 +47,20 @@ func (w *pruneWorker) Timeout(*river.Job[pruneArgs]) time.Duration { return prun
 func (w *pruneWorker) Work(ctx context.Context, job *river.Job[pruneArgs]) error {
 	r := w.relay
 	now := r.dbNow() // the cutoffs are compared with the rows' times, which the database wrote
-	n, failed, err := r.prune(ctx, now.Add(-r.cfg.Retention), now.Add(-r.cfg.FailedRetention))
+	cutoff := now.Add(-r.cfg.Retention)
+	// A partition that could not be made or dropped is tried again at the
+	// next run; the rest of the prune goes on meanwhile.
+	dropped, kept, partErr := r.retainPartitions(ctx, now, cutoff)
+	if len(dropped) > 0 {
+		r.logger.InfoContext(ctx, "dropped outbox partitions", slog.Any("partitions", dropped),
+			slog.Duration("retention", r.cfg.Retention))
+	}
+	for suffix, why := range kept.held {
+		r.logger.InfoContext(ctx, "kept outbox partition past its retention", slog.String("partition", suffix),
+			slog.String("held_by", why))
+	}
+	n, failed, err := r.prune(ctx, cutoff, now.Add(-r.cfg.FailedRetention), kept)
+	err = errors.Join(partErr, err)
 	if n > 0 {
 		r.logger.InfoContext(ctx, "pruned settled messages", slog.Int64("count", n),
 			slog.Duration("retention", r.cfg.Retention))
@@ -131,16 +145,17 @@ func (w *orphanWorker) Work(ctx context.Context, _ *river.Job[orphanArgs]) error
 	}
 }
 
-// prune deletes delivered messages delivered, and discarded messages
-// discarded, before cutoff, and failed messages that failed before
-// failedCutoff (their attempts go with them), then the events written
-// before cutoff that no message refers to any more, in batches. It returns
+// prune deletes, in batches, what dropping partitions leaves: in the
+// partitions past their retention that kept holds, delivered messages
+// delivered, and discarded messages discarded, before cutoff, and the
+// events no message refers to any more; and anywhere, failed messages that
+// failed before failedCutoff. Attempts go with their messages. It returns
 // how many settled and how many failed messages it deleted. Pending and
 // claimed messages, and their events, are kept.
-func (r *Relay) prune(ctx context.Context, cutoff, failedCutoff time.Time) (settled, failed int64, err error) {
+func (r *Relay) prune(ctx context.Context, cutoff, failedCutoff time.Time, kept partitionsKept) (settled, failed int64, err error) {
 	q := outboxdb.New(r.pool)
-	for {
-		n, err := q.MessagesPrune(ctx, cutoff, pruneBatch)
+	for kept.before != uuid.Nil {
+		n, err := q.MessagesPrune(ctx, cutoff, kept.before, pruneBatch)
 		settled += n
 		r.metrics.pruned.Add(float64(n))
 		if err != nil {
@@ -162,7 +177,7 @@ func (r *Relay) prune(ctx context.Context, cutoff, failedCutoff time.Time) (sett
 			return settled, failed, err
 		}
 	}
-	for after := uuid.Nil; ; {
+	for after := uuid.Nil; kept.before != uuid.Nil; {
 		var row outboxdb.EventsPruneRow
 		err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) (err error) {
 			q := outboxdb.New(tx)
@@ -170,7 +185,7 @@ func (r *Relay) prune(ctx context.Context, cutoff, failedCutoff time.Time) (sett
 			if err := q.EventsLockPrune(ctx); err != nil {
 				return err
 			}
-			row, err = q.EventsPrune(ctx, after, cutoff, pruneBatch)
+			row, err = q.EventsPrune(ctx, after, kept.beforeAt, pruneBatch)
 			return err
 		})
 		if err != nil {
@@ -181,6 +196,7 @@ func (r *Relay) prune(ctx context.Context, cutoff, failedCutoff time.Time) (sett
 		}
 		after = row.LastID
 	}
+	return settled, failed, nil
 }
 
 // pruneFailed deletes one destination's failed messages that failed before

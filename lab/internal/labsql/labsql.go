@@ -170,12 +170,22 @@ const pruneBatch = 5000
 // at 5,000 a batch from where the last one stopped. It returns how many
 // messages and events it deleted.
 func Prune(ctx context.Context, db Execer, cutoff time.Time) (messages, events int64, err error) {
-	args, err := prune.Args(map[string]any{"settled_before": cutoff, "batch_size": pruneBatch})
+	// Every id: the batched DELETE as the prune job runs it on a partition
+	// past its retention that a pending message keeps, here on all of them.
+	args, err := prune.Args(map[string]any{"settled_before": cutoff, "batch_size": pruneBatch,
+		"kept_before": uuid.Max})
 	if err != nil {
 		return 0, 0, err
 	}
-	if messages, err = loop(ctx, db, prune.SQL, args); err != nil {
-		return messages, 0, fmt.Errorf("pruning messages: %w", err)
+	for {
+		var n int64
+		if err := db.QueryRow(ctx, prune.SQL, args...).Scan(&n); err != nil {
+			return messages, 0, fmt.Errorf("pruning messages: %w", err)
+		}
+		messages += n
+		if n == 0 {
+			break
+		}
 	}
 	for after := uuid.Nil; ; {
 		if args, err = pruneEvents.Args(map[string]any{"created_before": cutoff, "batch_size": pruneBatch, "after": after}); err != nil {
@@ -188,22 +198,6 @@ func Prune(ctx context.Context, db Execer, cutoff time.Time) (messages, events i
 		events += deleted
 		if scanned < pruneBatch {
 			return messages, events, nil
-		}
-	}
-}
-
-// loop runs a batch statement until it affects no row, and returns how
-// many rows it affected in all.
-func loop(ctx context.Context, db Execer, sql string, args []any) (int64, error) {
-	var total int64
-	for {
-		tag, err := db.Exec(ctx, sql, args...)
-		if err != nil {
-			return total, err
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() == 0 {
-			return total, nil
 		}
 	}
 }

@@ -1,22 +1,32 @@
 -- Retention: settled rows deleted after their retention, in bounded
 -- batches, and the messages of deleted endpoints settled.
 
--- name: MessagesPrune :execrows
+-- name: MessagesPrune :one
 -- Deletes one bounded batch of settled rows (delivered or discarded) older
--- than the retention; the caller loops. Pending, claimed and failed rows are
--- never touched. Each status is walked by age on its own partial index.
-DELETE FROM outbox_messages
-WHERE id IN (
-    (SELECT p.id FROM outbox_messages p
-     WHERE p.status = 'delivered' AND p.delivered_at < @settled_before::timestamptz
-     ORDER BY p.delivered_at
-     LIMIT @batch_size)
-    UNION ALL
-    (SELECT p.id FROM outbox_messages p
-     WHERE p.status = 'discarded' AND p.discarded_at < @settled_before::timestamptz
-     ORDER BY p.discarded_at
-     LIMIT @batch_size)
-);
+-- than the retention, with their attempts, among the ids before
+-- @kept_before only: the partitions past their retention that a pending,
+-- claimed or failed message keeps (PartitionHeld). Newer rows are not
+-- deleted one by one: their partition is dropped whole once it is past its
+-- retention. The caller loops. Pending, claimed and failed rows are never
+-- touched. Each status is walked by age on its own partial index.
+WITH gone AS (
+    DELETE FROM outbox_messages
+    WHERE id IN (
+        (SELECT p.id FROM outbox_messages p
+         WHERE p.status = 'delivered' AND p.delivered_at < @settled_before::timestamptz AND p.id < @kept_before::uuid
+         ORDER BY p.delivered_at
+         LIMIT @batch_size)
+        UNION ALL
+        (SELECT p.id FROM outbox_messages p
+         WHERE p.status = 'discarded' AND p.discarded_at < @settled_before::timestamptz AND p.id < @kept_before::uuid
+         ORDER BY p.discarded_at
+         LIMIT @batch_size)
+    )
+    RETURNING id
+), attempts AS (
+    DELETE FROM outbox_attempts a WHERE a.message_id IN (SELECT g.id FROM gone g)
+)
+SELECT count(*) FROM gone;
 
 -- name: FailedExpiredDestinations :many
 -- The destinations with failed messages that gave up before @failed_before
@@ -26,21 +36,26 @@ WHERE status = 'failed' AND failed_at < @failed_before::timestamptz;
 
 -- name: MessagesPruneFailed :many
 -- Deletes one bounded batch of one destination's failed rows that gave up
--- before @failed_before, with their attempts (ON DELETE CASCADE), under the
+-- before @failed_before, with their attempts, under the
 -- destination's lock (DestinationLock); the caller loops, promotes the
 -- returned keys (a failed message that held back later messages of its
 -- key is gone as if skipped), then prunes the events left without a
 -- delivery. On the failed-by-destination index.
-DELETE FROM outbox_messages
-WHERE id IN (
-    SELECT p.id FROM outbox_messages p
-    WHERE p.destination = @destination::uuid AND p.status = 'failed' AND p.failed_at < @failed_before::timestamptz
-    LIMIT @batch_size
+WITH gone AS (
+    DELETE FROM outbox_messages
+    WHERE id IN (
+        SELECT p.id FROM outbox_messages p
+        WHERE p.destination = @destination::uuid AND p.status = 'failed' AND p.failed_at < @failed_before::timestamptz
+        LIMIT @batch_size
+    )
+    -- Again outside the subquery: a row requeued by a person while this
+    -- statement waited for its lock is re-read here, and kept.
+    AND status = 'failed' AND failed_at < @failed_before::timestamptz
+    RETURNING id, ordering_key
+), attempts AS (
+    DELETE FROM outbox_attempts a WHERE a.message_id IN (SELECT g.id FROM gone g)
 )
--- Again outside the subquery: a row requeued by a person while this
--- statement waited for its lock is re-read here, and kept.
-AND status = 'failed' AND failed_at < @failed_before::timestamptz
-RETURNING ordering_key;
+SELECT g.ordering_key FROM gone g;
 
 -- name: EventsPrune :one
 -- Looks at one bounded batch of the events written before @created_before,

@@ -327,7 +327,13 @@ SELECT m.id, m.event_id, m.type, m.destination, m.status, m.attempts,
        m.claimed_at, m.delivered_at, m.discarded_at, m.last_error, m.created_at, m.ordering_key,
        ev.created_at AS event_created_at, ev.payload
 FROM outbox_events ev
-JOIN outbox_messages m ON m.id BETWEEN outbox_uuid_floor(ev.id) AND outbox_uuid_ceil(ev.id) AND m.event_id = ev.id
+CROSS JOIN LATERAL (
+    -- One probe of the deliveries' primary key per event, which PostgreSQL
+    -- prunes to the partition of the event's time; OFFSET 0 keeps it one,
+    -- where a join over partitions may read every message instead.
+    SELECT d.id, d.type, d.destination, d.status, d.attempts, d.next_attempt_at, d.claim_token, d.claimed_at, d.delivered_at, d.last_error, d.created_at, d.attempts_before, d.claimed_by, d.discarded_at, d.event_id, d.ordering_key, d.parked, d.failed_at FROM outbox_messages d
+    WHERE d.id BETWEEN outbox_uuid_floor(ev.id) AND outbox_uuid_ceil(ev.id) AND d.event_id = ev.id
+    OFFSET 0) m
 WHERE ev.ordering_key = $1
   AND ev.id >= outbox_uuid_at($2::timestamptz) AND ev.id < outbox_uuid_at($3::timestamptz)
   AND ($4::uuid IS NULL OR ev.id = $4)
@@ -430,7 +436,13 @@ SELECT m.id, m.event_id, m.type, m.destination, m.status, m.attempts,
        m.claimed_at, m.delivered_at, m.discarded_at, m.last_error, m.created_at, m.ordering_key,
        ev.created_at AS event_created_at, ev.payload
 FROM outbox_events ev
-JOIN outbox_messages m ON m.id BETWEEN outbox_uuid_floor(ev.id) AND outbox_uuid_ceil(ev.id) AND m.event_id = ev.id
+CROSS JOIN LATERAL (
+    -- One probe of the deliveries' primary key per event, which PostgreSQL
+    -- prunes to the partition of the event's time; OFFSET 0 keeps it one,
+    -- where a join over partitions may read every message instead.
+    SELECT d.id, d.type, d.destination, d.status, d.attempts, d.next_attempt_at, d.claim_token, d.claimed_at, d.delivered_at, d.last_error, d.created_at, d.attempts_before, d.claimed_by, d.discarded_at, d.event_id, d.ordering_key, d.parked, d.failed_at FROM outbox_messages d
+    WHERE d.id BETWEEN outbox_uuid_floor(ev.id) AND outbox_uuid_ceil(ev.id) AND d.event_id = ev.id
+    OFFSET 0) m
 WHERE ev.ordering_key = $1
   AND ev.id >= outbox_uuid_at($2::timestamptz) AND ev.id < outbox_uuid_at($3::timestamptz)
   AND ($4::uuid IS NULL OR ev.id = $4)

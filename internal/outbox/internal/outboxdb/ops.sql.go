@@ -212,14 +212,16 @@ func (q *Queries) OpsCreatedPerMinute(ctx context.Context, since time.Time) ([]O
 }
 
 const opsDeliveredEstimate = `-- name: OpsDeliveredEstimate :one
-SELECT COALESCE((SELECT c.reltuples FROM pg_catalog.pg_class c
-                 WHERE c.oid = to_regclass('outbox_messages_delivered_idx')), -1)::float8 AS delivered_estimate
+SELECT COALESCE((SELECT sum(c.reltuples) FILTER (WHERE c.reltuples >= 0)
+                 FROM pg_partition_tree(to_regclass('outbox_messages_delivered_idx')) t
+                 JOIN pg_catalog.pg_class c ON c.oid = t.relid
+                 WHERE t.isleaf), -1)::float8 AS delivered_estimate
 `
 
 // About how many delivered messages the retention holds, never counted:
-// the row count PostgreSQL keeps for the delivered index
-// (pg_class.reltuples, as of the last VACUUM or ANALYZE; -1 before the
-// first), so the ops page costs the same with a week of history as with
+// the row counts PostgreSQL keeps for the delivered index of each
+// partition (pg_class.reltuples, as of the last VACUUM or ANALYZE; -1
+// before the first), so the ops page costs the same with a week of history as with
 // none.
 func (q *Queries) OpsDeliveredEstimate(ctx context.Context) (float64, error) {
 	row := q.db.QueryRow(ctx, opsDeliveredEstimate)

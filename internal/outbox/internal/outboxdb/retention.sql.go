@@ -222,54 +222,68 @@ func (q *Queries) MessagesDiscardOrphans(ctx context.Context, batchSize int32) (
 	return result.RowsAffected(), nil
 }
 
-const messagesPrune = `-- name: MessagesPrune :execrows
+const messagesPrune = `-- name: MessagesPrune :one
 
-DELETE FROM outbox_messages
-WHERE id IN (
-    (SELECT p.id FROM outbox_messages p
-     WHERE p.status = 'delivered' AND p.delivered_at < $1::timestamptz
-     ORDER BY p.delivered_at
-     LIMIT $2)
-    UNION ALL
-    (SELECT p.id FROM outbox_messages p
-     WHERE p.status = 'discarded' AND p.discarded_at < $1::timestamptz
-     ORDER BY p.discarded_at
-     LIMIT $2)
+WITH gone AS (
+    DELETE FROM outbox_messages
+    WHERE id IN (
+        (SELECT p.id FROM outbox_messages p
+         WHERE p.status = 'delivered' AND p.delivered_at < $1::timestamptz AND p.id < $2::uuid
+         ORDER BY p.delivered_at
+         LIMIT $3)
+        UNION ALL
+        (SELECT p.id FROM outbox_messages p
+         WHERE p.status = 'discarded' AND p.discarded_at < $1::timestamptz AND p.id < $2::uuid
+         ORDER BY p.discarded_at
+         LIMIT $3)
+    )
+    RETURNING id
+), attempts AS (
+    DELETE FROM outbox_attempts a WHERE a.message_id IN (SELECT g.id FROM gone g)
 )
+SELECT count(*) FROM gone
 `
 
 // Retention: settled rows deleted after their retention, in bounded
 // batches, and the messages of deleted endpoints settled.
 // Deletes one bounded batch of settled rows (delivered or discarded) older
-// than the retention; the caller loops. Pending, claimed and failed rows are
-// never touched. Each status is walked by age on its own partial index.
-func (q *Queries) MessagesPrune(ctx context.Context, settledBefore time.Time, batchSize int32) (int64, error) {
-	result, err := q.db.Exec(ctx, messagesPrune, settledBefore, batchSize)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+// than the retention, with their attempts, among the ids before
+// @kept_before only: the partitions past their retention that a pending,
+// claimed or failed message keeps (PartitionHeld). Newer rows are not
+// deleted one by one: their partition is dropped whole once it is past its
+// retention. The caller loops. Pending, claimed and failed rows are never
+// touched. Each status is walked by age on its own partial index.
+func (q *Queries) MessagesPrune(ctx context.Context, settledBefore time.Time, keptBefore uuid.UUID, batchSize int32) (int64, error) {
+	row := q.db.QueryRow(ctx, messagesPrune, settledBefore, keptBefore, batchSize)
+	var count int64
+	err := row.Scan(&count)
+	return count, err
 }
 
 const messagesPruneFailed = `-- name: MessagesPruneFailed :many
-DELETE FROM outbox_messages
-WHERE id IN (
-    SELECT p.id FROM outbox_messages p
-    WHERE p.destination = $1::uuid AND p.status = 'failed' AND p.failed_at < $2::timestamptz
-    LIMIT $3
+WITH gone AS (
+    DELETE FROM outbox_messages
+    WHERE id IN (
+        SELECT p.id FROM outbox_messages p
+        WHERE p.destination = $1::uuid AND p.status = 'failed' AND p.failed_at < $2::timestamptz
+        LIMIT $3
+    )
+    -- Again outside the subquery: a row requeued by a person while this
+    -- statement waited for its lock is re-read here, and kept.
+    AND status = 'failed' AND failed_at < $2::timestamptz
+    RETURNING id, ordering_key
+), attempts AS (
+    DELETE FROM outbox_attempts a WHERE a.message_id IN (SELECT g.id FROM gone g)
 )
-AND status = 'failed' AND failed_at < $2::timestamptz
-RETURNING ordering_key
+SELECT g.ordering_key FROM gone g
 `
 
 // Deletes one bounded batch of one destination's failed rows that gave up
-// before @failed_before, with their attempts (ON DELETE CASCADE), under the
+// before @failed_before, with their attempts, under the
 // destination's lock (DestinationLock); the caller loops, promotes the
 // returned keys (a failed message that held back later messages of its
 // key is gone as if skipped), then prunes the events left without a
 // delivery. On the failed-by-destination index.
-// Again outside the subquery: a row requeued by a person while this
-// statement waited for its lock is re-read here, and kept.
 func (q *Queries) MessagesPruneFailed(ctx context.Context, destination uuid.UUID, failedBefore time.Time, batchSize int32) ([]*string, error) {
 	rows, err := q.db.Query(ctx, messagesPruneFailed, destination, failedBefore, batchSize)
 	if err != nil {
