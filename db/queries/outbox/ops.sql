@@ -127,8 +127,8 @@ WHERE minute >= date_trunc('minute', now()) - interval '59 minutes' AND outcome 
 -- About how many delivered messages the retention holds, never counted:
 -- the row counts PostgreSQL keeps for the delivered index of each
 -- partition (pg_class.reltuples, as of the last VACUUM or ANALYZE; -1
--- before the first), so the ops page costs the same with a week of history as with
--- none.
+-- before the first), so the ops page costs the same with a week of
+-- history as with none.
 SELECT COALESCE((SELECT sum(c.reltuples) FILTER (WHERE c.reltuples >= 0)
                  FROM pg_partition_tree(to_regclass('outbox_messages_delivered_idx')) t
                  JOIN pg_catalog.pg_class c ON c.oid = t.relid

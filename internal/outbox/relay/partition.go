@@ -60,8 +60,8 @@ type partitionsKept struct {
 
 // retainPartitions drops what an earlier drop detached and left, makes
 // partitions through now plus PartitionsAhead, then drops every partition
-// past its retention (its upper bound before cutoff) that nothing holds. It returns the suffixes it dropped and what
-// it kept.
+// past its retention (its upper bound before cutoff) that nothing holds.
+// It returns the suffixes it dropped and what it kept.
 func (r *Relay) retainPartitions(ctx context.Context, now, cutoff time.Time) (dropped []string, kept partitionsKept, err error) {
 	// First what a relay that died mid-drop left: a partition made again
 	// in the same span would take its name.

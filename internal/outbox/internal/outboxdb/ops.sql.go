@@ -221,8 +221,8 @@ SELECT COALESCE((SELECT sum(c.reltuples) FILTER (WHERE c.reltuples >= 0)
 // About how many delivered messages the retention holds, never counted:
 // the row counts PostgreSQL keeps for the delivered index of each
 // partition (pg_class.reltuples, as of the last VACUUM or ANALYZE; -1
-// before the first), so the ops page costs the same with a week of history as with
-// none.
+// before the first), so the ops page costs the same with a week of
+// history as with none.
 func (q *Queries) OpsDeliveredEstimate(ctx context.Context) (float64, error) {
 	row := q.db.QueryRow(ctx, opsDeliveredEstimate)
 	var delivered_estimate float64
