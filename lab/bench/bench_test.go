@@ -61,6 +61,30 @@ func TestSmoke(t *testing.T) {
 	}
 }
 
+// TestSoakSmoke runs the soak for seconds: the real api and worker built
+// and started, the capacity measured, orders placed and their webhooks
+// matched, the tables sampled, and SOAK.md and its plot written. Not in
+// parallel with TestSmoke: both set the progress writer.
+func TestSoakSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	out := filepath.Join(t.TempDir(), "SOAK.md")
+	cfg, err := parseFlags([]string{"-soak", "20s", "-soak-out", out}, os.Stderr)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	require.NoError(t, runSoak(ctx, soakConfig{Duration: cfg.Soak, Rate: cfg.SoakRate, Out: cfg.SoakOut}, testWriter{t}))
+	doc, err := os.ReadFile(out)
+	require.NoError(t, err)
+	require.Contains(t, string(doc), "| Nothing lost | every order placed reached the receiver |")
+	require.Regexp(t, `\| Nothing lost \|[^\n]*, 0 never arrived;[^\n]*\| ✅ \|`, string(doc))
+	require.Contains(t, string(doc), "half of the")
+	svg, err := os.ReadFile(filepath.Join(filepath.Dir(out), "soak.svg"))
+	require.NoError(t, err)
+	require.Contains(t, string(svg), "<polyline")
+}
+
 type testWriter struct{ t *testing.T }
 
 func (w testWriter) Write(p []byte) (int, error) {

@@ -488,7 +488,9 @@ func (w *dbCPU) total() time.Duration {
 }
 
 // pgCPU returns the CPU time (user+system) used so far by every postgres
-// process on the machine, read from /proc; 0 when unreadable.
+// process on the machine, and by those that exited (the postmaster's
+// reaped children), read from /proc; 0 when unreadable. It only grows,
+// however many connections come and go between two readings.
 func pgCPU() time.Duration {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
@@ -509,12 +511,13 @@ func pgCPU() time.Duration {
 			continue
 		}
 		f := strings.Fields(s[closing+2:])
-		if len(f) < 13 {
+		if len(f) < 15 {
 			continue
 		}
-		u, _ := strconv.ParseInt(f[11], 10, 64)
-		st, _ := strconv.ParseInt(f[12], 10, 64)
-		ticks += u + st
+		for _, i := range []int{11, 12, 13, 14} { // utime, stime, cutime, cstime
+			n, _ := strconv.ParseInt(f[i], 10, 64)
+			ticks += n
+		}
 	}
 	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ = 100
 }

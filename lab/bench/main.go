@@ -74,6 +74,11 @@ type config struct {
 
 	CPUProfile string
 
+	// Soak, when set, runs the soak for this long instead of the suite.
+	Soak     time.Duration
+	SoakRate int
+	SoakOut  string
+
 	command string
 }
 
@@ -145,6 +150,12 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	run := run
+	if cfg.Soak > 0 {
+		run = func(ctx context.Context, cfg config, log io.Writer) error {
+			return runSoak(ctx, soakConfig{Duration: cfg.Soak, Rate: cfg.SoakRate, Out: cfg.SoakOut}, log)
+		}
+	}
 	if err := run(ctx, cfg, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -184,6 +195,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.ManyEndpoints, "many-endpoints", c.ManyEndpoints, "endpoints: endpoints of the fan-out, and of the idle cost beside endpoints that are down")
 	fs.IntVar(&c.DownBacklog, "down-backlog", c.DownBacklog, "endpoints: pending messages of each endpoint that is down")
 	fs.IntVar(&c.EndpointsRate, "endpoints-rate", c.EndpointsRate, "endpoints: orders per second to the healthy endpoints")
+	fs.DurationVar(&c.Soak, "soak", 0, "run the soak for this long (1h or more for SOAK.md) instead of the suite")
+	fs.IntVar(&c.SoakRate, "soak-rate", 0, "soak: orders per second (0: half of what the machine sustains, measured first)")
+	fs.StringVar(&c.SoakOut, "soak-out", "lab/bench/SOAK.md", "soak: the report to write (its plot, soak.svg, beside it)")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	fs.BoolVar(&c.RelayProcs, "relay-procs", c.RelayProcs, "scale-out: run each relay as a separate process (else River clients in this process)")
 	if err := fs.Parse(args); err != nil {
