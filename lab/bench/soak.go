@@ -52,6 +52,11 @@ type soakConfig struct {
 	Out      string
 }
 
+// capacityWindow is how long the capacity is measured for, before the soak.
+func (sc soakConfig) capacityWindow() time.Duration {
+	return min(30*time.Second, max(3*time.Second, sc.Duration/20))
+}
+
 const soakToken = "soak-admin-token-0123456789abcdef0123456789"
 
 // soakStep is what one sampling step saw.
@@ -267,25 +272,25 @@ func (p *placer) place(ctx context.Context) (string, error) {
 	return o.ID, nil
 }
 
-// soakCapacity places orders with 32 clients as fast as they go for d
-// (after a few seconds of warm-up) while the worker delivers them, and
-// returns orders per second.
+// soakCapacity is what the machine sustains: orders placed by 32 clients
+// as fast as they go for d (after a few seconds of warm-up), divided by the
+// time from the first until every one of them was delivered, so a worker
+// that falls behind the api lowers it.
 func soakCapacity(ctx context.Context, p *placer, s *soakRun, d time.Duration) (float64, error) {
-	var n atomic.Int64
 	var failed atomic.Pointer[error]
-	measure := func(d time.Duration) float64 {
-		ctx, cancel := context.WithTimeout(ctx, d)
+	measure := func(d time.Duration) (float64, error) {
+		placing, cancel := context.WithTimeout(ctx, d)
 		defer cancel()
-		n.Store(0)
+		var n atomic.Int64
 		start := time.Now()
 		var wg sync.WaitGroup
 		for range 32 {
 			wg.Go(func() {
-				for ctx.Err() == nil {
+				for placing.Err() == nil {
 					sent := time.Now()
-					id, err := p.place(ctx)
+					id, err := p.place(placing)
 					if err != nil {
-						if ctx.Err() == nil {
+						if placing.Err() == nil {
 							failed.CompareAndSwap(nil, &err)
 						}
 						return
@@ -296,14 +301,18 @@ func soakCapacity(ctx context.Context, p *placer, s *soakRun, d time.Duration) (
 			})
 		}
 		wg.Wait()
-		return float64(n.Load()) / time.Since(start).Seconds()
+		if e := failed.Load(); e != nil {
+			return 0, *e
+		}
+		if err := until(ctx, 5*time.Minute, "the capacity run's webhooks", func() (bool, error) { return s.awaiting() == 0, nil }); err != nil {
+			return 0, err
+		}
+		return float64(n.Load()) / time.Since(start).Seconds(), nil
 	}
-	measure(3 * time.Second)
-	r := measure(d)
-	if e := failed.Load(); e != nil {
-		return 0, *e
+	if _, err := measure(3 * time.Second); err != nil {
+		return 0, err
 	}
-	return r, nil
+	return measure(d)
 }
 
 // soakProbe times the relay's claim statement as a deliver job sends it,
@@ -486,15 +495,11 @@ func runSoak(ctx context.Context, sc soakConfig, log io.Writer) error {
 	rate := sc.Rate
 	var capacity float64
 	if rate == 0 {
-		capDur := min(20*time.Second, max(3*time.Second, sc.Duration/20))
-		if capacity, err = soakCapacity(ctx, p, s, capDur); err != nil {
+		if capacity, err = soakCapacity(ctx, p, s, sc.capacityWindow()); err != nil {
 			return fmt.Errorf("measuring capacity: %w", err)
 		}
 		rate = max(10, int(capacity/2/10+0.5)*10)
-		logf("soak: the machine sustains %.0f orders/s with delivery; the soak places %d/s", capacity, rate)
-		if err := until(ctx, 2*time.Minute, "the capacity run's webhooks", func() (bool, error) { return s.awaiting() == 0, nil }); err != nil {
-			return err
-		}
+		logf("soak: the machine sustains %.0f orders/s, placed and delivered; the soak places %d/s", capacity, rate)
 	}
 	s.take()
 
@@ -526,8 +531,8 @@ func runSoak(ctx context.Context, sc soakConfig, log io.Writer) error {
 			return err
 		}
 		steps = append(steps, st)
-		logf("  %s: %d orders, lag p99 %s, claim p99 %s, outbox %s, dead %d, partitions %d, prunes %v",
-			st.at.Round(time.Second), st.orders, ms(p99(st.lag)), ms(p99(st.claim)),
+		logf("  %s: %d orders (%d dropped), lag p99 %s, claim p99 %s, outbox %s, dead %d, partitions %d, prunes %v",
+			st.at.Round(time.Second), st.orders, st.dropped, ms(p99(st.lag)), ms(p99(st.claim)),
 			mib(st.outboxHeap+st.outboxIndex), st.outboxDead, st.partitions, st.prunes)
 	}
 	<-loaded

@@ -99,7 +99,7 @@ func (r soakResult) write(m machine, started time.Time) error {
 	}
 	fmt.Fprintf(&b, "- The worker's settings besides the defaults: %s. A partition holds five minutes; once its rows are settled and ten minutes old, the prune job (every minute) drops it: a week's retention cycles, in minutes.\n", strings.Join(env, ", "))
 	if r.capacity > 0 {
-		fmt.Fprintf(&b, "- Rate: %d orders/s, half of the %.0f orders/s that 32 clients placing orders back to back reached for a few seconds before the soak, with the worker delivering them (the machine's capacity for this load).\n", r.rate, r.capacity)
+		fmt.Fprintf(&b, "- Rate: %d orders/s, half of the %.0f orders/s the machine sustains, measured before the soak: the orders 32 clients placed back to back for %s, divided by the time from the first until the worker had delivered every one.\n", r.rate, r.capacity, r.cfg.capacityWindow())
 	} else {
 		fmt.Fprintf(&b, "- Rate: %d orders/s (`-soak-rate`).\n", r.rate)
 	}

@@ -54,7 +54,11 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true);
 -- this statement takes about as long to plan as to run, and PostgreSQL
 -- keeps planning it because it misjudges the generic plan's cost. The
 -- updates find their rows by = ANY (ARRAY(...)) so the generic plan reads
--- them on the primary key, as a custom plan does.
+-- them on the primary key, as a custom plan does, and between the least
+-- and the greatest of those ids: an array known only at run time prunes no
+-- partition, a range does (from the subqueries, before the scans start), so
+-- an update probes the partitions its rows are in, not the primary key of
+-- every retained day for each of its rows.
 WITH lease AS (
     SELECT e.url, e.secret,
            COALESCE(CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END, '')::text AS previous_secret
@@ -77,11 +81,15 @@ WITH lease AS (
 ), parked AS (
     UPDATE outbox_messages m SET parked = true
     WHERE m.id = ANY (ARRAY(SELECT j.id FROM judged j WHERE j.behind))
+      AND m.id >= (SELECT j.id FROM judged j WHERE j.behind ORDER BY j.id LIMIT 1)
+      AND m.id <= (SELECT j.id FROM judged j WHERE j.behind ORDER BY j.id DESC LIMIT 1)
 )
 UPDATE outbox_messages m
 SET status = 'claimed', claim_token = @claim_token::uuid, claimed_by = @relay_id::uuid, claimed_at = now()
 FROM lease, outbox_events ev
 WHERE m.id = ANY (ARRAY(SELECT j.id FROM judged j WHERE NOT j.behind)) AND ev.id = m.event_id
+  AND m.id >= (SELECT j.id FROM judged j WHERE NOT j.behind ORDER BY j.id LIMIT 1)
+  AND m.id <= (SELECT j.id FROM judged j WHERE NOT j.behind ORDER BY j.id DESC LIMIT 1)
 RETURNING m.id, m.event_id, m.type, ev.payload, m.attempts, ev.created_at, ev.trace_context, m.ordering_key,
           lease.url AS endpoint_url, lease.secret AS endpoint_secret, lease.previous_secret AS endpoint_previous_secret;
 
