@@ -70,11 +70,12 @@ func TestSoakSmoke(t *testing.T) {
 		t.Skip("-short")
 	}
 	out := filepath.Join(t.TempDir(), "SOAK.md")
-	cfg, err := parseFlags([]string{"-soak", "20s", "-soak-out", out}, os.Stderr)
+	// The server's settings as they are: a test does not change them.
+	cfg, err := parseFlags([]string{"-soak", "20s", "-soak-autovacuum=false", "-soak-out", out}, os.Stderr)
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	require.NoError(t, runSoak(ctx, soakConfig{Duration: cfg.Soak, Rate: cfg.SoakRate, Out: cfg.SoakOut}, testWriter{t}))
+	require.NoError(t, runSoak(ctx, soakConfig{Duration: cfg.Soak, Rate: cfg.SoakRate, Out: cfg.SoakOut, Autovacuum: cfg.SoakAV}, testWriter{t}))
 	doc, err := os.ReadFile(out)
 	require.NoError(t, err)
 	require.Contains(t, string(doc), "| Nothing lost | every order placed reached the receiver |")

@@ -78,6 +78,7 @@ type config struct {
 	Soak     time.Duration
 	SoakRate int
 	SoakOut  string
+	SoakAV   bool
 
 	command string
 }
@@ -153,7 +154,7 @@ func main() {
 	run := run
 	if cfg.Soak > 0 {
 		run = func(ctx context.Context, cfg config, log io.Writer) error {
-			return runSoak(ctx, soakConfig{Duration: cfg.Soak, Rate: cfg.SoakRate, Out: cfg.SoakOut}, log)
+			return runSoak(ctx, soakConfig{Duration: cfg.Soak, Rate: cfg.SoakRate, Out: cfg.SoakOut, Autovacuum: cfg.SoakAV}, log)
 		}
 	}
 	if err := run(ctx, cfg, os.Stderr); err != nil {
@@ -197,6 +198,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.EndpointsRate, "endpoints-rate", c.EndpointsRate, "endpoints: orders per second to the healthy endpoints")
 	fs.DurationVar(&c.Soak, "soak", 0, "run the soak for this long (1h or more for SOAK.md) instead of the suite")
 	fs.IntVar(&c.SoakRate, "soak-rate", 0, "soak: orders per second (0: half of what the machine sustains, measured first)")
+	fs.BoolVar(&c.SoakAV, "soak-autovacuum", true, "soak: turn the server's autovacuum on for the run if it is off (ALTER SYSTEM), and off again after")
 	fs.StringVar(&c.SoakOut, "soak-out", "lab/bench/SOAK.md", "soak: the report to write (its plot, soak.svg, beside it)")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	fs.BoolVar(&c.RelayProcs, "relay-procs", c.RelayProcs, "scale-out: run each relay as a separate process (else River clients in this process)")

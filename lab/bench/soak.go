@@ -50,6 +50,10 @@ type soakConfig struct {
 	Duration time.Duration
 	Rate     int
 	Out      string
+	// Autovacuum turns the server's autovacuum on for the run when it is
+	// off (as some CI servers run), and back off after: a soak without it
+	// measures no server anyone runs in production.
+	Autovacuum bool
 }
 
 // capacityWindow is how long the capacity is measured for, before the soak.
@@ -448,6 +452,11 @@ func runSoak(ctx context.Context, sc soakConfig, log io.Writer) error {
 		return err
 	}
 	defer pool.Close()
+	autovacuum, restore, err := soakAutovacuum(ctx, pool, sc.Autovacuum)
+	if err != nil {
+		return err
+	}
+	defer restore()
 	// Start with the partitions a worker with these settings keeps, not the
 	// migration's days: every order of the run lands in a five-minute one.
 	if err := soakPartitions(ctx, pool); err != nil {
@@ -551,7 +560,7 @@ func runSoak(ctx context.Context, sc soakConfig, log io.Writer) error {
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox_messages").Scan(&retained); err != nil {
 		return err
 	}
-	res := soakResult{cfg: sc, rate: rate, capacity: capacity, steps: steps, lost: lost, retained: retained,
+	res := soakResult{cfg: sc, autovacuum: autovacuum, rate: rate, capacity: capacity, steps: steps, lost: lost, retained: retained,
 		requests: s.requests.Load(), workerErrors: worker.errorLines(5), apiErrors: api.errorLines(5)}
 	return res.write(machine, started)
 }
@@ -677,6 +686,40 @@ func (m *soakSampler) sample(ctx context.Context, st *soakStep) error {
 	st.pgCPU, st.workerCPU, st.apiCPU = pg-m.pg, w-m.w, a-m.a
 	m.pg, m.w, m.a = pg, w, a
 	return nil
+}
+
+// soakAutovacuum reports how the server's autovacuum runs for the soak.
+// When it is off and on is set, it turns it on (ALTER SYSTEM, reloaded)
+// until restore, which sets it back as it was.
+func soakAutovacuum(ctx context.Context, pool *pgxpool.Pool, on bool) (string, func(), error) {
+	var setting string
+	if err := pool.QueryRow(ctx, "SHOW autovacuum").Scan(&setting); err != nil {
+		return "", nil, err
+	}
+	if setting == "on" || !on {
+		return setting, func() {}, nil
+	}
+	var auto string // what postgresql.auto.conf says now, if anything
+	_ = pool.QueryRow(ctx, `SELECT setting FROM pg_file_settings WHERE name = 'autovacuum'
+		AND sourcefile LIKE '%postgresql.auto.conf' AND applied`).Scan(&auto)
+	if _, err := pool.Exec(ctx, "ALTER SYSTEM SET autovacuum = on"); err != nil {
+		return "", nil, fmt.Errorf("turning autovacuum on for the soak: %w", err)
+	}
+	if _, err := pool.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+		return "", nil, err
+	}
+	logf("soak: the server's autovacuum was off; on for the soak, off again after")
+	restore := func() {
+		ctx := context.Background()
+		stmt := "ALTER SYSTEM RESET autovacuum"
+		if auto == "on" || auto == "off" {
+			stmt = "ALTER SYSTEM SET autovacuum = " + auto
+		}
+		if _, err := pool.Exec(ctx, stmt); err == nil {
+			_, _ = pool.Exec(ctx, "SELECT pg_reload_conf()")
+		}
+	}
+	return "off on the server, turned on for the soak (`ALTER SYSTEM`) and off again after", restore, nil
 }
 
 // soakPartitions replaces the migration's daily partitions (all empty) with

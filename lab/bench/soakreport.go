@@ -13,6 +13,7 @@ import (
 // soakResult is a finished soak, written as SOAK.md and the plot beside it.
 type soakResult struct {
 	cfg          soakConfig
+	autovacuum   string // how the server ran autovacuum
 	rate         int
 	capacity     float64
 	steps        []soakStep
@@ -103,6 +104,7 @@ func (r soakResult) write(m machine, started time.Time) error {
 	} else {
 		fmt.Fprintf(&b, "- Rate: %d orders/s (`-soak-rate`).\n", r.rate)
 	}
+	fmt.Fprintf(&b, "- Autovacuum: %s, at the server's settings otherwise.\n", r.autovacuum)
 	b.WriteString("- Open loop: orders are scheduled at the rate whatever the latency of earlier ones (64 placing goroutines); an order the placers are too far behind to take is counted as dropped.\n")
 	b.WriteString("- Commit-to-delivery: from `POST /orders` answering 201 (after its commit) to the receiver's handler starting for that order's webhook.\n")
 	b.WriteString("- Claim: the relay's claim statement (`MessageClaim`, as a deliver job sends it: after `TransactionPlanGeneric`, one round trip) for 100 due messages of a destination the soak keeps for this, timed every second; the 100 messages are written and claimed in one transaction that is rolled back, so it measures the claim on the tables as the soak has left them and leaves nothing.\n")
