@@ -251,6 +251,23 @@ func TestPlaceCreatesOrderAndItsEventTogether(t *testing.T) {
 	require.JSONEq(t, string(res.body), msgs[0].payload, "the event carries the order exactly as the response does")
 }
 
+// Order ids are UUIDv7: each order's id sorts after those placed before it,
+// so the primary keys of orders and order_lines grow at their last page.
+// Random ids would spread every insert over indexes that grow with every
+// order, and the WAL and buffer evictions per order would grow with them.
+func TestOrderIDsAreTimeOrdered(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+
+	var prev uuid.UUID
+	for i := range 3 {
+		got, _ := f.place(t, validBody)
+		require.Equal(t, uuid.Version(7), got.ID.Version(), "order %d: a UUIDv7", i)
+		require.Positive(t, bytes.Compare(got.ID[:], prev[:]), "order %d: its id sorts after the previous order's", i)
+		prev = got.ID
+	}
+}
+
 // With nobody subscribed, the event is recorded (a later endpoint can have
 // it replayed) and nothing is sent.
 func TestPlaceWithoutSubscribersRecordsTheEventOnly(t *testing.T) {

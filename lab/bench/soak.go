@@ -283,20 +283,19 @@ func (p *placer) place(ctx context.Context) (string, error) {
 func soakCapacity(ctx context.Context, p *placer, s *soakRun, d time.Duration) (float64, error) {
 	var failed atomic.Pointer[error]
 	measure := func(d time.Duration) (float64, error) {
-		placing, cancel := context.WithTimeout(ctx, d)
-		defer cancel()
 		var n atomic.Int64
 		start := time.Now()
+		end := start.Add(d)
 		var wg sync.WaitGroup
 		for range 32 {
 			wg.Go(func() {
-				for placing.Err() == nil {
+				// No request is cut off at the end: each client sends none
+				// after it, and waits for the answer to the one in flight.
+				for time.Now().Before(end) {
 					sent := time.Now()
-					id, err := p.place(placing)
+					id, err := p.place(ctx)
 					if err != nil {
-						if placing.Err() == nil {
-							failed.CompareAndSwap(nil, &err)
-						}
+						failed.CompareAndSwap(nil, &err)
 						return
 					}
 					s.committed(id, time.Now(), sent)
@@ -511,6 +510,7 @@ func runSoak(ctx context.Context, sc soakConfig, log io.Writer) error {
 		logf("soak: the machine sustains %.0f orders/s, placed and delivered; the soak places %d/s", capacity, rate)
 	}
 	s.take()
+	s.requests.Store(0) // the soak's own: a count beyond its orders is a duplicate
 
 	m, err := newSoakSampler(ctx, pool, worker, api)
 	if err != nil {

@@ -147,7 +147,7 @@ func (r soakResult) write(m machine, started time.Time) error {
 		orders, droppedOrders, partitionsDropped = orders+s.orders, droppedOrders+s.dropped, partitionsDropped+s.partitionsDropped
 	}
 	targets = append(targets, target{"Nothing lost", "every order placed reached the receiver",
-		fmt.Sprintf("%s placed, %d never arrived; %s webhook requests", commas(int64(orders)), r.lost, commas(r.requests)), r.lost == 0})
+		fmt.Sprintf("%s placed, %d never arrived; %s webhook requests, %s redelivered", commas(int64(orders)), r.lost, commas(r.requests), commas(max(0, r.requests-int64(orders-r.lost)))), r.lost == 0})
 	wantDrops := int64((d - 10*time.Minute - 10*time.Minute) / (5 * time.Minute))
 	targets = append(targets, target{"Retention cycles", fmt.Sprintf("a partition dropped every five minutes once the first is ten minutes past its end (≥ %d in %s)", max(wantDrops, 0), d),
 		fmt.Sprintf("%d dropped", partitionsDropped), partitionsDropped >= wantDrops})
