@@ -53,7 +53,12 @@ func claimOnce(ctx context.Context, pool *pgxpool.Pool, l leased) (time.Duration
 		return 0, err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck
-	// As the relay sends it: after TransactionPlanGeneric, in one round trip.
+	return timeClaim(ctx, tx, l)
+}
+
+// timeClaim times the relay's claim of 100 messages of l in tx as the relay
+// sends it: after TransactionPlanGeneric, in one round trip.
+func timeClaim(ctx context.Context, tx pgx.Tx, l leased) (time.Duration, error) {
 	start := time.Now()
 	n := 0
 	b := &pgx.Batch{}

@@ -21,7 +21,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -345,24 +344,7 @@ func soakProbe(ctx context.Context, pool *pgxpool.Pool, probe uuid.UUID) (time.D
 		SELECT outbox_uuid_sibling(id), id, 'order.cancelled', $1, at, at FROM src`, probe); err != nil {
 		return 0, fmt.Errorf("writing the probe's messages: %w", err)
 	}
-	start := time.Now()
-	n := 0
-	b := &pgx.Batch{}
-	b.Queue(planGeneric.SQL)
-	b.Queue(claim.SQL, claimArgs(l)...).Query(func(rows pgx.Rows) error {
-		for rows.Next() {
-			n++
-		}
-		return rows.Err()
-	})
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return 0, err
-	}
-	took := time.Since(start)
-	if n != 100 {
-		return 0, fmt.Errorf("probe claim took %d rows, want 100", n)
-	}
-	return took, nil
+	return timeClaim(ctx, tx, l)
 }
 
 // soakTables is the database's state at one sample.
