@@ -191,7 +191,8 @@ func (p *soakProcess) stop() {
 	}
 }
 
-// errorLines is the log's lines at level ERROR, the first few.
+// errorLines is the log's lines at level WARN or ERROR, the first n: what
+// explains a redelivery, or a latency spike.
 func (p *soakProcess) errorLines(n int) []string {
 	f, err := os.Open(p.log)
 	if err != nil {
@@ -202,7 +203,7 @@ func (p *soakProcess) errorLines(n int) []string {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		if strings.Contains(sc.Text(), `"level":"ERROR"`) && len(out) < n {
+		if (strings.Contains(sc.Text(), `"level":"ERROR"`) || strings.Contains(sc.Text(), `"level":"WARN"`)) && len(out) < n {
 			out = append(out, sc.Text())
 		}
 	}

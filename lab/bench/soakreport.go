@@ -194,7 +194,7 @@ func (r soakResult) write(m machine, started time.Time) error {
 			float64(w.pgCPU.Microseconds())/float64(max(w.orders, 1)))
 	}
 	if len(r.workerErrors)+len(r.apiErrors) > 0 {
-		b.WriteString("\n## Errors logged\n\n```\n" + strings.Join(append(r.workerErrors, r.apiErrors...), "\n") + "\n```\n")
+		b.WriteString("\n## Warnings and errors logged (the first five of each process)\n\n```\n" + strings.Join(append(r.workerErrors, r.apiErrors...), "\n") + "\n```\n")
 	}
 	if err := os.WriteFile(r.cfg.Out, []byte(b.String()), 0o644); err != nil {
 		return err

@@ -105,7 +105,10 @@ func sqlPlacer(pool *pgxpool.Pool, mode outboxMode) placeFunc {
 			total += int64(l.Quantity) * l.UnitPriceCents
 			skus, quantities, prices = append(skus, l.SKU), append(quantities, int32(l.Quantity)), append(prices, l.UnitPriceCents)
 		}
-		id := uuid.New()
+		id, err := uuid.NewV7() // time-ordered, as orders.Service.Place makes them
+		if err != nil {
+			return err
+		}
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			args, err := orderInsert.Args(map[string]any{"id": id, "customer_id": req.CustomerID, "total_cents": total,
 				"idempotency_key": nil, "request_hash": nil})

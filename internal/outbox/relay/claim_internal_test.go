@@ -287,15 +287,23 @@ func TestClaimGenericPlanStaysOnIndexesWithOneDestination(t *testing.T) {
 	outboxtest.Seed(t, pool, dest, 20000, "")
 	_, err := pool.Exec(ctx, "ANALYZE")
 	require.NoError(t, err)
+	plan := claimGenericPlan(t, pool, trace, token, dest, 32)
+	require.Empty(t, dbtest.SeqScansOfHistory(t, plan, `outbox_(messages|events)`), "the claim reads every message")
+	require.Regexp(t, dbtest.Index("outbox_messages_pending_idx"), plan)
+	require.Regexp(t, dbtest.Index("outbox_messages_pkey"), plan, "the claimed rows are updated by primary key")
+}
+
+// claimGenericPlan is the plan, analyzed, of dest's claim of up to batch
+// messages under the lease token, as the relay runs it: generic.
+func claimGenericPlan(t *testing.T, pool *pgxpool.Pool, trace *dbtest.Statements, token, dest uuid.UUID, batch int32) string {
+	t.Helper()
 	trace.Explain(t, pool, queries(func(q *outboxdb.Queries) error {
-		_, err := q.MessageClaim(ctx, outboxdb.MessageClaimParams{ClaimToken: token, RelayID: uuid.New(), Destination: dest, BatchSize: 32})
+		_, err := q.MessageClaim(context.Background(), outboxdb.MessageClaimParams{ClaimToken: token, RelayID: uuid.New(), Destination: dest, BatchSize: batch})
 		return err
 	}))
 	plan := trace.ExplainGeneric(t, pool)
 	t.Logf("claim, generic plan:\n%s", plan)
-	require.Empty(t, dbtest.SeqScansOfHistory(t, plan, `outbox_(messages|events)`), "the claim reads every message")
-	require.Regexp(t, dbtest.Index("outbox_messages_pending_idx"), plan)
-	require.Regexp(t, dbtest.Index("outbox_messages_pkey"), plan, "the claimed rows are updated by primary key")
+	return plan
 }
 
 // A claim updates what it claimed by primary key, and = ANY of an array
@@ -325,12 +333,7 @@ func TestClaimUpdatesOnlyThePartitionsOfItsRows(t *testing.T) {
 	}
 	_, err = pool.Exec(ctx, "ANALYZE")
 	require.NoError(t, err)
-	trace.Explain(t, pool, queries(func(q *outboxdb.Queries) error {
-		_, err := q.MessageClaim(ctx, outboxdb.MessageClaimParams{ClaimToken: token, RelayID: uuid.New(), Destination: dest, BatchSize: 600})
-		return err
-	}))
-	plan := trace.ExplainGeneric(t, pool)
-	t.Logf("claim, generic plan:\n%s", plan)
+	plan := claimGenericPlan(t, pool, trace, token, dest, 600)
 	updateScan := regexp.MustCompile(`Scan (on|using \S+ on) outbox_messages_\S+ m_\d+ `)
 	read := 0
 	for _, line := range strings.Split(plan, "\n") {
