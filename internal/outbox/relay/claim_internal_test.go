@@ -350,6 +350,54 @@ func TestClaimUpdatesOnlyThePartitionsOfItsRows(t *testing.T) {
 	require.GreaterOrEqual(t, read, 2, "the plan has the history partition under both updates (claimed and parked)")
 }
 
+// A recording updates its messages by primary key, and so = ANY of an
+// array, as the claim does; the range of its ids, passed beside them as
+// parameters, leaves the other partitions out as the statement starts,
+// where a range known only at run time (the claim's) leaves them opened
+// and skipped. One outcome, the end of a job of one order fanned out to
+// thousands of endpoints, spent most of its time opening a dozen
+// partitions. The day of delivered history here is not in the plan.
+func TestARecordingOpensOnlyThePartitionsOfItsRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, trace := dbtest.TracedPool(t)
+	outboxtest.PartitionsSince(t, pool, time.Now().Add(-3*24*time.Hour))
+	token := uuid.New()
+	dest := outboxtest.Endpoint(t, pool, &token)
+	var history string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT suffix FROM outbox_partitions()
+		WHERE outbox_uuid_at(now() - interval '2 days') >= lo AND outbox_uuid_at(now() - interval '2 days') < hi`).Scan(&history))
+	_, err := pool.Exec(ctx, `INSERT INTO outbox_messages (id, event_id, type, destination, status, delivered_at)
+		SELECT outbox_uuid_sibling(outbox_uuid_at(now() - interval '2 days')), outbox_uuid_v7(), 'order.placed', $1,
+		       'delivered', now() - interval '2 days'
+		FROM generate_series(1, 1000)`, dest)
+	require.NoError(t, err)
+	ids := outboxtest.Seed(t, pool, dest, 2, "")
+	_, err = pool.Exec(ctx, `UPDATE outbox_messages SET status = 'claimed', claim_token = $1, claimed_at = now()
+		WHERE id = ANY ($2)`, token, ids)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "ANALYZE")
+	require.NoError(t, err)
+	rec := newRecorder(defaultRelay(t, pool, slog.New(slog.DiscardHandler)), dest, token)
+	now := time.Now()
+	var outcomes []outcome
+	for _, id := range ids {
+		outcomes = append(outcomes, outcome{id: id, attempt: 1, status: outbox.StatusDelivered, label: labelDelivered,
+			code: 204, started: now, finished: now, eventAt: now})
+	}
+	trace.Explain(t, pool, queries(func(q *outboxdb.Queries) error {
+		rows, err := q.MessagesRecordOutcomes(ctx, rec.params(outcomes))
+		require.Len(t, rows, len(ids), "both outcomes recorded")
+		return err
+	}))
+	plan := trace.ExplainGeneric(t, pool)
+	t.Logf("recording, generic plan:\n%s", plan)
+	require.Contains(t, plan, "Subplans Removed", "partitions left out as the statement starts")
+	// The update names every partition it may write; it scans only its rows'.
+	require.NotRegexp(t, `Scan (on|using \S+ on) outbox_messages_`+history, plan,
+		"the recording opens the day of history its rows are not in")
+}
+
 // A claim reads a few entries of one destination's index, however many
 // messages wait behind them, but PostgreSQL decides whether to JIT-compile a
 // statement from the planner's cost estimate, and the claim's estimate

@@ -14,8 +14,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxkit/orders/db"
 	"github.com/outboxkit/orders/internal/dbtest"
 	"github.com/outboxkit/orders/internal/outbox/internal/outboxdb"
 	"github.com/outboxkit/orders/internal/outbox/outboxtest"
@@ -101,19 +103,30 @@ func TestADispatchPollVisitsTheSmallerSet(t *testing.T) {
 // be taken for lost and its destination dispatched again; before, every
 // poll queued 50 more, the queue outgrew what the workers ran in five
 // seconds, and destinations were dispatched again and again (56,436 jobs
-// for 10,000 endpoints).
+// for 10,000 endpoints). Each job claims its destination's one message
+// with the lease, and, with other destinations waiting, ends after its
+// request without claiming again: a second claim would find nothing and
+// cost about what the first did (polls during a request, and the last
+// jobs, which wait out their idle polls, claim a few more).
 func TestAFanOutRunsOneDeliverJobPerDestination(t *testing.T) {
 	t.Parallel()
 	const endpoints = 2000
 	ctx := context.Background()
-	pool := dbtest.Pool(t)
+	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
+	require.NoError(t, err)
+	db.ConfigurePool(cfg)
+	var claims claimCounter
+	cfg.ConnConfig.Tracer = &claims
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
 	var requests atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		requests.Add(1)
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	t.Cleanup(srv.Close)
-	_, err := pool.Exec(ctx, `INSERT INTO webhook_endpoints (url, secret, event_types)
+	_, err = pool.Exec(ctx, `INSERT INTO webhook_endpoints (url, secret, event_types)
 		SELECT $1, 'whsec_AAAA', '{order.placed}' FROM generate_series(1, $2::int)`, srv.URL+"/hook", endpoints)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `
@@ -138,7 +151,36 @@ func TestAFanOutRunsOneDeliverJobPerDestination(t *testing.T) {
 		SELECT count(*) AS n FROM river_job WHERE kind = 'outbox_deliver' GROUP BY args->>'destination') j`).Scan(&jobs, &most))
 	require.Equal(t, endpoints, jobs, "a deliver job for every destination")
 	require.Equal(t, 1, most, "and one only")
+	require.Less(t, claims.n.Load(), int64(endpoints*3/2),
+		"a destination with one message is claimed with its lease, and not again: %d claims", claims.n.Load())
 }
+
+// claimCounter counts the claim statements run on a pool, alone or in a
+// batch.
+type claimCounter struct{ n atomic.Int64 }
+
+func (c *claimCounter) count(sql string) {
+	if strings.HasPrefix(sql, "-- name: MessageClaim :many") {
+		c.n.Add(1)
+	}
+}
+
+func (c *claimCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	c.count(d.SQL)
+	return ctx
+}
+
+func (c *claimCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *claimCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (c *claimCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	c.count(d.SQL)
+}
+
+func (c *claimCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 // The redispatch rule, which every way of losing a dispatched destination's
 // job rests on (a relay that died between marking it and inserting its

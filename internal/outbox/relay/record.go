@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"fmt"
@@ -199,7 +200,13 @@ func (rc *recorder) queue(q *pgx.Batch, b batch, recorded *[]outcome) func() err
 
 func (rc *recorder) params(outcomes []outcome) outboxdb.MessagesRecordOutcomesParams {
 	p := outboxdb.MessagesRecordOutcomesParams{ClaimToken: rc.token}
-	for _, o := range outcomes {
+	for i, o := range outcomes {
+		if i == 0 || bytes.Compare(o.id[:], p.FirstID[:]) < 0 {
+			p.FirstID = o.id
+		}
+		if i == 0 || bytes.Compare(o.id[:], p.LastID[:]) > 0 {
+			p.LastID = o.id
+		}
 		p.Ids = append(p.Ids, o.id)
 		p.Statuses = append(p.Statuses, o.status)
 		p.DelaysSeconds = append(p.DelaysSeconds, o.delay.Seconds())

@@ -136,11 +136,15 @@ func (w *deliverWorker) Work(ctx context.Context, job *river.Job[deliverArgs]) e
 	return s.run(ctx, first)
 }
 
-// firstClaim is how many messages the lease claims with it: the one a
-// probe may send, or all a job of one order fanned out to thousands of
-// endpoints has to send. The session claims the rest, ahead of its
-// requests.
-const firstClaim = 1
+// firstClaim is how many messages the lease claims with it: two, the
+// fewest that tell a destination with one message due (a job of one order
+// fanned out to thousands of endpoints) from one with more. Fewer than
+// asked means nothing more is due, as for any claim, so such a job sends
+// its message and ends without a second claim, which would find nothing
+// and cost about what the first did. A probe sends one; the other goes
+// back unsent if the probe fails. The session claims the rest, ahead of
+// its requests.
+const firstClaim = 2
 
 // lease takes the destination's lease and claims its first message, under
 // its lock (order.go) and a generic plan, in one round trip (one

@@ -57,7 +57,8 @@ func QueueDestinationLock(b *pgx.Batch, destination uuid.UUID) {
 // it recorded are stored in rows when b's results are read.
 func QueueMessagesRecordOutcomes(b *pgx.Batch, arg MessagesRecordOutcomesParams, rows *[]MessagesRecordOutcomesRow) {
 	b.Queue(messagesRecordOutcomes, arg.Ids, arg.Statuses, arg.DelaysSeconds, arg.LastErrors, arg.Attempts,
-		arg.Outcomes, arg.StartedAts, arg.FinishedAts, arg.StatusCodes, arg.EventAts, arg.ClaimToken).
+		arg.Outcomes, arg.StartedAts, arg.FinishedAts, arg.StatusCodes, arg.EventAts, arg.ClaimToken,
+		arg.FirstID, arg.LastID).
 		Query(func(r pgx.Rows) error {
 			var err error
 			*rows, err = pgx.CollectRows(r, func(row pgx.CollectableRow) (MessagesRecordOutcomesRow, error) {
