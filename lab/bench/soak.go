@@ -191,9 +191,9 @@ func (p *soakProcess) stop() {
 	}
 }
 
-// errorLines is the log's lines at level WARN or ERROR, the first n: what
+// warningLines is the log's lines at level WARN or ERROR, the first n: what
 // explains a redelivery, or a latency spike.
-func (p *soakProcess) errorLines(n int) []string {
+func (p *soakProcess) warningLines(n int) []string {
 	f, err := os.Open(p.log)
 	if err != nil {
 		return nil
@@ -544,7 +544,7 @@ func runSoak(ctx context.Context, sc soakConfig, log io.Writer) error {
 		return err
 	}
 	res := soakResult{cfg: sc, autovacuum: autovacuum, rate: rate, capacity: capacity, steps: steps, lost: lost, retained: retained,
-		requests: s.requests.Load(), workerErrors: worker.errorLines(5), apiErrors: api.errorLines(5)}
+		requests: s.requests.Load(), workerWarnings: worker.warningLines(5), apiWarnings: api.warningLines(5)}
 	return res.write(machine, started)
 }
 

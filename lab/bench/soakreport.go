@@ -12,16 +12,16 @@ import (
 
 // soakResult is a finished soak, written as SOAK.md and the plot beside it.
 type soakResult struct {
-	cfg          soakConfig
-	autovacuum   string // how the server ran autovacuum
-	rate         int
-	capacity     float64
-	steps        []soakStep
-	lost         int
-	retained     int64 // messages in the outbox at the end
-	requests     int64
-	workerErrors []string
-	apiErrors    []string
+	cfg            soakConfig
+	autovacuum     string // how the server ran autovacuum
+	rate           int
+	capacity       float64
+	steps          []soakStep
+	lost           int
+	retained       int64 // messages in the outbox at the end
+	requests       int64
+	workerWarnings []string
+	apiWarnings    []string
 }
 
 // soakWindow folds consecutive steps into one row of the report.
@@ -193,8 +193,8 @@ func (r soakResult) write(m machine, started time.Time) error {
 			float64(w.wal)/1024/float64(max(w.orders, 1)), w.autovacuums, len(w.prunes), ms(longest), w.partitionsDropped,
 			float64(w.pgCPU.Microseconds())/float64(max(w.orders, 1)))
 	}
-	if len(r.workerErrors)+len(r.apiErrors) > 0 {
-		b.WriteString("\n## Warnings and errors logged (the first five of each process)\n\n```\n" + strings.Join(append(r.workerErrors, r.apiErrors...), "\n") + "\n```\n")
+	if len(r.workerWarnings)+len(r.apiWarnings) > 0 {
+		b.WriteString("\n## Warnings and errors logged (the first five of each process)\n\n```\n" + strings.Join(append(r.workerWarnings, r.apiWarnings...), "\n") + "\n```\n")
 	}
 	if err := os.WriteFile(r.cfg.Out, []byte(b.String()), 0o644); err != nil {
 		return err
