@@ -319,19 +319,12 @@ func TestClaimUpdatesOnlyThePartitionsOfItsRows(t *testing.T) {
 	outboxtest.PartitionsSince(t, pool, time.Now().Add(-3*24*time.Hour))
 	token := uuid.New()
 	dest := outboxtest.Endpoint(t, pool, &token)
-	var history string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT suffix FROM outbox_partitions()
-		WHERE outbox_uuid_at(now() - interval '2 days') >= lo AND outbox_uuid_at(now() - interval '2 days') < hi`).Scan(&history))
-	_, err := pool.Exec(ctx, `INSERT INTO outbox_messages (id, event_id, type, destination, status, delivered_at)
-		SELECT outbox_uuid_sibling(outbox_uuid_at(now() - interval '2 days')), outbox_uuid_v7(), 'order.placed', $1,
-		       'delivered', now() - interval '2 days'
-		FROM generate_series(1, 20000)`, dest)
-	require.NoError(t, err)
+	history := deliveredHistory(t, pool, dest, 20000)
 	outboxtest.Seed(t, pool, dest, 500, "")
 	for k := range 5 {
 		outboxtest.Seed(t, pool, dest, 2, fmt.Sprintf("order-%d", k)) // some parked, so both updates run
 	}
-	_, err = pool.Exec(ctx, "ANALYZE")
+	_, err := pool.Exec(ctx, "ANALYZE")
 	require.NoError(t, err)
 	plan := claimGenericPlan(t, pool, trace, token, dest, 600)
 	updateScan := regexp.MustCompile(`Scan (on|using \S+ on) outbox_messages_\S+ m_\d+ `)
@@ -364,16 +357,9 @@ func TestARecordingOpensOnlyThePartitionsOfItsRows(t *testing.T) {
 	outboxtest.PartitionsSince(t, pool, time.Now().Add(-3*24*time.Hour))
 	token := uuid.New()
 	dest := outboxtest.Endpoint(t, pool, &token)
-	var history string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT suffix FROM outbox_partitions()
-		WHERE outbox_uuid_at(now() - interval '2 days') >= lo AND outbox_uuid_at(now() - interval '2 days') < hi`).Scan(&history))
-	_, err := pool.Exec(ctx, `INSERT INTO outbox_messages (id, event_id, type, destination, status, delivered_at)
-		SELECT outbox_uuid_sibling(outbox_uuid_at(now() - interval '2 days')), outbox_uuid_v7(), 'order.placed', $1,
-		       'delivered', now() - interval '2 days'
-		FROM generate_series(1, 1000)`, dest)
-	require.NoError(t, err)
+	history := deliveredHistory(t, pool, dest, 1000)
 	ids := outboxtest.Seed(t, pool, dest, 2, "")
-	_, err = pool.Exec(ctx, `UPDATE outbox_messages SET status = 'claimed', claim_token = $1, claimed_at = now()
+	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET status = 'claimed', claim_token = $1, claimed_at = now()
 		WHERE id = ANY ($2)`, token, ids)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, "ANALYZE")
@@ -396,6 +382,23 @@ func TestARecordingOpensOnlyThePartitionsOfItsRows(t *testing.T) {
 	// The update names every partition it may write; it scans only its rows'.
 	require.NotRegexp(t, `Scan (on|using \S+ on) outbox_messages_`+history, plan,
 		"the recording opens the day of history its rows are not in")
+}
+
+// deliveredHistory writes n delivered messages of dest two days back, all
+// in that day's partition (made by outboxtest.PartitionsSince), and
+// returns the partition's suffix.
+func deliveredHistory(t *testing.T, pool *pgxpool.Pool, dest uuid.UUID, n int) string {
+	t.Helper()
+	ctx := context.Background()
+	var history string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT suffix FROM outbox_partitions()
+		WHERE outbox_uuid_at(now() - interval '2 days') >= lo AND outbox_uuid_at(now() - interval '2 days') < hi`).Scan(&history))
+	_, err := pool.Exec(ctx, `INSERT INTO outbox_messages (id, event_id, type, destination, status, delivered_at)
+		SELECT outbox_uuid_sibling(outbox_uuid_at(now() - interval '2 days')), outbox_uuid_v7(), 'order.placed', $1,
+		       'delivered', now() - interval '2 days'
+		FROM generate_series(1, $2::int)`, dest, n)
+	require.NoError(t, err)
+	return history
 }
 
 // A claim reads a few entries of one destination's index, however many
