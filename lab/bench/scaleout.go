@@ -43,6 +43,19 @@ type relayGroup struct {
 	inproc []*runningRelay
 }
 
+// cpu is the CPU the group's processes have used so far; for relays in
+// this process, this process's (the receiver's included).
+func (g *relayGroup) cpu() time.Duration {
+	if len(g.procs) == 0 {
+		return selfCPU()
+	}
+	var t time.Duration
+	for _, p := range g.procs {
+		t += pidCPU(p.Process.Pid)
+	}
+	return t
+}
+
 func startRelays(ctx context.Context, url string, n int, procs bool) (*relayGroup, error) {
 	g := &relayGroup{}
 	for range n {
@@ -101,7 +114,8 @@ func scenarioScaleOut(ctx context.Context, cfg config, rep *report) error {
 		how = "each relay a separate River client with its own pool of 20 **in this process**"
 	}
 	fmt.Fprintf(&b, "A drain as in section 2 (%s pending messages, real HTTP to the loopback receiver answering 204) with 1, 2 and 4 relays at once, %s. "+
-		"The clock starts once every relay has registered (its first heartbeat; what was delivered before is left out): a process starts once in its life. The receiver counts every request and every distinct `webhook-id`; duplicates = requests − distinct. Medians of %d runs.\n\n",
+		"The clock starts once every relay has registered (its first heartbeat; what was delivered before is left out): a process starts once in its life. The receiver counts every request and every distinct `webhook-id`; duplicates = requests − distinct. "+
+		"CPU per message, over the same span: the relay processes' (read from `/proc`) and this database's PostgreSQL backends'; noise disturbs it least, and it shows what the relays beyond the one serving a destination cost. Medians of %d runs.\n\n",
 		commas(int64(cfg.ScaleDrain)), how, cfg.ScaleReps)
 	var dupTotal, reqTotal, multiTotal int64
 	var oneWorst float64
@@ -116,11 +130,14 @@ func scenarioScaleOut(ctx context.Context, cfg config, rep *report) error {
 		dupTotal += s.dups
 		reqTotal += s.requests
 		multiTotal += s.multi
-		fmt.Fprintf(&b, "**%d endpoint(s).**\n\n| relays | msgs/s | vs 1 relay | duplicate deliveries (all runs) |\n|---:|---:|---:|---:|\n", endpoints)
+		fmt.Fprintf(&b, "**%d endpoint(s).**\n\n| relays | msgs/s | vs 1 relay | relays' CPU per message | vs 1 relay | PostgreSQL CPU per message | vs 1 relay | duplicate deliveries (all runs) |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n", endpoints)
 		base := median(s.samples[cfg.Relays[0]])
+		relayBase, pgBase := median(s.relayCPU[cfg.Relays[0]]), median(s.pgCPU[cfg.Relays[0]])
 		for _, n := range cfg.Relays {
 			ratio := median(s.samples[n]) / base
-			fmt.Fprintf(&b, "| %d | %s | %.2f | %d |\n", n, rate(median(s.samples[n])), ratio, s.dupsBy[n])
+			relay, pg := median(s.relayCPU[n]), median(s.pgCPU[n])
+			fmt.Fprintf(&b, "| %d | %s | %.2f | %.0f µs | %.2f | %.0f µs | %.2f | %d |\n", n, rate(median(s.samples[n])), ratio,
+				relay, relay/relayBase, pg, pg/pgBase, s.dupsBy[n])
 			if endpoints == 1 && n != cfg.Relays[0] && (oneWorst == 0 || ratio < oneWorst) {
 				oneWorst = ratio
 			}
@@ -142,12 +159,13 @@ func scenarioScaleOut(ctx context.Context, cfg config, rep *report) error {
 // receiver and the table saw.
 type scaled struct {
 	samples               map[int][]float64
+	relayCPU, pgCPU       map[int][]float64 // µs per message
 	dupsBy                map[int]int64
 	requests, dups, multi int64
 }
 
 func scaleOut(ctx context.Context, cfg config, endpoints int) (scaled, error) {
-	s := scaled{samples: map[int][]float64{}, dupsBy: map[int]int64{}}
+	s := scaled{samples: map[int][]float64{}, relayCPU: map[int][]float64{}, pgCPU: map[int][]float64{}, dupsBy: map[int]int64{}}
 	e, err := newDrainEnv(ctx, endpoints)
 	if err != nil {
 		return s, err
@@ -176,12 +194,15 @@ func scaleOut(ctx context.Context, cfg config, endpoints int) (scaled, error) {
 				g.stop()
 				return s, err
 			}
+			relay0, pg := g.cpu(), watchDBCPU(ctx, e.watch)
 			end, err := waitDrained(ctx, e.watch, drainLimit(cfg.ScaleDrain))
+			relayUsed, pgUsed := g.cpu()-relay0, pg.total()
 			g.stop()
 			if err != nil {
 				return s, fmt.Errorf("%d relays over %d endpoints: %w", n, endpoints, err)
 			}
-			r := float64(int64(cfg.ScaleDrain)-early) / end.Sub(start).Seconds()
+			msgs := float64(int64(cfg.ScaleDrain) - early)
+			r := msgs / end.Sub(start).Seconds()
 			req, distinct := e.fast.duplicates()
 			var multi int64
 			_ = e.watch.QueryRow(ctx, "SELECT count(*) FROM outbox_messages WHERE attempts > 1").Scan(&multi)
@@ -190,11 +211,14 @@ func scaleOut(ctx context.Context, cfg config, endpoints int) (scaled, error) {
 				return s, fmt.Errorf("%d relays over %d endpoints: receiver saw %d distinct webhook-ids (events) of %d", n, endpoints, distinct, cfg.ScaleDrain)
 			}
 			s.samples[n] = append(s.samples[n], r)
+			s.relayCPU[n] = append(s.relayCPU[n], float64(relayUsed.Microseconds())/msgs)
+			s.pgCPU[n] = append(s.pgCPU[n], float64(pgUsed.Microseconds())/msgs)
 			s.dupsBy[n] += req - distinct
 			s.dups += req - distinct
 			s.requests += req
 			s.multi += multi
-			logf("  %d relay(s), %d endpoint(s): %s msgs/s, %d requests, %d duplicates", n, endpoints, rate(r), req, req-distinct)
+			logf("  %d relay(s), %d endpoint(s): %s msgs/s, %d requests, %d duplicates; CPU per message: relays %.0f µs, PostgreSQL %.0f µs",
+				n, endpoints, rate(r), req, req-distinct, float64(relayUsed.Microseconds())/msgs, float64(pgUsed.Microseconds())/msgs)
 		}
 	}
 	return s, nil

@@ -202,7 +202,7 @@ func TestRelayStatementsStayOnIndexesWith1000Endpoints(t *testing.T) {
 			return err
 		},
 		"dispatch": func(q *outboxdb.Queries) error {
-			d, err := q.DestinationsDispatch(ctx, uuid.Nil, 5, 100)
+			d, err := q.DestinationsDispatch(ctx, uuid.Max, 5, 100)
 			require.Len(t, d.Ids, 20, "the 20 endpoints with due messages, not the ones backing off")
 			return err
 		},

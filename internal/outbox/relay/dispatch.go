@@ -32,7 +32,7 @@ func (r *Relay) dispatchLoop(ctx context.Context) {
 	ticker := time.NewTicker(r.cfg.PollInterval)
 	defer ticker.Stop()
 	var warned, last time.Time
-	var after uuid.UUID
+	below := uuid.Max
 	for {
 		select {
 		case <-ctx.Done():
@@ -50,7 +50,7 @@ func (r *Relay) dispatchLoop(ctx context.Context) {
 		last = time.Now()
 		r.metrics.polls.Inc()
 		var err error
-		if after, err = r.dispatch(ctx, after); err != nil && ctx.Err() == nil && time.Since(warned) > 30*time.Second {
+		if below, err = r.dispatch(ctx, below); err != nil && ctx.Err() == nil && time.Since(warned) > 30*time.Second {
 			// The database is unreachable: say so, but not every tick.
 			warned = time.Now()
 			r.logger.WarnContext(ctx, "dispatching due destinations", slog.Any("error", err))
@@ -60,10 +60,10 @@ func (r *Relay) dispatchLoop(ctx context.Context) {
 
 // dispatch finds the destinations with due messages that no live job
 // serves, as many as this relay has workers less the jobs already waiting
-// for one (in any relay), taking them in turn from the one after after,
+// for one (in any relay), taking them in turn from the one below below,
 // marks them dispatched (DestinationsDispatch, one round trip) and inserts
 // a deliver job for each; it returns where the next poll goes on
-// (uuid.Nil: from the start, once a poll found fewer than it could take).
+// (uuid.Max: from the top, once a poll found fewer than it could take).
 // So the jobs waiting stay fewer than the workers, every due destination
 // gets its turn, and one whose job waits is not dispatched again. The
 // marks commit before the jobs are inserted: a relay that dies between
@@ -72,19 +72,19 @@ func (r *Relay) dispatchLoop(ctx context.Context) {
 // it does a job lost with a relay that fetched it. The rule is one
 // paragraph, and an idle poll is one statement rather than a transaction
 // of four round trips, which every relay pays every poll interval.
-func (r *Relay) dispatch(ctx context.Context, after uuid.UUID) (uuid.UUID, error) {
-	d, err := outboxdb.New(r.pool).DestinationsDispatch(ctx, after, redispatchAfter.Seconds(), int32(r.cfg.DeliverWorkers))
+func (r *Relay) dispatch(ctx context.Context, below uuid.UUID) (uuid.UUID, error) {
+	d, err := outboxdb.New(r.pool).DestinationsDispatch(ctx, below, redispatchAfter.Seconds(), int32(r.cfg.DeliverWorkers))
 	if err != nil {
-		return after, fmt.Errorf("finding due destinations: %w", err)
+		return below, fmt.Errorf("finding due destinations: %w", err)
 	}
 	room := max(r.cfg.DeliverWorkers-int(d.Waiting), 0)
 	r.othersDue.Store(d.Waiting > 0 || len(d.Ids) == room)
-	next := uuid.Nil
+	next := uuid.Max
 	switch {
 	case room == 0:
-		next = after // nothing was looked at
+		next = below // nothing was looked at
 	case len(d.Ids) == room:
-		next = slices.MaxFunc(d.Ids, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
+		next = slices.MinFunc(d.Ids, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
 	}
 	if len(d.Ids) == 0 {
 		return next, nil
