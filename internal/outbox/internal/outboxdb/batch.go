@@ -3,7 +3,7 @@ package outboxdb
 // Written by hand, beside the code sqlc generates: sqlc's batch queries
 // send a batch of their own, while these queue a statement on the caller's
 // batch, to share its round trip. The arguments follow the generated
-// methods of the same names; the tests that send them check they still do.
+// methods of the same names (TestQueueFunctionsSendWhatTheGeneratedMethodsSend).
 
 import (
 	"errors"
