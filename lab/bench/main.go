@@ -113,7 +113,7 @@ func defaultConfig() config {
 		Backlog:     1_000_000, BacklogWindow: 10 * time.Second,
 		LatencyRates: []int{200, 1000}, LatencyDuration: 10 * time.Second, IdleWindow: 5 * time.Second,
 		History: 1_000_000, ClaimSamples: 500, PruneRows: 1_000_000,
-		Relays: []int{1, 2, 4}, RelayProcs: true, ScaleDrain: 200_000, ScaleReps: 3,
+		Relays: []int{1, 2, 4}, RelayProcs: true, ScaleDrain: 200_000, ScaleReps: 5,
 		IsolationRate: 50, IsolationDuration: 20 * time.Second, RecoveryReps: 3,
 		ManyEndpoints: 10_000, DownBacklog: 3, EndpointsRate: 50,
 	}
