@@ -239,23 +239,28 @@ dropped: pruning the partitions made ahead from the claim (within the
 noise), and the destination's lock and the generic plan in one statement
 instead of two (no gain).
 
-**12. Idle relays beside one destination's drain (this version).** With
-four relays on one destination, PostgreSQL used 1.20–1.36× the CPU per
-message of one relay (section 5 now shows the CPU per message of the
-relays and of PostgreSQL). ` + "`" + `auto_explain` + "`" + ` showed why: each dispatch poll
-read the draining destination from the start of its range of the pending
-index, where the entries of what it had delivered stay until a vacuum, a
-page for every hundred or so messages: 1,400 pages, 2–4 ms a poll, by the
-end of 200,000. Every relay polls every 50 ms, and the three idle ones paid
-it for nothing. The poll now reads each destination down from its newest
-entries, and asks whether a pending message is due rather than reading the
-oldest one: 0.27 ms a poll against 2.0 ms in the same drain
+**12. Idle relays beside one destination's drain (this version).** Section
+5 now shows the CPU per message of the relays and of PostgreSQL. With four
+relays on one destination, PostgreSQL used 1.20–1.36× the CPU per message
+of one relay. ` + "`" + `auto_explain` + "`" + ` showed why: each dispatch poll read the
+draining destination from the start of its range of the pending index,
+where the entries of what it had delivered stay until a vacuum, a page for
+every hundred or so messages: 1,400 pages, 2–4 ms a poll, by the end of
+200,000. Every relay polls every 50 ms, and the three idle ones paid it for
+nothing. The poll now reads each destination down from its newest entries,
+and asks whether a pending message is due rather than reading the oldest
+one: 0.27 ms a poll against 2.0 ms in the same drain
 (` + "`" + `pg_stat_statements` + "`" + `), and with four relays PostgreSQL's CPU per message
-1.10–1.18× one relay's, against 1.20–1.36×. The claim still reads the
-delivered entries ahead of the oldest pending message (up to 1,400 pages
-at the end of a drain of 200,000, about a tenth of its time): measured,
-not changed, since a claim that went on from where the last one ended
-would need a rule for what becomes due behind it.
+1.10–1.18× one relay's in two runs of three side by side (1.23× in this
+run, medians of five). What is left is no one statement: each relay's new
+connections read the partitions' catalog and plan the relay's statements
+once (about 30 ms each; four relays opened 15–16 backends against 6–8),
+the idle relays poll, and four processes share two cores. The claim still
+reads the delivered entries ahead of the oldest pending message (up to
+1,400 pages at the end of a drain of 200,000, about a tenth of its time):
+a claim that went on from where the last one ended would not, but per-key
+order relies on the claim reading fresh messages in order (docs/design.md,
+"Indexes, and what grows").
 
 ## What limits the targets
 
@@ -369,7 +374,11 @@ only keep its rate: each relay that waits costs the shared cores its
 heartbeat, dispatch and River's fetches (about 2 % of a core and 1 % for
 its PostgreSQL backends, measured from ` + "`" + `/proc` + "`" + ` beside an idle
 outbox), and a process starting costs about 0.3 s of CPU, which the
-clock leaves out. Scale-out adds throughput when the relays run on other
+clock leaves out. Beside a drain, four relays used 1.1–1.2× the CPU per
+message of one, in the relays and in PostgreSQL alike (section 5): the
+waiting relays' polls, each relay's connections reading the partitions'
+catalog and planning the relay's statements once (about 30 ms a
+connection), and four processes sharing two cores. Scale-out adds throughput when the relays run on other
 machines and there are more destinations than one relay serves at once,
 and availability anywhere (section 9).
 
