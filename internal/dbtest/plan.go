@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -254,4 +255,43 @@ func SeqScansOfHistory(t *testing.T, plan string, pattern string) []string {
 		}
 	}
 	return found
+}
+
+// RootBuffers is the pages a plan's root node read, hit or read from disk:
+// the statement's whole reading, since a node's buffers include its
+// children's. The plan must come from EXPLAIN (ANALYZE, BUFFERS). A root
+// node that read nothing has no Buffers line, and neither has any node
+// under it: the first one then is planning's, and the answer is 0.
+func RootBuffers(t *testing.T, plan string) int {
+	t.Helper()
+	require.Contains(t, plan, "actual", "the plan of EXPLAIN ANALYZE:\n%s", plan)
+	for _, l := range strings.Split(plan, "\n") {
+		trimmed := strings.TrimSpace(l)
+		if strings.HasPrefix(trimmed, "Planning") || strings.HasPrefix(trimmed, "Execution Time") {
+			return 0
+		}
+		after, ok := strings.CutPrefix(trimmed, "Buffers: ")
+		if !ok {
+			continue
+		}
+		// "shared hit=12 read=3 dirtied=1, temp read=4": the table and
+		// index pages are the shared ones.
+		shared, _, _ := strings.Cut(after, ",")
+		shared, ok = strings.CutPrefix(shared, "shared ")
+		if !ok {
+			return 0
+		}
+		var n int
+		for _, part := range strings.Fields(shared) {
+			k, v, _ := strings.Cut(part, "=")
+			if k == "hit" || k == "read" {
+				x, err := strconv.Atoi(v)
+				require.NoError(t, err, l)
+				n += x
+			}
+		}
+		return n
+	}
+	t.Fatalf("no Buffers line and no Planning line in the plan:\n%s", plan)
+	return 0
 }

@@ -59,8 +59,6 @@ func (r *recorder) during(do func()) map[string][]any {
 	return r.stmts
 }
 
-var buffersRe = regexp.MustCompile(`Buffers: shared(?: hit=(\d+))?(?: read=(\d+))?`)
-
 // The overview stays cheap whatever the delivered history: with 1,000,000
 // delivered messages (and their events and attempts) kept for the
 // retention, every statement a page load runs reads outbox_messages and
@@ -394,16 +392,7 @@ func requireOffTheHistory(t *testing.T, pool *pgxpool.Pool, stmts map[string][]a
 		text := strings.Join(plan, "\n")
 		t.Logf("%s\n%s", sql, text)
 		require.Empty(t, dbtest.SeqScansOfHistory(t, text, `outbox_(messages|events|attempts)`), "a page's statement reads the history:\n%s", sql)
-		// The top node's buffers include its children's.
-		var pages int
-		for _, line := range plan {
-			if m := buffersRe.FindStringSubmatch(line); m != nil {
-				hit, _ := strconv.Atoi(m[1])
-				read, _ := strconv.Atoi(m[2])
-				pages = hit + read
-				break
-			}
-		}
+		pages := dbtest.RootBuffers(t, text)
 		require.Less(t, pages, 1000, "a page's statement reads %d pages, as many as the history:\n%s", pages, sql)
 	}
 }
@@ -562,12 +551,7 @@ func TestSearchForAnIDReadsAFewPagesWhateverTheHistory(t *testing.T) {
 				"custom":  strings.Join(explain(t, pool, sql, args), "\n"),
 				"generic": dbtest.ExplainGenericStatement(t, pool, sql, args),
 			} {
-				var pages int
-				if m := buffersRe.FindStringSubmatch(plan); m != nil {
-					hit, _ := strconv.Atoi(m[1])
-					read, _ := strconv.Atoi(m[2])
-					pages = hit + read
-				}
+				pages := dbtest.RootBuffers(t, plan)
 				require.Less(t, pages, 200, "searching for %s, a statement's %s plan reads %d pages, as many as the history:\n%s\n%s",
 					name, kind, pages, sql, plan)
 			}

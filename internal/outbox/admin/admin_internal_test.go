@@ -313,32 +313,10 @@ func TestMessageListReadsOnlyItsRangeUnderAnyPlan(t *testing.T) {
 		}
 		generic := trace.ExplainGeneric(t, pool)
 		for kind, plan := range map[string]string{"custom": custom, "generic": generic} {
-			require.Less(t, rootBuffers(t, plan), 100,
+			require.Less(t, dbtest.RootBuffers(t, plan), 100,
 				"%s, %s plan: a range of the primary key, a few pages, not the million messages:\n%s", name, kind, plan)
 		}
 	}
-}
-
-// rootBuffers is the buffers a plan's root node read: the first Buffers
-// line of EXPLAIN (ANALYZE, BUFFERS), the statement's whole reading.
-func rootBuffers(t *testing.T, plan string) int {
-	t.Helper()
-	for _, l := range strings.Split(plan, "\n") {
-		if _, after, ok := strings.Cut(l, "Buffers: shared "); ok {
-			var n int
-			for _, part := range strings.Fields(after) {
-				k, v, _ := strings.Cut(part, "=")
-				if k == "hit" || k == "read" {
-					x, err := strconv.Atoi(v)
-					require.NoError(t, err, l)
-					n += x
-				}
-			}
-			return n
-		}
-	}
-	t.Fatalf("no Buffers line in the plan:\n%s", plan)
-	return 0
 }
 
 // A dry run reads as much of its range per call as a replay's call scans
@@ -378,7 +356,7 @@ func TestReplayDryRunReadsABoundedShareOfTheRangePerCall(t *testing.T) {
 	})
 	require.Equal(t, int64(replayScan*MaxReplayBatch), first.Events, "the first call counts the events it may look at")
 	require.NotNil(t, first.Next, "and says where to count on")
-	require.Less(t, rootBuffers(t, plan), pages/5, "one call reads its share of the range, not the %d pages of its events:\n%s", pages, plan)
+	require.Less(t, dbtest.RootBuffers(t, plan), pages/5, "one call reads its share of the range, not the %d pages of its events:\n%s", pages, plan)
 
 	total, calls := first.Events, 1
 	for d := first; d.Next != nil; calls++ {
@@ -412,7 +390,7 @@ func TestReplayDryRunReadsABoundedShareOfTheRangePerCall(t *testing.T) {
 			require.Less(t, eventsSkipped(t, plan), 1000,
 				"%s from a cursor, %s plan: its share of the range from the cursor, not the range up to it:\n%s", name, kind, plan)
 			if name == "dry run" {
-				require.Less(t, rootBuffers(t, plan), pages/5, "%s, %s plan:\n%s", name, kind, plan)
+				require.Less(t, dbtest.RootBuffers(t, plan), pages/5, "%s, %s plan:\n%s", name, kind, plan)
 			}
 		}
 	}

@@ -177,7 +177,7 @@ type DestinationsDispatchRow struct {
 // backlog leaves the entries of what it delivered at the start of its
 // range, dead until a vacuum removes them; a read from the start walks
 // them all, a page for every hundred or so delivered, and went on growing
-// with the drain (to 1,400 pages, 2-3 ms a poll, at the end of 200,000
+// with the drain (to 1,400 pages, 2-4 ms a poll, at the end of 200,000
 // messages): every relay paid it every poll interval, while the one
 // serving the destination claimed.
 func (q *Queries) DestinationsDispatch(ctx context.Context, below uuid.UUID, redispatchAfterSeconds float64, workers int32) (DestinationsDispatchRow, error) {
