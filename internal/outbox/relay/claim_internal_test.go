@@ -311,7 +311,9 @@ func claimGenericPlan(t *testing.T, pool *pgxpool.Pool, trace *dbtest.Statements
 // beside it, every claim would probe each retained day's primary key for
 // each of its rows, and a steady state's week of history would cost every
 // claim a week of failed lookups. The day of delivered history here is
-// never read by the claim's updates.
+// never read by the claim's update. It is one update, claiming and
+// parking: each update of the partitioned table sets up every partition as
+// the statement starts.
 func TestClaimUpdatesOnlyThePartitionsOfItsRows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -322,7 +324,7 @@ func TestClaimUpdatesOnlyThePartitionsOfItsRows(t *testing.T) {
 	history := deliveredHistory(t, pool, dest, 20000)
 	outboxtest.Seed(t, pool, dest, 500, "")
 	for k := range 5 {
-		outboxtest.Seed(t, pool, dest, 2, fmt.Sprintf("order-%d", k)) // some parked, so both updates run
+		outboxtest.Seed(t, pool, dest, 2, fmt.Sprintf("order-%d", k)) // some parked, the rest claimed
 	}
 	_, err := pool.Exec(ctx, "ANALYZE")
 	require.NoError(t, err)
@@ -330,7 +332,7 @@ func TestClaimUpdatesOnlyThePartitionsOfItsRows(t *testing.T) {
 	updateScan := regexp.MustCompile(`Scan (on|using \S+ on) outbox_messages_\S+ m_\d+ `)
 	read := 0
 	for _, line := range strings.Split(plan, "\n") {
-		// The updates' scans of the history (aliased m_N) and its primary
+		// The update's scans of the history (aliased m_N) and its primary
 		// key. The due rows are read on the pending index and what stands
 		// ahead of a key on the ordering index, of every partition, as
 		// they must be: both are empty here.
@@ -340,7 +342,8 @@ func TestClaimUpdatesOnlyThePartitionsOfItsRows(t *testing.T) {
 			require.Contains(t, line, "(never executed)", "a claim's update reads the day of history its rows are not in")
 		}
 	}
-	require.GreaterOrEqual(t, read, 2, "the plan has the history partition under both updates (claimed and parked)")
+	require.GreaterOrEqual(t, read, 1, "the plan has the history partition under the update")
+	require.Equal(t, 1, strings.Count(plan, "Update on outbox_messages m "), "one update claims and parks:\n%s", plan)
 }
 
 // A recording updates its messages by primary key, and so = ANY of an

@@ -34,7 +34,7 @@ func QueueTransactionPlanGeneric(b *pgx.Batch) {
 // QueueMessageClaim queues MessageClaim on b; the claimed rows are stored in
 // rows when b's results are read.
 func QueueMessageClaim(b *pgx.Batch, arg MessageClaimParams, rows *[]MessageClaimRow) {
-	b.Queue(messageClaim, arg.ClaimToken, arg.RelayID, arg.Destination, arg.BatchSize).
+	b.Queue(messageClaim, arg.Destination, arg.ClaimToken, arg.BatchSize, arg.RelayID).
 		Query(func(r pgx.Rows) error {
 			var err error
 			*rows, err = pgx.CollectRows(r, func(row pgx.CollectableRow) (MessageClaimRow, error) {
