@@ -262,6 +262,19 @@ a claim that went on from where the last one ended would not, but per-key
 order relies on the claim reading fresh messages in order (docs/design.md,
 "Indexes, and what grows").
 
+**13. Where a small statement's time goes (this version).** A profile of
+PostgreSQL (` + "`" + `perf record` + "`" + `) through one order to 10,000 endpoints: about a
+third of its CPU went to setting up plans' nodes before they ran, most of
+them one per partition. An update of a partitioned table, and a scan whose
+partitions are known only once it runs, set up every partition as the
+statement starts, those it then skips too. The claim updated the table
+twice, once for the messages it parks and once for those it claims; it
+now does both in one update: the fan-out took 0.94× the time, five runs
+side by side (11.0–12.2 s against 11.9–13.6 s). The partitions are the
+rest of it: with the same code and 7 partitions instead of 13 (three past
+days instead of nine), 9.1–10.1 s against 11.1–11.7 s, three runs each
+side by side.
+
 ## What limits the targets
 
 **Write path, ≥ 0.75 at 8 clients.** The order transaction is BEGIN, the
@@ -388,13 +401,17 @@ throughout. Each endpoint reached costs a deliver job: River's insert,
 fetch and completion, a lease with its claim, one request, and a settle
 that records the outcome, promotes the order's key and frees the lease,
 in two round trips of the relay's own, about 1.5 ms of PostgreSQL's CPU
-and 0.4 ms of the relay's. Most of PostgreSQL's share is fixed cost per
-statement, and it grows with the partitions each statement opens: with
-the 4 partitions of a fresh database instead of the dozen a worker keeps
-at the defaults, one run took 30 % less of PostgreSQL's CPU. What is left
-to gain is in fewer statements per endpoint (a job that serves several
-one-message destinations, or records several destinations' outcomes in
-one statement), which changes the lease's one-job-per-destination rule.
+and 0.4 ms of the relay's. Most of PostgreSQL's share is setting up each
+statement's plan, a node for every partition it may read (history item
+13), so it follows the number of partitions: 9.1–10.1 s with 7 partitions
+against 11.1–11.7 s with the 13 here (nine days back, today and three
+ahead: a day or two more than a worker keeps at the defaults), side by
+side. A longer ` + "`" + `OUTBOX_PARTITION_SPAN` + "`" + ` (two days keeps about 7) brings it to
+the target's edge, at the cost of history kept up to a span past its
+retention; the default stays a day. What is left to gain otherwise is fewer
+statements per endpoint (a job that serves several one-message
+destinations, or records several destinations' outcomes in one
+statement), which changes the lease's one-job-per-destination rule.
 
 **Knobs on a noisy machine.** The msgs/s columns of section 7 move by ±30 %
 between repetitions; the CPU-per-message column is the steadier one. The
