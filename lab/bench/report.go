@@ -251,8 +251,8 @@ nothing. The poll now reads each destination down from its newest entries,
 and asks whether a pending message is due rather than reading the oldest
 one: 0.27 ms a poll against 2.0 ms in the same drain
 (` + "`" + `pg_stat_statements` + "`" + `), and with four relays PostgreSQL's CPU per message
-1.10–1.18× one relay's in two runs of three side by side (1.23× in this
-run, medians of five). What is left is no one statement: each relay's new
+1.10–1.18× one relay's in two runs of three side by side (1.23× in the
+full run of that version, medians of five). What is left is no one statement: each relay's new
 connections read the partitions' catalog and plan the relay's statements
 once (about 30 ms each; four relays opened 15–16 backends against 6–8),
 the idle relays poll, and four processes share two cores. The claim still
@@ -269,11 +269,11 @@ them one per partition. An update of a partitioned table, and a scan whose
 partitions are known only once it runs, set up every partition as the
 statement starts, those it then skips too. The claim updated the table
 twice, once for the messages it parks and once for those it claims; it
-now does both in one update: the fan-out took 0.94× the time, five runs
-side by side (11.0–12.2 s against 11.9–13.6 s). The partitions are the
-rest of it: with the same code and 7 partitions instead of 13 (three past
-days instead of nine), 9.1–10.1 s against 11.1–11.7 s, three runs each
-side by side.
+now does both in one update: the fan-out took 0.93× the time (median of
+five runs side by side, 11.0–12.2 s against 11.9–13.6 s). The partitions
+are the rest of it: with the same code and 7 partitions instead of 13
+(three past days instead of nine), 9.1–10.1 s against 11.1–11.7 s, three
+runs each side by side.
 
 ## What limits the targets
 
