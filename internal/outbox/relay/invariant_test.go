@@ -168,13 +168,12 @@ type event struct {
 	committed time.Time
 }
 
-// replayCopy says whether a message was written by a replay: its id has
-// its event's time (UUIDv7's first 48 bits, in ms), and a copy is written
-// later, where a message written with its event has its transaction's
-// start as created_at, before its id was made.
+// replayCopy says whether a message was written by a replay: its id (a
+// UUIDv7) has its event's time, and a copy is written later, where a
+// message written with its event has that time as created_at.
 func replayCopy(id uuid.UUID, created time.Time) bool {
-	ms := int64(id[0])<<40 | int64(id[1])<<32 | int64(id[2])<<24 | int64(id[3])<<16 | int64(id[4])<<8 | int64(id[5])
-	return created.Sub(time.UnixMilli(ms)) > 50*time.Millisecond
+	sec, nsec := id.Time().UnixTime()
+	return created.Sub(time.Unix(sec, nsec)) > 50*time.Millisecond
 }
 
 // replayed is one replay of an endpoint: when it ran, and the endpoint's
@@ -884,8 +883,8 @@ func (w *world) check() {
 			}
 			// A replay's copy written while r's message was claimed waits
 			// for it (failed so before this was told apart: seed
-			// 9480393867068269924, a message claimed ahead while its
-			// endpoint hung, then a replay of earlier events of its key).
+			// 9480393867068269924, a message claimed before a replay of
+			// earlier events of its key, its endpoint hanging).
 			if replayCopy(m.id, m.created) && slices.ContainsFunc(w.replays, func(rp replayed) bool {
 				return rp.endpoint == r.endpoint && rp.claimed[r.message] &&
 					!m.created.Before(rp.start) && !m.created.After(rp.end)
