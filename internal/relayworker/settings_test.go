@@ -72,7 +72,7 @@ func TestRetentionSettingsAreParsed(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 6*time.Hour, c.relay.PartitionSpan)
 	require.Equal(t, 48*time.Hour, c.relay.PartitionsAhead)
-	require.Equal(t, 24*time.Hour, d.relay.PartitionSpan, "a partition a day by default")
+	require.Equal(t, 48*time.Hour, d.relay.PartitionSpan, "a partition every two days by default")
 
 	for name, v := range map[string]string{"ORDERS_IDEMPOTENCY_TTL": "0s", "OUTBOX_FAILED_RETENTION": "-1h",
 		// A partition is named for its start to the minute.

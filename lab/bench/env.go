@@ -41,7 +41,7 @@ func newDatabase(ctx context.Context) (*database, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := d.weekOfPartitions(ctx); err != nil {
+	if err := d.steadyPartitions(ctx); err != nil {
 		_ = d.drop()
 		return nil, err
 	}
@@ -58,27 +58,46 @@ func newMigratedDatabase(ctx context.Context) (*database, error) {
 	return &database{url: u, drop: drop}, nil
 }
 
-// weekOfPartitions gives the fresh database the partitions a worker at the
-// defaults keeps once it has run for its retention: a day each from nine
-// days ago, then three days ahead (a dozen), instead of the few a migration
-// makes. Every statement on the outbox tables opens each partition, so the
+// steadyPartitions gives the fresh database the partitions a worker at the
+// defaults keeps once it has run for its retention, instead of the few a
+// migration makes: relay.DefaultConfig's span, from the one that holds the
+// time a retention ago (older ones are dropped) through PartitionsAhead.
+// Every statement on the outbox tables opens each partition, so the
 // scenarios measure what a service pays at its steady state, and the
-// history they preload lands in partitions of its own days. The migration's
-// legacy partition, empty in a fresh database, is dropped to make room.
-func (d *database) weekOfPartitions(ctx context.Context) error {
+// history they preload, within the retention, lands in a partition of its
+// own time. The migration's partitions, empty in a fresh database, are
+// dropped first.
+func (d *database) steadyPartitions(ctx context.Context) error {
 	conn, err := pgx.Connect(ctx, d.url)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(ctx)
+	cfg := relay.DefaultConfig()
 	_, err = conn.Exec(ctx, `
-		DROP TABLE outbox_attempts_legacy, outbox_messages_legacy, outbox_events_legacy;
-		SELECT outbox_partition_create(d, d + interval '1 day')
-		FROM generate_series(date_trunc('day', now(), 'UTC') - interval '9 days',
-		                     (SELECT min(outbox_uuid_time(lo)) FROM outbox_partitions()) - interval '1 day',
-		                     interval '1 day') d;`)
+		DO $$
+		DECLARE p record;
+		BEGIN
+		  FOR p IN SELECT suffix FROM outbox_partitions() LOOP
+		    EXECUTE format('DROP TABLE %I, %I, %I', 'outbox_attempts_' || p.suffix, 'outbox_messages_' || p.suffix,
+		                   'outbox_events_' || p.suffix);
+		  END LOOP;
+		END $$`)
 	if err != nil {
-		return fmt.Errorf("making a week of partitions: %w", err)
+		return fmt.Errorf("dropping the migration's partitions: %w", err)
+	}
+	_, err = conn.Exec(ctx, `
+		WITH s AS (SELECT make_interval(secs => $1) AS span),
+		oldest AS (SELECT date_bin(s.span, now() - make_interval(secs => $2), timestamptz '1970-01-01 00:00:00+00') AS lo, s.span FROM s)
+		SELECT outbox_partition_create(lo, lo + span) FROM oldest`,
+		cfg.PartitionSpan.Seconds(), cfg.Retention.Seconds())
+	if err != nil {
+		return fmt.Errorf("making the oldest partition: %w", err)
+	}
+	_, err = conn.Exec(ctx, `SELECT outbox_partitions_extend(now() + make_interval(secs => $1), make_interval(secs => $2))`,
+		cfg.PartitionsAhead.Seconds(), cfg.PartitionSpan.Seconds())
+	if err != nil {
+		return fmt.Errorf("making the partitions a worker keeps: %w", err)
 	}
 	return nil
 }
@@ -148,10 +167,9 @@ func preloadPending(ctx context.Context, pool *pgxpool.Pool, n int) error {
 	return err
 }
 
-// preloadDelivered inserts n delivered rows as the retained history, each
-// with its event, in chunks, delivered ageDays ago (so a prune with a week's
-// retention takes them, and their events after them).
-func preloadDelivered(ctx context.Context, pool *pgxpool.Pool, n int, ageDays int) error {
+// preloadDelivered inserts n delivered rows of history, each with its
+// event, in chunks, written and delivered a millisecond apart from at on.
+func preloadDelivered(ctx context.Context, pool *pgxpool.Pool, n int, at time.Time) error {
 	const chunk = 500_000
 	for done := 0; done < n; done += chunk {
 		m := min(chunk, n-done)
@@ -159,7 +177,7 @@ func preloadDelivered(ctx context.Context, pool *pgxpool.Pool, n int, ageDays in
 			WITH e AS (SELECT array_agg(id ORDER BY id) AS ids FROM webhook_endpoints),
 			src AS MATERIALIZED (
 				SELECT g, t.at, outbox_uuid_v7_at(t.at) AS id
-				FROM (SELECT g, now() - make_interval(days => $2) + ($3 + g) * interval '1 ms' AS at
+				FROM (SELECT g, $2::timestamptz + ($3 + g) * interval '1 ms' AS at
 				      FROM generate_series(1, $1::int) g) t
 			), ev AS (
 				INSERT INTO outbox_events (id, type, payload, created_at)
@@ -173,7 +191,7 @@ func preloadDelivered(ctx context.Context, pool *pgxpool.Pool, n int, ageDays in
 			INSERT INTO outbox_messages (id, event_id, type, destination, status, attempts, next_attempt_at, delivered_at, created_at)
 			SELECT outbox_uuid_sibling(src.id), src.id, 'order.placed', e.ids[1 + g % cardinality(e.ids)],
 			       'delivered', 1, src.at, src.at, src.at
-			FROM e, src`, m, ageDays, done)
+			FROM e, src`, m, at, done)
 		if err != nil {
 			return fmt.Errorf("preloading %d delivered messages: %w", n, err)
 		}

@@ -56,10 +56,14 @@ func scenarioRetention(ctx context.Context, cfg config, rep *report) error {
 	if cfg.Smoke {
 		window = 300 * time.Millisecond
 	}
+	past, kept, err := pastDay(ctx, pool)
+	if err != nil {
+		return err
+	}
 	var runs []retentionRun
 	for _, rows := range []int{cfg.PruneRows / 4, cfg.PruneRows} {
 		for _, method := range []string{"delete", "drop"} {
-			r, err := retainOnce(ctx, pool, l, method, rows, window)
+			r, err := retainOnce(ctx, pool, l, method, rows, window, past)
 			if err != nil {
 				return fmt.Errorf("%s of %d rows: %w", method, rows, err)
 			}
@@ -69,18 +73,18 @@ func scenarioRetention(ctx context.Context, cfg config, rep *report) error {
 		}
 	}
 
-	few, dozen, err := claimByPartitions(ctx, cfg)
+	few, steady, err := claimByPartitions(ctx, cfg)
 	if err != nil {
 		return err
 	}
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "What each partition costs: the claim (as in section 4, %d times back to back, rolled back, %s pending) in a database as the migrations leave it (%d partitions) and in one with the dozen a worker keeps at the defaults (%d), alternating three times: p50 %s against %s (**%.2f×**), p99 %s against %s. Every statement on the outbox tables opens each partition, and the claim reads the pending index of each.\n\n",
-		cfg.ClaimSamples, commas(int64(backlog)), few.partitions, dozen.partitions, ms(dozen.p50), ms(few.p50), float64(dozen.p50)/float64(few.p50), ms(dozen.p99), ms(few.p99))
-	fmt.Fprintf(&b, "A day of delivered history (each message with its event in `outbox_events` and its attempt in `outbox_attempts`, all written 8 days ago, so in one daily partition; the database has the dozen partitions a worker keeps at the defaults) is removed both ways the prune job removes history: "+
+	fmt.Fprintf(&b, "What each partition costs: the claim (as in section 4, %d times back to back, rolled back, %s pending) in a database as the migrations leave it (%d partitions) and in one with those a worker keeps at the defaults (%d), alternating three times: p50 %s against %s (**%.2f×**), p99 %s against %s. Every statement on the outbox tables opens each partition, and the claim reads the pending index of each.\n\n",
+		cfg.ClaimSamples, commas(int64(backlog)), few.partitions, steady.partitions, ms(steady.p50), ms(few.p50), float64(steady.p50)/float64(few.p50), ms(steady.p99), ms(few.p99))
+	fmt.Fprintf(&b, "A day of delivered history (each message with its event in `outbox_events` and its attempt in `outbox_attempts`, all written in the day before the oldest partition a worker keeps at the defaults, in a day's partition of its own: past the retention, the next the prune job drops; the database has the %d partitions such a worker keeps besides) is removed both ways the prune job removes history: "+
 		"**delete**, the batched `DELETE` it runs in a partition that something (a pending or failed message) keeps (`MessagesPrune`, 5,000 rows a statement with their attempts, then `EventsPrune`), and **drop**, what it runs otherwise: the day's partition of the three tables detached under the parents' locks (`PartitionLockDrop`, `EventsLockPrune`, `LOCK TABLE`, `PartitionHeld` asked again, `DETACH PARTITION`), then dropped (`DROP TABLE`, whose removal of the files takes time that grows with them, without the parents' locks). "+
 		"Each at two sizes, side by side in one run. Beside it, for %s before and for at least %s from its start: claims of one destination (as above, paced one every 10 ms, %s pending) and one client placing orders back to back (the product's order transaction, `EventEnqueue` included). WAL is `pg_current_wal_lsn()` at the start and at the end of the removal (the orders placed beside it meanwhile included).\n\n",
-		window, window, commas(int64(backlog)))
+		kept, window, window, commas(int64(backlog)))
 	b.WriteString("| method | rows | took | parents locked | WAL written | claim p99 without → while | ratio | orders/s without → while | ratio |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range runs {
 		locked := "—"
@@ -117,9 +121,9 @@ type partitionedClaims struct {
 }
 
 // claimByPartitions times the claim in a database as migrated and in one
-// with a dozen partitions, alternating three times, and returns the
-// medians of each's p50 and p99.
-func claimByPartitions(ctx context.Context, cfg config) (few, dozen partitionedClaims, err error) {
+// with those a worker keeps at the defaults, alternating three times, and
+// returns the medians of each's p50 and p99.
+func claimByPartitions(ctx context.Context, cfg config) (few, steady partitionedClaims, err error) {
 	type side struct {
 		*claimBacklog
 		partitions int
@@ -129,15 +133,15 @@ func claimByPartitions(ctx context.Context, cfg config) (few, dozen partitionedC
 	for i, open := range []func(context.Context) (*database, error){newMigratedDatabase, newDatabase} {
 		c, err := openClaimBacklog(ctx, cfg, open)
 		if err != nil {
-			return few, dozen, err
+			return few, steady, err
 		}
 		defer c.close()
 		s := &side{claimBacklog: c}
 		if err := c.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_partitions()`).Scan(&s.partitions); err != nil {
-			return few, dozen, err
+			return few, steady, err
 		}
 		if _, err := claimLatency(ctx, c.pool, c.l, 20, 0, nil); err != nil { // warm
-			return few, dozen, err
+			return few, steady, err
 		}
 		sides[i] = s
 	}
@@ -145,7 +149,7 @@ func claimByPartitions(ctx context.Context, cfg config) (few, dozen partitionedC
 		for _, s := range sides {
 			st, err := claimLatency(ctx, s.pool, s.l, cfg.ClaimSamples, 0, nil)
 			if err != nil {
-				return few, dozen, err
+				return few, steady, err
 			}
 			s.p50, s.p99 = append(s.p50, float64(st.p50)), append(s.p99, float64(st.p99))
 		}
@@ -156,13 +160,30 @@ func claimByPartitions(ctx context.Context, cfg config) (few, dozen partitionedC
 	return out(sides[0]), out(sides[1]), nil
 }
 
-// retainOnce loads rows of delivered history into the partition of 8 days
-// ago, measures claims and writes for window, then removes the history by
-// method while measuring them again for as long as it takes, and at least
-// window.
-func retainOnce(ctx context.Context, pool *pgxpool.Pool, l leased, method string, rows int, window time.Duration) (retentionRun, error) {
+// pastDay makes a day's partition before the oldest of those a worker
+// keeps (steadyPartitions): past the retention, the partition the prune
+// job drops next. It returns its start, and how many partitions there were
+// before it.
+func pastDay(ctx context.Context, pool *pgxpool.Pool) (time.Time, int, error) {
+	var oldest time.Time
+	var kept int
+	if err := pool.QueryRow(ctx, `SELECT min(outbox_uuid_time(lo)), count(*) FROM outbox_partitions()`).Scan(&oldest, &kept); err != nil {
+		return oldest, 0, err
+	}
+	lo := oldest.Add(-24 * time.Hour)
+	if _, err := pool.Exec(ctx, `SELECT outbox_partition_create($1, $2)`, lo, oldest); err != nil {
+		return lo, 0, fmt.Errorf("making the day past the retention: %w", err)
+	}
+	return lo, kept, nil
+}
+
+// retainOnce loads rows of delivered history into the day's partition
+// starting at past, measures claims and writes for window, then removes
+// the history by method while measuring them again for as long as it
+// takes, and at least window.
+func retainOnce(ctx context.Context, pool *pgxpool.Pool, l leased, method string, rows int, window time.Duration, past time.Time) (retentionRun, error) {
 	r := retentionRun{method: method}
-	if err := preloadDelivered(ctx, pool, rows, 8); err != nil {
+	if err := preloadDelivered(ctx, pool, rows, past.Add(time.Hour)); err != nil {
 		return r, err
 	}
 	if err := addAttempts(ctx, pool); err != nil {
@@ -206,7 +227,7 @@ func retainOnce(ctx context.Context, pool *pgxpool.Pool, l leased, method string
 	}
 	var partition dayPartition
 	if method == "drop" {
-		if partition, err = findDay(ctx, pool, time.Now().Add(-8*24*time.Hour)); err != nil {
+		if partition, err = findDay(ctx, pool, past.Add(time.Hour)); err != nil {
 			return r, err
 		}
 	}

@@ -143,7 +143,7 @@ func DefaultConfig() Config {
 		Retention:              7 * 24 * time.Hour,
 		FailedRetention:        30 * 24 * time.Hour,
 		PruneInterval:          time.Hour,
-		PartitionSpan:          24 * time.Hour,
+		PartitionSpan:          48 * time.Hour,
 		PartitionsAhead:        72 * time.Hour,
 	}
 }
