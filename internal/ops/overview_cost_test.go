@@ -2,7 +2,6 @@ package ops_test
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -155,20 +154,12 @@ func loadPage(t *testing.T, pool *pgxpool.Pool, rec *recorder, path string) (str
 // it rolls back, and returns the plan's lines.
 func explain(t *testing.T, pool *pgxpool.Pool, sql string, args []any) []string {
 	t.Helper()
-	ctx := context.Background()
 	var plan []string
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+sql, args...)
-		if err != nil {
-			return err
-		}
-		plan, err = pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return err
-		}
-		return errRollback
+	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+		plan = dbtest.PlanLines(t, tx, "EXPLAIN (ANALYZE, BUFFERS) "+sql, args...)
+		return dbtest.ErrRollback
 	})
-	require.ErrorIs(t, err, errRollback, sql)
+	require.ErrorIs(t, err, dbtest.ErrRollback, sql)
 	return plan
 }
 
@@ -239,8 +230,6 @@ func TestOverviewReadsTheBacklogOnce(t *testing.T) {
 	require.GreaterOrEqual(t, read, waiting, "the waiting messages were counted, so read")
 	require.Less(t, read, waiting+waiting/2, "a page load reads the waiting messages more than once")
 }
-
-var errRollback = errors.New("rollback")
 
 // An endpoint's page costs the same at any delivery rate. With 200,000
 // attempts in the endpoint's last day (one in ten refused), its success
