@@ -36,15 +36,9 @@ func TestADeletionBesideAJobEndingWaitsForTheJobAlone(t *testing.T) {
 	pool, dest, lease := leased(t)
 	ctx := context.Background()
 	outboxtest.Seed(t, pool, dest, 3, "")
-	r := defaultRelay(t, pool, slog.New(slog.DiscardHandler))
-	client, err := r.newRiverClient()
-	require.NoError(t, err)
-	r.client = client
-	rows, err := claimMessages(ctx, pool, outboxdb.MessageClaimParams{ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 2})
-	require.NoError(t, err)
+	s, rows := claimedSession(t, pool, dest, lease, 2)
 	require.Len(t, rows, 2)
-	s := &session{r: r, dest: dest, token: lease, pace: newPace(r.cfg, outboxdb.DestinationLeaseRow{}), rec: newRecorder(r, dest, lease)}
-	s.rec.record(judged(r.cfg, rows[0], Result{StatusCode: http.StatusNoContent}))
+	s.rec.record(judged(s.r.cfg, rows[0], Result{StatusCode: http.StatusNoContent}))
 	s.rec.release(rows[1].ID, "")
 
 	// The job's end, up to the destination's lease: its messages and the
@@ -75,6 +69,20 @@ func TestADeletionBesideAJobEndingWaitsForTheJobAlone(t *testing.T) {
 		"what the job recorded stands; what it released, and the message never claimed, are discarded")
 }
 
+// claimedSession is a deliver job's session of dest under lease, with the
+// River client its recordings need, and what it claimed: up to n messages.
+func claimedSession(t *testing.T, pool *pgxpool.Pool, dest, lease uuid.UUID, n int32) (*session, []outboxdb.MessageClaimRow) {
+	t.Helper()
+	r := defaultRelay(t, pool, slog.New(slog.DiscardHandler))
+	client, err := r.newRiverClient()
+	require.NoError(t, err)
+	r.client = client
+	rows, err := claimMessages(context.Background(), pool, outboxdb.MessageClaimParams{
+		ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: n})
+	require.NoError(t, err)
+	return &session{r: r, dest: dest, token: lease, pace: newPace(r.cfg, outboxdb.DestinationLeaseRow{}), rec: newRecorder(r, dest, lease)}, rows
+}
+
 // must fails t on err and returns v.
 func must[T any](v T, err error) func(*testing.T) T {
 	return func(t *testing.T) T {
@@ -93,15 +101,9 @@ func TestAJobEndingBesideADeletionWaitsForIt(t *testing.T) {
 	pool, dest, lease := leased(t)
 	ctx := context.Background()
 	outboxtest.Seed(t, pool, dest, 2, "k")
-	r := defaultRelay(t, pool, slog.New(slog.DiscardHandler))
-	client, err := r.newRiverClient()
-	require.NoError(t, err)
-	r.client = client
-	rows, err := claimMessages(ctx, pool, outboxdb.MessageClaimParams{ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 2})
-	require.NoError(t, err)
+	s, rows := claimedSession(t, pool, dest, lease, 2)
 	require.Len(t, rows, 1, "the first of the key; the second parked")
-	s := &session{r: r, dest: dest, token: lease, pace: newPace(r.cfg, outboxdb.DestinationLeaseRow{}), rec: newRecorder(r, dest, lease)}
-	s.rec.record(judged(r.cfg, rows[0], Result{StatusCode: http.StatusNoContent}))
+	s.rec.record(judged(s.r.cfg, rows[0], Result{StatusCode: http.StatusNoContent}))
 
 	del, err := pool.Begin(ctx)
 	require.NoError(t, err)

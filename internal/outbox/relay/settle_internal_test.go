@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"log/slog"
 	"net/http"
 	"testing"
 
@@ -35,20 +34,14 @@ func TestAJobsEndSaysWhetherWorkIsDue(t *testing.T) {
 			pool, dest, lease := leased(t)
 			ctx := context.Background()
 			outboxtest.Seed(t, pool, dest, tc.seeded, "")
-			r := defaultRelay(t, pool, slog.New(slog.DiscardHandler))
-			client, err := r.newRiverClient()
-			require.NoError(t, err)
-			r.client = client
-			rows, err := claimMessages(ctx, pool, outboxdb.MessageClaimParams{ClaimToken: lease, RelayID: uuid.New(), Destination: dest, BatchSize: 1})
-			require.NoError(t, err)
+			s, rows := claimedSession(t, pool, dest, lease, 1)
 			require.Len(t, rows, 1)
-			token := lease
 			if tc.lost {
-				token = uuid.New()
+				token := uuid.New()
+				s.token, s.rec = token, newRecorder(s.r, dest, token)
 			}
-			s := &session{r: r, dest: dest, token: token, ep: outboxdb.DestinationLeaseRow{Url: outboxtest.EndpointURL},
-				pace: newPace(r.cfg, outboxdb.DestinationLeaseRow{}), rec: newRecorder(r, dest, token)}
-			s.rec.record(judged(r.cfg, rows[0], Result{StatusCode: http.StatusNoContent}))
+			s.ep = outboxdb.DestinationLeaseRow{Url: outboxtest.EndpointURL}
+			s.rec.record(judged(s.r.cfg, rows[0], Result{StatusCode: http.StatusNoContent}))
 
 			var due bool
 			var recorded []outcome
