@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -21,6 +23,9 @@ import (
 const (
 	childEnv    = "OUTBOXKIT_BENCH_CHILD"
 	childURLEnv = "OUTBOXKIT_BENCH_DATABASE_URL"
+	// childStarted is the line a relay process writes to its stdout once
+	// its relay has started (Relay.Start returned).
+	childStarted = "started"
 )
 
 func runChild() error {
@@ -30,6 +35,8 @@ func runChild() error {
 	if err != nil {
 		return err
 	}
+	// Started: the parent's clock starts once every relay has said so.
+	fmt.Println(childStarted)
 	go func() { _, _ = io.Copy(io.Discard, os.Stdin); stop() }()
 	<-ctx.Done()
 	r.stop()
@@ -41,6 +48,30 @@ type relayGroup struct {
 	procs  []*exec.Cmd
 	stdins []io.Closer
 	inproc []*runningRelay
+	// started receives one error (nil) per process once its relay has
+	// started, or failed to.
+	started chan error
+}
+
+// waitStarted waits until every relay of the group has started: its
+// process is past Relay.Start (registered, River's client running, its
+// loops going). Relays in this process have by the time startRelays
+// returns.
+func (g *relayGroup) waitStarted(ctx context.Context) error {
+	timeout := time.After(time.Minute)
+	for range g.procs {
+		select {
+		case err := <-g.started:
+			if err != nil {
+				return err
+			}
+		case <-timeout:
+			return errors.New("relay processes not started after a minute")
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // cpu is the CPU the group's processes have used so far; for relays in
@@ -57,7 +88,7 @@ func (g *relayGroup) cpu() time.Duration {
 }
 
 func startRelays(ctx context.Context, url string, n int, procs bool) (*relayGroup, error) {
-	g := &relayGroup{}
+	g := &relayGroup{started: make(chan error, n)}
 	for range n {
 		if !procs {
 			r, err := startRelay(ctx, url, relaySetup{Config: relay.DefaultConfig(), Transport: httpTransport()})
@@ -74,8 +105,12 @@ func startRelays(ctx context.Context, url string, n int, procs bool) (*relayGrou
 		}
 		cmd := exec.Command(exe)
 		cmd.Env = append(os.Environ(), childEnv+"=relay", childURLEnv+"="+url)
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		cmd.Stderr = os.Stderr
 		in, err := cmd.StdinPipe()
+		if err != nil {
+			return nil, err
+		}
+		out, err := cmd.StdoutPipe()
 		if err != nil {
 			return nil, err
 		}
@@ -83,6 +118,15 @@ func startRelays(ctx context.Context, url string, n int, procs bool) (*relayGrou
 			g.stop()
 			return nil, err
 		}
+		go func() {
+			sc := bufio.NewScanner(out)
+			if sc.Scan() && sc.Text() == childStarted {
+				g.started <- nil
+			} else {
+				g.started <- fmt.Errorf("relay process %d exited before starting", cmd.Process.Pid)
+			}
+			_, _ = io.Copy(os.Stderr, out)
+		}()
 		g.procs, g.stdins = append(g.procs, cmd), append(g.stdins, in)
 	}
 	return g, nil
@@ -114,7 +158,7 @@ func scenarioScaleOut(ctx context.Context, cfg config, rep *report) error {
 		how = "each relay a separate River client with its own pool of 20 **in this process**"
 	}
 	fmt.Fprintf(&b, "A drain as in section 2 (%s pending messages, real HTTP to the loopback receiver answering 204) with 1, 2 and 4 relays at once, %s. "+
-		"The clock starts once every relay has registered (its first heartbeat; what was delivered before is left out): a process starts once in its life. The receiver counts every request and every distinct `webhook-id`; duplicates = requests − distinct. "+
+		"The clock starts once every relay has started (its process past `Relay.Start`: registered, its River client running; what was delivered before is left out): a process starts once in its life. The receiver counts every request and every distinct `webhook-id`; duplicates = requests − distinct. "+
 		"CPU per message, over the same span: the relay processes' (read from `/proc`) and this database's PostgreSQL backends'; noise disturbs it least, and it shows what the relays beyond the one serving a destination cost. Medians of %d runs.\n\n",
 		commas(int64(cfg.ScaleDrain)), how, cfg.ScaleReps)
 	var dupTotal, reqTotal, multiTotal int64
@@ -185,10 +229,14 @@ func scaleOut(ctx context.Context, cfg config, endpoints int) (scaled, error) {
 			if err != nil {
 				return s, err
 			}
-			// The clock starts once every relay has registered (its first
-			// heartbeat): what a process costs to start is paid once in
-			// its life, not per message. What was delivered before counts
-			// for nothing.
+			// The clock starts once every relay has started (registered,
+			// its River client running): what a process costs to start is
+			// paid once in its life, not per message. What was delivered
+			// before counts for nothing.
+			if err := g.waitStarted(ctx); err != nil {
+				g.stop()
+				return s, err
+			}
 			start, early, err := relaysUp(ctx, e.watch, n, since)
 			if err != nil {
 				g.stop()
