@@ -51,6 +51,9 @@ type relayGroup struct {
 	// started receives one error (nil) per process once its relay has
 	// started, or failed to.
 	started chan error
+	// read is closed, per process, once its stdout has been read to the
+	// end: exec.Cmd.Wait closes the pipe, so it must come after.
+	read []chan struct{}
 }
 
 // waitStarted waits until every relay of the group has started: its
@@ -118,7 +121,9 @@ func startRelays(ctx context.Context, url string, n int, procs bool) (*relayGrou
 			g.stop()
 			return nil, err
 		}
+		read := make(chan struct{})
 		go func() {
+			defer close(read)
 			sc := bufio.NewScanner(out)
 			if sc.Scan() && sc.Text() == childStarted {
 				g.started <- nil
@@ -127,7 +132,7 @@ func startRelays(ctx context.Context, url string, n int, procs bool) (*relayGrou
 			}
 			_, _ = io.Copy(os.Stderr, out)
 		}()
-		g.procs, g.stdins = append(g.procs, cmd), append(g.stdins, in)
+		g.procs, g.stdins, g.read = append(g.procs, cmd), append(g.stdins, in), append(g.read, read)
 	}
 	return g, nil
 }
@@ -139,9 +144,9 @@ func (g *relayGroup) stop() {
 	for _, in := range g.stdins {
 		_ = in.Close()
 	}
-	for _, p := range g.procs {
+	for i, p := range g.procs {
 		done := make(chan struct{})
-		go func() { _ = p.Wait(); close(done) }()
+		go func() { <-g.read[i]; _ = p.Wait(); close(done) }()
 		select {
 		case <-done:
 		case <-time.After(30 * time.Second):
